@@ -1,0 +1,59 @@
+"""Command-line plumbing shared by the chapters' run.py: argument types and one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .validate import require_int, require_nonnegative_float, require_tile_size
+
+
+def _argparse_type(check: Callable[[str, Any], Any], name: str, parse: Callable[[str], Any]):
+    def convert(text: str) -> Any:
+        try:
+            return check(name, parse(text))
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    convert.__name__ = name
+    return convert
+
+
+def positive_int(name: str):
+    return _argparse_type(lambda n, v: require_int(n, v, minimum=1), name, int)
+
+
+def nonnegative_int(name: str):
+    return _argparse_type(lambda n, v: require_int(n, v, minimum=0), name, int)
+
+
+def nonnegative_float(name: str):
+    return _argparse_type(require_nonnegative_float, name, float)
+
+
+def tile_size(name: str):
+    return _argparse_type(require_tile_size, name, int)
+
+
+def add_problem_arguments(parser: argparse.ArgumentParser, *, tokens: int = 16384, experts: int = 64,
+                          skew: float = 0.0, K: int = 1024, N: int = 2688) -> None:  # noqa: N803
+    """--tokens, --experts, --skew, -K, -N with the seed configuration as defaults."""
+    parser.add_argument("--tokens", type=nonnegative_int("--tokens"), default=tokens,
+                        help=f"routed rows M_tot (default {tokens})")
+    parser.add_argument("--experts", type=positive_int("--experts"), default=experts,
+                        help=f"number of experts E (default {experts})")
+    parser.add_argument("--skew", type=nonnegative_float("--skew"), default=skew,
+                        help=f"routing skew s: expert e gets rows in proportion to (e+1)^-s (default {skew})")
+    parser.add_argument("-K", type=positive_int("-K"), default=K, help=f"reduction dimension (default {K})")
+    parser.add_argument("-N", type=positive_int("-N"), default=N, help=f"output columns (default {N})")
+
+
+def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> None:
+    """Run a chapter's main(): a ValueError becomes one line on stderr and exit status 2."""
+    try:
+        status = main(argv)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(status or 0)
