@@ -10,10 +10,15 @@ from typing import Any
 from .validate import require_int, require_nonnegative_float, require_tile_size
 
 
-def _argparse_type(check: Callable[[str, Any], Any], name: str, parse: Callable[[str], Any]):
+def _argparse_type(check: Callable[[str, Any], Any], name: str, parse: Callable[[str], Any], kind: str):
     def convert(text: str) -> Any:
         try:
-            return check(name, parse(text))
+            value = parse(text)
+        except ValueError:
+            # int("1.5") says "invalid literal for int() with base 10"; say what the flag wants.
+            raise argparse.ArgumentTypeError(f"{name} must be {kind}, got {text!r}") from None
+        try:
+            return check(name, value)
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
     convert.__name__ = name
@@ -21,19 +26,31 @@ def _argparse_type(check: Callable[[str, Any], Any], name: str, parse: Callable[
 
 
 def positive_int(name: str):
-    return _argparse_type(lambda n, v: require_int(n, v, minimum=1), name, int)
+    return _argparse_type(lambda n, v: require_int(n, v, minimum=1), name, int, "an integer")
 
 
 def nonnegative_int(name: str):
-    return _argparse_type(lambda n, v: require_int(n, v, minimum=0), name, int)
+    return _argparse_type(lambda n, v: require_int(n, v, minimum=0), name, int, "an integer")
 
 
 def nonnegative_float(name: str):
-    return _argparse_type(require_nonnegative_float, name, float)
+    return _argparse_type(require_nonnegative_float, name, float, "a number")
 
 
 def tile_size(name: str):
-    return _argparse_type(require_tile_size, name, int)
+    return _argparse_type(require_tile_size, name, int, "an integer")
+
+
+class ChapterParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block): 'run.py: error: ... (see --help)'."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def chapter_parser(description: str | None) -> ChapterParser:
+    """The parser a chapter's run.py starts from; ``description`` is usually its module docstring."""
+    return ChapterParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def add_problem_arguments(parser: argparse.ArgumentParser, *, tokens: int = 16384, experts: int = 64,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .validate import require_int
+from .validate import require_int, require_nonnegative_float
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class Residency:
         return min(limits, key=limits.get)
 
 
+# --8<-- [start:registers]
 def registers_per_warp(registers_per_thread: int, limits: SMLimits = HOPPER) -> int:
     """ceil(32 * R / 256) * 256."""
     require_int("registers_per_thread", registers_per_thread, minimum=1)
@@ -80,6 +81,7 @@ def residency(
         by_warps=limits.warps // warps_per_block,
         by_blocks=limits.blocks,
     )
+# --8<-- [end:registers]
 
 
 def blocks_per_sm(registers_per_thread: int, warps_per_block: int, smem_per_block: int = 0,
@@ -96,13 +98,17 @@ def max_registers_for(blocks: int, warps_per_block: int, limits: SMLimits = HOPP
     return min(per_warp // 32, limits.max_registers_per_thread)
 
 
+# --8<-- [start:issue]
 def issue_rate(warps_per_scheduler: float, cycles_per_issue: float) -> float:
     """Instructions one scheduler issues per cycle: W / L, capped at 1."""
-    if warps_per_scheduler < 0 or cycles_per_issue <= 0:
-        raise ValueError("need warps_per_scheduler >= 0 and cycles_per_issue > 0")
-    return min(1.0, warps_per_scheduler / cycles_per_issue)
+    # Checked as finite numbers: a NaN would slip past `< 0` and min(1.0, nan) returns 1.0.
+    warps = require_nonnegative_float("warps_per_scheduler", warps_per_scheduler)
+    if require_nonnegative_float("cycles_per_issue", cycles_per_issue) == 0:
+        raise ValueError("cycles_per_issue must be > 0, got 0")
+    return min(1.0, warps / cycles_per_issue)
 
 
 def sm_ipc(warps_per_scheduler: float, cycles_per_issue: float, limits: SMLimits = HOPPER) -> float:
     """Instructions the SM issues per cycle: schedulers * W / L."""
     return limits.schedulers * issue_rate(warps_per_scheduler, cycles_per_issue)
+# --8<-- [end:issue]

@@ -94,8 +94,12 @@ def provenance(gpu: GpuInfo | None = None, command: list[str] | None = None) -> 
     }
 
 
-def write_results(path: Path | str, records: list[dict[str, Any]], prov: dict[str, Any]) -> Path:
-    """Write atomically: a temporary file in the same folder, then os.replace."""
+def write_results(path: Path | str, records: list[dict[str, Any]], prov: dict[str, Any],
+                  extra: dict[str, Any] | None = None) -> Path:
+    """Write atomically: a temporary file in the same folder, then os.replace.
+
+    ``extra`` adds top-level sections beside the records (profiler counters, measured ceilings).
+    """
     path = Path(path)
     missing = [key for key in PROVENANCE_KEYS if key not in prov]
     if missing:
@@ -108,7 +112,7 @@ def write_results(path: Path | str, records: list[dict[str, Any]], prov: dict[st
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump({"provenance": prov, "records": records}, handle, indent=1, allow_nan=True)
+            json.dump({"provenance": prov, "records": records, **(extra or {})}, handle, indent=1, allow_nan=True)
             handle.write("\n")
         os.replace(tmp, path)
     except BaseException:

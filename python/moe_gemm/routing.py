@@ -19,6 +19,7 @@ import numpy as np
 from .validate import require_int, require_nonnegative_float
 
 
+# --8<-- [start:expert_counts]
 def expert_counts(experts: int, tokens: int, skew: float) -> np.ndarray:
     """Rows per expert, int64 array of length ``experts``, summing exactly to ``tokens``."""
     require_int("experts", experts, minimum=1)
@@ -30,6 +31,7 @@ def expert_counts(experts: int, tokens: int, skew: float) -> np.ndarray:
     leftover = tokens - int(counts.sum())
     counts[:leftover] += 1
     return counts
+# --8<-- [end:expert_counts]
 
 
 def expert_offsets(counts: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .routing import expert_offsets
 from .validate import require_int, require_tile_size
 
 TILE_FIELDS = ("expert", "row0", "rows", "col0")
@@ -28,10 +29,18 @@ def ceil_div(a: int | np.ndarray, b: int) -> int | np.ndarray:
     return -(-a // b)
 
 
+def _checked_counts(counts: np.ndarray) -> np.ndarray:
+    # Validate before any cast: a negative or fractional m_e would otherwise be silently
+    # rounded into a wrong (but plausible-looking) tile list.
+    counts = np.asarray(counts)
+    expert_offsets(counts)
+    return counts.astype(np.int64)
+
+
 def m_tiles_per_expert(counts: np.ndarray, bm: int) -> np.ndarray:
     """ceil(m_e / BM) for every expert (0 for an empty expert)."""
     require_tile_size("BM", bm)
-    return ceil_div(np.asarray(counts, dtype=np.int64), bm)
+    return ceil_div(_checked_counts(counts), bm)
 
 
 def tile_count(counts: np.ndarray, N: int, bm: int, bn: int) -> int:  # noqa: N803
@@ -41,13 +50,14 @@ def tile_count(counts: np.ndarray, N: int, bm: int, bn: int) -> int:  # noqa: N8
     return int(m_tiles_per_expert(counts, bm).sum()) * int(ceil_div(N, bn))
 
 
+# --8<-- [start:tile_list]
 def tile_list(counts: np.ndarray, N: int, bm: int, bn: int) -> np.ndarray:  # noqa: N803
     """Expert-major int32 descriptors, shape [tiles, 4], columns :data:`TILE_FIELDS`.
 
     Within an expert, the N tiles of one M tile are adjacent, so consecutive blocks reuse
     the same rows of A and walk across B[expert].
     """
-    counts = np.asarray(counts, dtype=np.int64)
+    counts = _checked_counts(counts)
     n_tiles = int(ceil_div(require_int("N", N, minimum=1), require_tile_size("BN", bn)))
     offsets = np.concatenate([[0], np.cumsum(counts)])
     per_expert = m_tiles_per_expert(counts, bm)
@@ -61,12 +71,15 @@ def tile_list(counts: np.ndarray, N: int, bm: int, bn: int) -> np.ndarray:  # no
     tiles[:, 2] = np.repeat(rows, n_tiles)
     tiles[:, 3] = np.tile(np.arange(n_tiles) * bn, expert.size)
     return tiles
+# --8<-- [end:tile_list]
 
 
+# --8<-- [start:eta]
 def eta(counts: np.ndarray, bm: int) -> float:
     """Row utilisation sum_e m_e / (BM * sum_e ceil(m_e / BM)); 1.0 when nothing is scheduled."""
     scheduled_rows = int(m_tiles_per_expert(counts, bm).sum()) * bm
     return float(np.sum(counts)) / scheduled_rows if scheduled_rows else 1.0
+# --8<-- [end:eta]
 
 
 def eta_estimate(balanced_tflops: float, eta_skewed: float, eta_balanced: float = 1.0) -> float:
@@ -75,6 +88,8 @@ def eta_estimate(balanced_tflops: float, eta_skewed: float, eta_balanced: float 
     It ignores everything but the padded rows' wasted math: per-block staging, tail effects,
     occupancy and caching all differ between the two grids.
     """
+    if not 0 < eta_balanced <= 1:
+        raise ValueError(f"eta_balanced must be in (0, 1], got {eta_balanced}")
     return balanced_tflops * eta_skewed / eta_balanced
 
 

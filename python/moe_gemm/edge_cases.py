@@ -1,0 +1,42 @@
+"""The routings every kernel must get right (SPEC section 6), small enough for any GPU test.
+
+Each case is a list of per-expert row counts. K = 128 and N = 200 keep them tiny while
+exercising the awkward paths: N = 200 is not a multiple of 64 or 128 (a partial last N tile)
+but is a multiple of 8 (TMA's 16-byte stride rule), and K = 128 is a multiple of every BK.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+EDGE_K = 128
+EDGE_N = 200
+
+
+@dataclass(frozen=True)
+class EdgeCase:
+    name: str
+    counts: tuple[int, ...]
+    K: int = EDGE_K  # noqa: N815
+    N: int = EDGE_N  # noqa: N815
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.counts)
+
+    def counts_array(self) -> np.ndarray:
+        return np.array(self.counts, dtype=np.int64)
+
+
+EDGE_CASES = (
+    EdgeCase("empty experts", (0, 70, 0, 0, 130, 0)),
+    EdgeCase("m_e smaller than BM", (1, 5, 17, 31)),
+    EdgeCase("m_e not a multiple of BM", (33, 65, 129, 200)),
+    EdgeCase("one expert holds every row", (0, 0, 300, 0)),
+    EdgeCase("a single expert (E = 1)", (257,)),
+    EdgeCase("N not a multiple of BN", (64, 64), N=72),
+    EdgeCase("K of one BK step", (40, 90), K=64),
+    EdgeCase("no rows at all (M_tot = 0)", (0, 0, 0)),
+)
