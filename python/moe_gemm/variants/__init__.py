@@ -1,0 +1,6 @@
+"""Host-side wrappers of the kernels: one module per kernel step, each exposing Variant classes.
+
+A wrapper validates the problem for its kernel (ValueError naming the constraint, before any
+launch), builds the kernel's tile list and launch configuration, and returns a
+:class:`~moe_gemm.bench.Prepared` launch. The kernels themselves live in ``kernels/``.
+"""

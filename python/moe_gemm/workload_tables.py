@@ -1,0 +1,84 @@
+"""Tables that describe a workload before any kernel runs: routing, tile counts, eta, estimates.
+
+Chapter 00 prints them and writes them into the docs; later chapters reuse them next to their
+measurements. Everything here is arithmetic on :func:`~moe_gemm.routing.expert_counts`, so the
+same numbers come out on every machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .problem import useful_flops
+from .report import Table
+from .routing import expert_counts, routing_summary
+from .tiles import eta, eta_estimate, m_tiles_per_expert, scheduled_flops, tile_count
+
+Workload = tuple[int, float]  # (tokens, skew)
+
+
+def skew_label(skew: float) -> str:
+    """0 -> '0', 1.2 -> '1.2': skews print as typed, not as 1.200."""
+    return f"{skew:g}"
+
+
+def routing_table(experts: int, workloads: Sequence[Workload]) -> Table:
+    """Largest, smallest and empty experts, and max/mean imbalance, per workload."""
+    rows = []
+    for tokens, skew in workloads:
+        summary = routing_summary(expert_counts(experts, tokens, skew))
+        rows.append((tokens, skew_label(skew), summary["largest"], summary["smallest"], summary["empty"],
+                     f"{summary['imbalance']:.2f}"))
+    return Table(("rows M_tot", "skew s", "largest m_e", "smallest m_e", "empty experts", "max/mean"),
+                 tuple(rows), f"Routing over E = {experts} experts")
+
+
+def tile_count_table(experts: int, N: int, workloads: Sequence[Workload],  # noqa: N803
+                     shapes: Sequence[tuple[int, int]] = ((64, 64), (128, 128))) -> Table:
+    """Per workload and BM x BN: M tiles, N tiles, descriptors (blocks) and eta."""
+    rows = []
+    for tokens, skew in workloads:
+        counts = expert_counts(experts, tokens, skew)
+        for bm, bn in shapes:
+            m_tiles = int(m_tiles_per_expert(counts, bm).sum())
+            rows.append((tokens, skew_label(skew), f"{bm}x{bn}", m_tiles, -(-N // bn),
+                         tile_count(counts, N, bm, bn), eta(counts, bm)))
+    return Table(("rows M_tot", "skew s", "tile BMxBN", "M tiles", "N tiles", "tiles", "eta"),
+                 tuple(rows), f"Flat tile list, E = {experts}, N = {N}")
+
+
+def eta_detail_table(counts: np.ndarray, K: int, N: int, bms: Sequence[int], bn: int = 128) -> Table:  # noqa: N803
+    """One routing, several BM: scheduled rows, eta, wasted share and scheduled vs useful GFLOP."""
+    counts = np.asarray(counts)
+    tokens = int(counts.sum())
+    useful = useful_flops(tokens, K, N)
+    rows = []
+    for bm in bms:
+        m_tiles = int(m_tiles_per_expert(counts, bm).sum())
+        value = eta(counts, bm)
+        rows.append((bm, m_tiles, m_tiles * bm, value, f"{100 * (1 - value):.1f}%",
+                     f"{useful / 1e9:.1f}", f"{scheduled_flops(counts, K, N, bm, bn) / 1e9:.1f}"))
+    return Table(("BM", "M tiles", "scheduled rows", "eta", "padding", "useful GFLOP", f"scheduled GFLOP (BN={bn})"),
+                 tuple(rows), f"Row utilisation eta for {tokens:,} rows")
+
+
+def estimate_table(experts: int, workloads: Sequence[Workload], bms: Sequence[int], balanced_tflops: float,
+                   estimate_bm: int = 128, reference: Workload = (16384, 0.0)) -> Table:
+    """eta per BM and the eta-only estimate T ~= T_ref * eta / eta_ref for ``estimate_bm``.
+
+    ``balanced_tflops`` is a measured rate at the ``reference`` workload with BM = ``estimate_bm``;
+    every other workload's estimate scales it by the ratio of row utilisations and nothing else.
+    """
+    eta_ref = eta(expert_counts(experts, *reference), estimate_bm)
+    rows = []
+    for tokens, skew in workloads:
+        counts = expert_counts(experts, tokens, skew)
+        etas = [eta(counts, bm) for bm in bms]
+        estimate = eta_estimate(balanced_tflops, eta(counts, estimate_bm), eta_ref)
+        rows.append((tokens, skew_label(skew), *etas, f"{estimate:.1f}"))
+    headers = ("rows M_tot", "skew s", *(f"eta BM={bm}" for bm in bms), f"estimate BM={estimate_bm} (TFLOP/s)")
+    title = (f"eta-only estimate, E = {experts}: {balanced_tflops:g} TFLOP/s at {reference[0]:,} rows, "
+             f"s = {skew_label(reference[1])}, scaled by eta / {eta_ref:.3f}")
+    return Table(headers, tuple(rows), title)
