@@ -15,11 +15,9 @@ from collections.abc import Sequence
 
 from moe_gemm.cli import add_problem_arguments, chapter_parser, run_main, tile_size
 from moe_gemm.routing import expert_counts
-from moe_gemm.workload_tables import (estimate_table, eta_detail_table, routing_table, skew_label,
-                                      tile_count_table)
+from moe_gemm.workload_tables import (SEED_B300_K2_LABEL, SEED_B300_K2_TFLOPS, SEED_SKEWS, estimate_table,
+                                      eta_detail_table, routing_table, skew_label, tile_count_table)
 
-SEED_B300_K2_TFLOPS = 440.1  # the seed's B300 number: k2/S2, BM=128, 16,384 balanced rows
-SEED_SKEWS = (0.0, 0.4, 0.8, 1.2, 1.6)
 SEED_TOKENS = (16384, 2048)
 
 
@@ -37,17 +35,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts = expert_counts(args.experts, args.tokens, args.skew)
     print(f"problem: E = {args.experts} experts, M_tot = {args.tokens:,} rows, K = {args.K}, N = {args.N}, "
           f"skew s = {skew_label(args.skew)}\n")
-    print(routing_table(args.experts, workload).text(), end="\n\n")
-    print(tile_count_table(args.experts, args.N, workload).text(), end="\n\n")
-    print(eta_detail_table(counts, args.K, args.N, args.bm).text(), end="\n\n")
+    print(routing_table(args.experts, workload).text())
+    print("m_e proportional to (e+1)^-s, floored, leftover rows to the heaviest experts\n")
+
+    print(tile_count_table(args.experts, args.N, workload).text())
+    print("tiles = sum_e ceil(m_e / BM) * ceil(N / BN): one block each, none crossing an expert boundary\n")
+
+    print(eta_detail_table(counts, args.K, args.N, args.bm).text())
+    print("eta = real rows / scheduled rows: a partial tile runs the full MMA loop, padding included\n")
 
     # The estimate needs a measured balanced rate for one BM; the only one we have without a
     # GPU is the seed's B300 k2 number, so the table is for the seed's shape whatever the flags say.
     seed_workloads = [(tokens, skew) for tokens in SEED_TOKENS for skew in SEED_SKEWS]
-    table = estimate_table(64, seed_workloads, (32, 64, 128), SEED_B300_K2_TFLOPS, estimate_bm=128)
+    table = estimate_table(64, seed_workloads, (32, 64, 128), SEED_B300_K2_TFLOPS, estimate_bm=128,
+                           rate_label=SEED_B300_K2_LABEL)
     print(table.text())
-    print("  (440.1 TFLOP/s is the seed's B300 number for k2/S2; the estimate ignores staging, tail"
-          " blocks, occupancy and caching)")
+    print("(padding only: per-block staging, tail blocks, occupancy and caching are not modelled)")
     return 0
 
 

@@ -98,8 +98,8 @@ class CompiledKernel:
     report: ResourceReport
     log: str
 
-    def sass(self) -> str:
-        return sass(self.cubin)
+    def sass(self, tool: str = "cuobjdump") -> str:
+        return sass(self.cubin, tool)
 
     def require_no_spills(self) -> CompiledKernel:
         r = self.report
@@ -119,20 +119,39 @@ def _define_flags(defines: Mapping[str, Any]) -> list[str]:
     return [f"{key}={int(value) if isinstance(value, bool) else value}" for key, value in sorted(defines.items())]
 
 
+# The options every compile gets (see _nvrtc_compile); part of the cache key, so changing them
+# here invalidates every cached CUBIN.
+FIXED_OPTIONS = ("std=c++17", "lineinfo", "ptxas=-v,--warn-on-spills")
+
+
 def _cache_key(source: str, name: str, arch: str, defines: list[str], options: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
-    for part in (source, name, arch, nvrtc_version(), *defines, *options):
+    for part in (source, name, arch, nvrtc_version(), *FIXED_OPTIONS, *defines, *options):
         digest.update(part.encode() + b"\0")
     for header in sorted(KERNEL_DIR.glob("*.cuh")):  # every header a kernel may include
         digest.update(header.name.encode() + header.read_bytes())
     return digest.hexdigest()[:32]
 
 
+def target_arch(arch: str | None = None) -> str:
+    """``arch`` if named, else the running GPU's (``sm_90a`` on an H200); ValueError with no GPU."""
+    if arch is not None:
+        return arch
+    from .gpu import detect_gpu
+
+    gpu = detect_gpu()
+    if gpu is None:
+        raise ValueError(f"no GPU here: name the architecture to compile for (one of {', '.join(ARCHES)})")
+    return gpu.arch
+
+
 def compile_kernel(
-    source_file: str, name: str, *, arch: str, defines: Mapping[str, Any] | None = None,
+    source_file: str, name: str, *, arch: str | None = None, defines: Mapping[str, Any] | None = None,
     options: Iterable[str] = (), use_cache: bool = True,
 ) -> CompiledKernel:
-    """Compile kernel ``name`` (a template instantiation is fine) of ``kernels/<source_file>``."""
+    """Compile kernel ``name`` (a template instantiation is fine) of ``kernels/<source_file>``
+    for ``arch``, or for the running GPU's architecture when ``arch`` is None."""
+    arch = target_arch(arch)
     if arch not in ARCHES and not re.fullmatch(r"sm_\d+a?", arch):
         raise ValueError(f"arch must look like sm_90a (known: {', '.join(ARCHES)}), got {arch!r}")
     path = KERNEL_DIR / source_file
@@ -201,13 +220,16 @@ def _tool(name: str) -> str:
     return found
 
 
-def sass(cubin: bytes) -> str:
-    """cuobjdump -sass of a CUBIN."""
-    scratch = _cache_dir() / f"sass-{hashlib.sha256(cubin).hexdigest()[:16]}.cubin"
+def sass(cubin: bytes, tool: str = "cuobjdump") -> str:
+    """The CUBIN's SASS: ``cuobjdump -sass``, or ``nvdisasm -c`` (which also labels branch targets)."""
+    commands = {"cuobjdump": ["-sass"], "nvdisasm": ["-c"]}
+    if tool not in commands:
+        raise ValueError(f"tool must be one of {sorted(commands)}, got {tool!r}")
+    scratch = _cache_dir() / f"sass-{os.getpid()}-{hashlib.sha256(cubin).hexdigest()[:16]}.cubin"
     scratch.parent.mkdir(parents=True, exist_ok=True)
     scratch.write_bytes(cubin)
     try:
-        return subprocess.run([_tool("cuobjdump"), "-sass", str(scratch)], capture_output=True, text=True,
+        return subprocess.run([_tool(tool), *commands[tool], str(scratch)], capture_output=True, text=True,
                               check=True).stdout
     finally:
         scratch.unlink(missing_ok=True)
@@ -217,6 +239,14 @@ def opcode_counts(sass_text: str, opcodes: Iterable[str]) -> dict[str, int]:
     """Static count of instructions whose mnemonic starts with each prefix (e.g. 'HMMA.16816.F32.BF16')."""
     mnemonics = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass_text)
     return {op: sum(m.startswith(op) for m in mnemonics) for op in opcodes}
+
+
+def sass_report(compiled: CompiledKernel, opcodes: Iterable[str] = ()) -> dict[str, Any]:
+    """One row of a compile report: ptxas's resource report and static counts of ``opcodes``."""
+    r = compiled.report
+    return {"kernel": compiled.name, "arch": compiled.arch, "registers": r.registers,
+            "static_smem_bytes": r.static_smem_bytes, "spill_bytes": r.spill_bytes,
+            "stack_frame_bytes": r.stack_frame_bytes, **opcode_counts(compiled.sass(), opcodes)}
 
 
 # --------------------------------------------------------------------------- loading and launching
@@ -252,6 +282,20 @@ def _allow_dynamic_smem(kernel, nbytes: int) -> None:
 
     attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     check_driver(driver.cuKernelSetAttribute(attribute, nbytes, kernel.handle, cuda_device().device_id))
+
+
+@functools.cache
+def prefer_shared_memory(compiled: CompiledKernel, percent: int = 100) -> None:
+    """Ask for ``percent`` of the unified L1/shared-memory array as shared memory (a hint the
+    driver may override), so the carveout it picks never limits resident blocks below what the
+    registers allow. Once per kernel: cached."""
+    from cuda.bindings import driver
+
+    from .device import check_driver, cuda_device
+
+    kernel = _loaded(compiled.cubin, compiled.symbol)
+    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    check_driver(driver.cuKernelSetAttribute(attribute, percent, kernel.handle, cuda_device().device_id))
 
 
 def _driver_launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, args: tuple) -> None:

@@ -78,6 +78,20 @@ class DeviceArray:
         self._ptr = check_driver(driver.cuMemAlloc(max(self.nbytes, 1)))
         self._free = driver.cuMemFree
 
+    def view(self, byte_offset: int, shape: tuple[int, ...], dtype: np.dtype | type | None = None) -> DeviceArray:
+        """A non-owning array starting ``byte_offset`` bytes into this allocation (any offset, so
+        tests can hand a kernel the misaligned pointer it must refuse). It keeps this one alive."""
+        from cuda.bindings import driver
+
+        dtype = np.dtype(dtype or self.dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if byte_offset < 0 or byte_offset + nbytes > max(self.nbytes, 1):
+            raise ValueError(f"a view of {nbytes} bytes at offset {byte_offset} does not fit in {self.nbytes} bytes")
+        view = object.__new__(DeviceArray)
+        view.shape, view.dtype, view.nbytes = tuple(int(s) for s in shape), dtype, nbytes
+        view._ptr, view._free, view._base = driver.CUdeviceptr(self.ptr + byte_offset), None, self
+        return view
+
     @property
     def ptr(self) -> int:
         return int(self._ptr)
@@ -87,9 +101,9 @@ class DeviceArray:
         return int(np.prod(self.shape, dtype=np.int64))
 
     def __del__(self) -> None:
-        if getattr(self, "_ptr", None) is not None:
+        if getattr(self, "_ptr", None) is not None and getattr(self, "_free", None) is not None:
             self._free(self._ptr)
-            self._ptr = None
+        self._ptr = None
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:

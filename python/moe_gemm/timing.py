@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .device import cuda_device, harness_stream
+from .device import check_driver, stream_handle, synchronize
 
 WARMUP = 10
 ITERATIONS = 50
@@ -39,22 +39,38 @@ def rotation_sets(bytes_per_set: int, l2_bytes: int = L2_BYTES, most: int = 8) -
     return max(1, min(most, math.ceil(2 * l2_bytes / bytes_per_set)))
 
 
+def _elapsed_ms(start, end) -> float:
+    from cuda.bindings import driver
+
+    # CUDA 12.8 added cuEventElapsedTime_v2 and CUDA 13 bindings may carry only that name.
+    elapsed = getattr(driver, "cuEventElapsedTime_v2", None) or driver.cuEventElapsedTime
+    return float(check_driver(elapsed(start, end)))
+
+
 def time_launches(launch: Callable[[int], None], *, warmup: int = WARMUP, iterations: int = ITERATIONS) -> Timing:
-    """Time ``launch(i)`` (which must enqueue its work on the harness stream) ``iterations`` times."""
-    from cuda.core import EventOptions
+    """Time ``launch(i)`` (which must enqueue its work on the harness stream) ``iterations`` times.
+
+    Events come from the driver API: cuda.core's EventOptions changed its fields between the
+    1.2 releases this project meets, the driver's cuEventCreate did not.
+    """
+    from cuda.bindings import driver
 
     if iterations < 1 or warmup < 0:
         raise ValueError("need iterations >= 1 and warmup >= 0")
-    stream, device = harness_stream(), cuda_device()
+    stream = driver.CUstream(stream_handle())
     for i in range(warmup):
         launch(i)
-    options = EventOptions(enable_timing=True)
-    starts = [device.create_event(options) for _ in range(iterations)]
-    ends = [device.create_event(options) for _ in range(iterations)]
-    for i in range(iterations):
-        stream.record(starts[i])
-        launch(warmup + i)
-        stream.record(ends[i])
-    stream.sync()
-    samples = tuple(float(end - start) for start, end in zip(starts, ends))
+    flags = driver.CUevent_flags.CU_EVENT_DEFAULT
+    starts = [check_driver(driver.cuEventCreate(flags)) for _ in range(iterations)]
+    ends = [check_driver(driver.cuEventCreate(flags)) for _ in range(iterations)]
+    try:
+        for i in range(iterations):
+            check_driver(driver.cuEventRecord(starts[i], stream))
+            launch(warmup + i)
+            check_driver(driver.cuEventRecord(ends[i], stream))
+        synchronize()
+        samples = tuple(_elapsed_ms(start, end) for start, end in zip(starts, ends))
+    finally:
+        for event in starts + ends:
+            driver.cuEventDestroy(event)
     return Timing(statistics.median(samples), min(samples), max(samples), samples)

@@ -13,10 +13,16 @@ import numpy as np
 
 from .problem import useful_flops
 from .report import Table
+from .roofline import H200_COPY_TBPS, H200_DENSE_BF16_TFLOPS, compulsory_bytes, roofline_tflops
 from .routing import expert_counts, routing_summary
 from .tiles import eta, eta_estimate, m_tiles_per_expert, scheduled_flops, tile_count
 
 Workload = tuple[int, float]  # (tokens, skew)
+
+SEED_SKEWS = (0.0, 0.4, 0.8, 1.2, 1.6)  # the sweep of SPEC section 3
+# The one balanced rate we can quote without a GPU: k2/S2 (BM=128) at 16,384 rows on the seed's B300.
+SEED_B300_K2_TFLOPS = 440.1
+SEED_B300_K2_LABEL = "the seed's B300 k2/S2 number"
 
 
 def skew_label(skew: float) -> str:
@@ -65,7 +71,7 @@ def eta_detail_table(counts: np.ndarray, K: int, N: int, bms: Sequence[int], bn:
 
 
 def estimate_table(experts: int, workloads: Sequence[Workload], bms: Sequence[int], balanced_tflops: float,
-                   estimate_bm: int = 128, reference: Workload = (16384, 0.0)) -> Table:
+                   estimate_bm: int = 128, reference: Workload = (16384, 0.0), rate_label: str = "measured") -> Table:
     """eta per BM and the eta-only estimate T ~= T_ref * eta / eta_ref for ``estimate_bm``.
 
     ``balanced_tflops`` is a measured rate at the ``reference`` workload with BM = ``estimate_bm``;
@@ -79,6 +85,22 @@ def estimate_table(experts: int, workloads: Sequence[Workload], bms: Sequence[in
         estimate = eta_estimate(balanced_tflops, eta(counts, estimate_bm), eta_ref)
         rows.append((tokens, skew_label(skew), *etas, f"{estimate:.1f}"))
     headers = ("rows M_tot", "skew s", *(f"eta BM={bm}" for bm in bms), f"estimate BM={estimate_bm} (TFLOP/s)")
-    title = (f"eta-only estimate, E = {experts}: {balanced_tflops:g} TFLOP/s at {reference[0]:,} rows, "
-             f"s = {skew_label(reference[1])}, scaled by eta / {eta_ref:.3f}")
+    title = (f"eta-only estimate, E = {experts}: T = {balanced_tflops:g} TFLOP/s x eta(BM={estimate_bm}) / "
+             f"{eta_ref:.3f}\n({balanced_tflops:g} TFLOP/s: {rate_label}, BM = {estimate_bm}, "
+             f"{reference[0]:,} rows, s = {skew_label(reference[1])})")
     return Table(headers, tuple(rows), title)
+
+
+def roofline_table(experts: int, K: int, N: int, tokens_list: Sequence[int]) -> Table:  # noqa: N803
+    """Useful FLOP, compulsory bytes, arithmetic intensity and the H200 roofline per M_tot."""
+    ridge = H200_DENSE_BF16_TFLOPS / H200_COPY_TBPS  # FLOP per byte where the two limits meet
+    rows = []
+    for tokens in tokens_list:
+        flops = useful_flops(tokens, K, N)
+        traffic = compulsory_bytes(experts, tokens, K, N)
+        intensity = flops / traffic
+        rows.append((tokens, f"{flops / 1e9:.1f}", f"{traffic / 1e6:.1f}", f"{intensity:.1f}",
+                     f"{roofline_tflops(experts, tokens, K, N):.0f}", "memory" if intensity < ridge else "compute"))
+    return Table(("rows M_tot", "useful GFLOP", "compulsory MB", "FLOP/byte", "roofline TFLOP/s", "bound by"),
+                 tuple(rows), f"Roofline, E = {experts}, K = {K}, N = {N}: H200 {H200_DENSE_BF16_TFLOPS:g} TFLOP/s, "
+                 f"{H200_COPY_TBPS:g} TB/s (ridge {ridge:.0f} FLOP/byte)")

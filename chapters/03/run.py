@@ -1,0 +1,301 @@
+"""Chapter 03: k2, a TMA producer warp feeding eight mma.sync warps through an mbarrier ring.
+
+    python chapters/03/run.py               # checks, then k0 -> k1 -> k2 beside torch._grouped_mm
+    python chapters/03/run.py --quick       # fewer timed launches (5 warm-up, 20 timed)
+    python chapters/03/run.py --no-peers    # without torch._grouped_mm and the torch loop
+    python chapters/03/run.py --profile     # also Nsight Compute's occupancy counters for k2
+
+With an sm_90 GPU (the recorded numbers come from an H200) it first checks every STAGES
+configuration of k2 on the edge cases of SPEC section 6 (exact, integer-valued inputs) and on
+random data, then times the best variant of each chapter so far, k0, k1 and k2 with STAGES = 2, 3
+and 4, beside torch._grouped_mm (CUTLASS) at the seed configuration (E=64, K=1024, N=2688;
+16,384 rows at s=0 and s=1.2, and 2,048 rows), prints the progression and the STAGES table with
+the occupancy model's reading and the eta-only estimate for s=1.2, and writes
+chapters/03/results/<gpu>.json.
+
+Without a GPU it compiles the chapter's kernels for sm_90a, prints their compile report
+(registers, shared memory, spills, blocks per SM from the occupancy model, and the SASS
+instructions this chapter is about), then the recorded H200 results, and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.occupancy import residency
+from moe_gemm.report import Table
+from moe_gemm.results import REPO_ROOT, results_path
+from moe_gemm.tiles import eta_estimate
+
+CHAPTER = "03"
+ARCH = "sm_90a"
+OPCODES = ("UTMALDG", "SYNCS", "HMMA.16816.F32.BF16", "LDSM", "LDGSTS", "BAR.SYNC")
+OPCODE_LABELS = {"HMMA.16816.F32.BF16": "HMMA", "BAR.SYNC": "BAR"}
+K1_DEFAULT = "k1/bm64"  # chapter 02's best at 16,384 rows unless its recorded results say otherwise
+PEER = "peer/torch_grouped_mm"
+SEED_B300 = {  # the seed's B300 numbers, useful TFLOP/s, for reference only (never measured here)
+    "k2/S2": {"16k s=0": 440.1, "16k s=1.2": 357.0, "2k s=0": 111.1},
+    "k2/S3": {"16k s=0": 393.4},
+}
+
+
+def parse_args(argv: Sequence[str] | None):
+    parser = chapter_parser(__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="5 warm-up and 20 timed launches per measurement instead of 10 and 50")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="leave out torch._grouped_mm and the per-expert torch loop")
+    parser.add_argument("--profile", action="store_true",
+                        help="also run Nsight Compute on each k2 STAGES (occupancy limits and achieved warps); "
+                             "needs ncu on PATH")
+    return parser.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- variants
+
+def k2_variants():
+    from moe_gemm.variants.k2 import all_stages
+
+    return all_stages()
+
+
+def best_k1_name() -> str:
+    """Chapter 02's fastest k1 at 16,384 balanced rows, from its recorded results; BM=64 if none."""
+    path = results_path("02", "h200")
+    if not path.is_file():
+        return K1_DEFAULT
+    records = [r for r in json.loads(path.read_text())["records"]
+               if r["variant"].startswith("k1/") and r["tokens"] == 16384 and r["skew"] == 0.0]
+    return max(records, key=lambda r: r["useful_tflops"])["variant"] if records else K1_DEFAULT
+
+
+def k1_variant(name: str):
+    """'k1/bm64' or 'k1/bm64-fragdb' -> chapter 02's variant object."""
+    from moe_gemm.variants.k1 import K1MmaSync
+
+    match = re.fullmatch(r"k1/bm(\d+)(-fragdb)?", name)
+    if not match:
+        raise ValueError(f"cannot read a k1 configuration from {name!r}")
+    return K1MmaSync(int(match.group(1)), frag_db=bool(match.group(2)))
+
+
+def progression_variants(with_peers: bool) -> list:
+    from moe_gemm.variants.k0 import K0Fp32
+
+    variants = [K0Fp32(), k1_variant(best_k1_name()), *k2_variants()]
+    if with_peers:
+        from moe_gemm.peers import available_peers
+
+        variants += list(available_peers())
+    return variants
+
+
+# --------------------------------------------------------------------------- compile report (no GPU)
+
+def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
+    """Registers, shared memory, spills, blocks per SM and SASS counts of the chapter's kernels."""
+    kernels = [k1_variant(K1_DEFAULT)] if _k1_available() else []
+    kernels += k2_variants()
+    rows = []
+    for variant in kernels:
+        compiled = variant.compile(arch)
+        resources = variant.resources(arch)
+        fit = residency(resources.registers, resources.warps_per_block, resources.smem_bytes)
+        counts = compiled_opcodes(compiled)
+        rows.append({"variant": variant.name, "arch": arch, "registers": resources.registers,
+                     "smem_bytes": resources.smem_bytes, "spill_bytes": resources.spill_bytes,
+                     "warps_per_block": resources.warps_per_block, "blocks_per_sm": fit.blocks,
+                     "limiter": fit.limiter, "by_registers": fit.by_registers, "by_smem": fit.by_smem,
+                     "sass": counts})
+    return rows
+
+
+def compiled_opcodes(compiled) -> dict[str, int]:
+    from moe_gemm.build import opcode_counts
+
+    return opcode_counts(compiled.sass(), OPCODES)
+
+
+def _k1_available() -> bool:
+    try:
+        k1_variant(K1_DEFAULT)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def compile_table(rows: list[dict[str, Any]]) -> Table:
+    headers = ("kernel", "regs", "smem KB", "spills", "warps", "blocks/SM", "limited by",
+               *(OPCODE_LABELS.get(op, op) for op in OPCODES))
+    body = tuple((r["variant"], r["registers"], f"{r['smem_bytes'] / 1024:.1f}", r["spill_bytes"], r["warps_per_block"],
+                  r["blocks_per_sm"], r["limiter"], *(r["sass"][op] for op in OPCODES)) for r in rows)
+    return Table(headers, body, title=f"Compile report ({rows[0]['arch'] if rows else ARCH}, NVRTC; "
+                                      "SASS columns are static instruction counts)")
+
+
+# --------------------------------------------------------------------------- checks (GPU)
+
+def run_checks(variants) -> list[dict[str, Any]]:
+    """Every edge case exactly on integer-valued inputs, then random data against the tolerance."""
+    from moe_gemm.bench import progress, verify
+    from moe_gemm.edge_cases import EDGE_CASES
+    from moe_gemm.problem import make_problem, problem_from_counts
+
+    cases = [(case.name, problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=7), True)
+             for case in EDGE_CASES]
+    cases += [("random, 1,000 rows s=1.2, E=8, K=1024, N=384", make_problem(8, 1000, 1024, 384, 1.2, seed=7), False),
+              ("random, 2,048 rows s=0, seed shape", make_problem(64, 2048, 1024, 2688, 0.0, seed=7), False)]
+    results = []
+    for variant in variants:
+        progress(f"[checks] {variant.name}")
+        for name, problem, exact in cases:
+            check = verify(variant, problem, exact=exact)
+            results.append({"variant": variant.name, "case": name, "exact": exact, "passed": check.passed,
+                            "rel_error": check.rel_error, "mismatches": check.mismatches,
+                            "nonfinite": check.nonfinite, "result": check.describe()})
+    return results
+
+
+def checks_table(checks: list[dict[str, Any]]) -> Table:
+    return Table(("variant", "case", "result"), tuple((c["variant"], c["case"], c["result"]) for c in checks),
+                 title="Checks (exact: integer-valued inputs, bit for bit; random: relative error <= 1e-2)")
+
+
+# --------------------------------------------------------------------------- tables from records
+
+def workload_key(record: dict[str, Any]) -> str:
+    rows = f"{record['tokens'] // 1024}k" if record["tokens"] % 1024 == 0 else f"{record['tokens']:,}"
+    return f"{rows} s={record['skew']:g}"
+
+
+def _find(records, variant: str, key: str) -> dict[str, Any] | None:
+    return next((r for r in records if r["variant"] == variant and workload_key(r) == key), None)
+
+
+def progression_table(records: list[dict[str, Any]]) -> Table:
+    """Useful TFLOP/s per variant and workload, with the speed-up over k0 and the ratio to the peer."""
+    keys = list(dict.fromkeys(workload_key(r) for r in records))
+    variants = list(dict.fromkeys(r["variant"] for r in records))
+    first = keys[0] if keys else ""
+    k0 = _find(records, "k0", first)
+    peer = _find(records, PEER, first)
+    rows = []
+    for variant in variants:
+        cells = []
+        for key in keys:
+            record = _find(records, variant, key)
+            cells.append("-" if record is None else f"{record['useful_tflops']:.1f}")
+        this = _find(records, variant, first)
+        over_k0 = f"{this['useful_tflops'] / k0['useful_tflops']:.1f}x" if this and k0 else "-"
+        vs_peer = f"{this['useful_tflops'] / peer['useful_tflops']:.2f}" if this and peer else "-"
+        rows.append((variant, *cells, over_k0, vs_peer))
+    headers = ("variant", *(f"{k} TFLOP/s" for k in keys), f"x k0 ({first})", f"vs peer ({first})")
+    return Table(headers, tuple(rows), title="Progression: useful TFLOP/s (median of the timed launches)")
+
+
+def stages_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per k2 STAGES: resources, the model's blocks per SM, the measurements and the eta-only estimates."""
+    rows = []
+    for record in records:
+        if not record["variant"].startswith("k2/") or workload_key(record) != "16k s=0":
+            continue
+        name = record["variant"]
+        fit = residency(record["registers"], record["warps_per_block"], record["smem_bytes"])
+        skewed, small = _find(records, name, "16k s=1.2"), _find(records, name, "2k s=0")
+        row = {"variant": name, "registers": record["registers"], "smem_bytes": record["smem_bytes"],
+               "blocks_per_sm": fit.blocks, "limiter": fit.limiter, "balanced_tflops": record["useful_tflops"],
+               "balanced_eta": record["eta"]}
+        for label, other in (("skewed", skewed), ("small", small)):
+            if other is not None:
+                row[f"{label}_tflops"] = other["useful_tflops"]
+                row[f"{label}_eta"] = other["eta"]
+                row[f"{label}_estimate"] = eta_estimate(record["useful_tflops"], other["eta"], record["eta"])
+        rows.append(row)
+    return rows
+
+
+def stages_table(rows: list[dict[str, Any]]) -> Table:
+    def cell(row, key, spec=".1f"):
+        return format(row[key], spec) if key in row else "-"
+
+    body = []
+    for r in rows:
+        ratio = f"{r['skewed_tflops'] / r['skewed_estimate']:.3f}" if "skewed_estimate" in r else "-"
+        body.append((r["variant"], r["registers"], f"{r['smem_bytes'] / 1024:.1f}",
+                     f"{r['blocks_per_sm']} ({r['limiter']})", cell(r, "balanced_tflops"),
+                     cell(r, "skewed_tflops"), cell(r, "skewed_estimate"), ratio,
+                     cell(r, "small_tflops"), cell(r, "small_estimate")))
+    headers = ("variant", "regs", "smem KB", "blocks/SM (limit)", "16k s=0", "16k s=1.2", "eta-only est.",
+               "measured/est.", "2k s=0", "eta-only est. 2k")
+    return Table(headers, tuple(body), title="STAGES: resources, residency and useful TFLOP/s; estimates are "
+                                              "T(16k, s=0) x eta / eta(16k, s=0)")
+
+
+# --------------------------------------------------------------------------- main
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from moe_gemm.gpu import detect_gpu
+
+    gpu = detect_gpu()
+    if gpu is None or gpu.compute_capability < (9, 0):
+        reason = "no NVIDIA GPU here" if gpu is None else (
+            f"{gpu.name} is sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}; k2 needs sm_90 or newer "
+            "(TMA and mbarrier transaction counts)")
+        print(f"k2 is not run here: {reason}. Compiling for {ARCH} instead.\n")
+        print(compile_table(compile_report()).text(), end="\n\n")
+        from moe_gemm.notebook import show_recorded
+
+        if show_recorded(CHAPTER) != 0:
+            print(f"(no recorded results for chapter {CHAPTER} yet)")
+        return 0
+    return run_on_gpu(args, gpu)
+
+
+def run_on_gpu(args, gpu) -> int:
+    from moe_gemm.notebook import SEED_WORKLOADS, records_table, run_variants, save_results
+
+    timing = {"warmup": 5, "iterations": 20} if args.quick else {}
+    print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
+
+    report = compile_report(gpu.arch)
+    print(compile_table(report).text(), end="\n\n")
+
+    checks = run_checks(k2_variants())
+    print(checks_table(checks).text(), end="\n\n")
+    failed = [c for c in checks if not c["passed"]]
+    if failed:
+        print(f"{len(failed)} check(s) FAILED; not timing anything.", file=sys.stderr)
+        return 1
+
+    variants = progression_variants(with_peers=not args.no_peers)
+    records = run_variants(variants, SEED_WORKLOADS, **timing)
+    print(records_table(records, title="Every measurement"), end="\n\n")
+    print(progression_table(records).text(), end="\n\n")
+    stages = stages_rows(records)
+    print(stages_table(stages).text(), end="\n\n")
+
+    extra: dict[str, Any] = {"checks": checks, "compile_report": report, "stages": stages,
+                             "seed_b300_reference": SEED_B300}
+    if args.profile:
+        extra["profile"] = profile_k2(gpu)
+    path = save_results(CHAPTER, records, gpu, **extra)
+    print(f"results written to {path}")
+    return 0
+
+
+def profile_k2(gpu) -> list[dict[str, Any]]:
+    """Nsight Compute's launch limits and achieved occupancy for each k2 STAGES at 16k, s=0."""
+    from moe_gemm import profile  # the harness's ncu driver
+
+    return [profile.occupancy(variant.name) for variant in k2_variants()]
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO_ROOT / "python"))
+    run_main(main)

@@ -1,0 +1,129 @@
+"""k2: TMA + mbarrier ring + warp specialization (kernels/k2_tma_ws.cu), chapter 03.
+
+One 288-thread block per 128 x 128 tile of the flat tile list: warp 8 issues TMA copies into a
+ring of ``stages`` shared-memory stages (32 KB each), warps 0-7 run ldmatrix + mma.sync on them.
+The host side encodes two tensor maps (A as 2-D, B as 3-D with the expert outermost) and passes
+them by value.
+
+What TMA cannot take is refused here, before any launch, with a ValueError naming the rule:
+K and N must be multiples of 8 (every row stride a multiple of 16 bytes), K a multiple of
+BK = 64, A and B must start on 16-byte boundaries, and the GPU must be sm_90 or newer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..bench import Prepared, Resources
+from ..build import CompiledKernel, TensorMapArg, compile_kernel, launch
+from ..device import DeviceProblem, to_device
+from ..gpu import detect_gpu, require_capability
+from ..problem import BF16
+from ..tensormap import GLOBAL_ALIGN, TiledMap, batched_matrix_map, matrix_map
+from ..tiles import tile_list
+
+SOURCE = "k2_tma_ws.cu"
+STAGE_CHOICES = (2, 3, 4)
+BM, BN, BK = 128, 128, 64
+PANEL_N = 64  # the 128-byte swizzle caps a box row at 64 bf16, so B comes as two panels
+WARPS_PER_BLOCK = 9  # 8 compute warps + 1 producer warp
+THREADS = 32 * WARPS_PER_BLOCK
+STAGE_BYTES = (BM * BK + 2 * BK * PANEL_N) * 2  # 32,768: one A box and two B boxes
+SWIZZLE_ALIGN = 1024  # the kernel aligns its ring to 1 KB by hand, which may cost up to 1 KB
+MIN_CAPABILITY = (9, 0)
+ARCH = "sm_90a"
+
+
+def dynamic_smem_bytes(stages: int) -> int:
+    """What the kernel asks of dynamic shared memory: the ring plus the alignment slack."""
+    return stages * STAGE_BYTES + SWIZZLE_ALIGN
+
+
+# --8<-- [start:checks]
+def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
+    """ValueError naming the first rule of TMA or of the kernel that these inputs break."""
+    if K % 8:
+        raise ValueError(f"k2 needs K to be a multiple of 8: TMA row strides (K * 2 bytes) must be multiples of "
+                         f"16 bytes, got K = {K}")
+    if N % 8:
+        raise ValueError(f"k2 needs N to be a multiple of 8: TMA row strides (N * 2 bytes) must be multiples of "
+                         f"16 bytes, got N = {N}")
+    if K % BK:
+        raise ValueError(f"k2 needs K to be a multiple of BK = {BK} (one TMA box per K step), got K = {K}")
+    for name, address in (("A", a_address), ("B", b_address)):
+        if address % GLOBAL_ALIGN:
+            raise ValueError(f"k2 needs {name} to start on a {GLOBAL_ALIGN}-byte boundary (a TMA global address "
+                             f"rule), got {address:#x}")
+# --8<-- [end:checks]
+
+
+# --8<-- [start:tensor_maps]
+def tensor_maps(a_address: int, b_address: int, tokens: int, experts: int, K: int, N: int) -> tuple[TiledMap, TiledMap]:  # noqa: N803
+    """A [M_tot, K] in boxes of 128 rows x 64 columns; B [E, K, N] in boxes of 64 x 64 of one expert."""
+    a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=BM, box_cols=BK)
+    b_map = batched_matrix_map("B", b_address, batch=experts, rows=K, cols=N, box_rows=BK, box_cols=PANEL_N)
+    return a_map, b_map
+# --8<-- [end:tensor_maps]
+
+
+class K2TmaWs:
+    """``K2TmaWs(stages)``: the k2 kernel with a ring of 2, 3 or 4 stages (variant ``k2/s<stages>``)."""
+
+    bm, bn, bk = BM, BN, BK
+
+    def __init__(self, stages: int = 2) -> None:
+        if stages not in STAGE_CHOICES:
+            raise ValueError(f"k2 STAGES must be one of {STAGE_CHOICES}, got {stages!r}")
+        self.stages = stages
+        self.name = f"k2/s{stages}"
+
+    def __repr__(self) -> str:
+        return f"K2TmaWs(stages={self.stages})"
+
+    @property
+    def kernel_name(self) -> str:
+        return f"k2_tma_ws<{self.stages}>"
+
+    @property
+    def dynamic_smem_bytes(self) -> int:
+        return dynamic_smem_bytes(self.stages)
+
+    def compile(self, arch: str = ARCH) -> CompiledKernel:
+        """NVRTC-compile this STAGES for ``arch`` (sm_90a or newer); spills are an error."""
+        return compile_kernel(SOURCE, self.kernel_name, arch=arch).require_no_spills()
+
+    def resources(self, arch: str = ARCH) -> Resources:
+        report = self.compile(arch).report
+        return Resources(registers=report.registers, smem_bytes=report.static_smem_bytes + self.dynamic_smem_bytes,
+                         spill_bytes=report.spill_bytes, warps_per_block=WARPS_PER_BLOCK)
+
+    def prepare(self, dev: DeviceProblem) -> Prepared:
+        problem = dev.problem
+        for name, array, shape in (("A", dev.a, problem.a.shape), ("B", dev.b, problem.b.shape)):
+            if array.dtype != BF16 or array.shape != shape:
+                raise ValueError(f"k2 needs {name} as bf16 {shape} on the device, got {array.dtype} {array.shape}")
+        check_inputs(problem.K, problem.N, dev.a.ptr, dev.b.ptr)
+        gpu = require_capability(detect_gpu(), MIN_CAPABILITY,
+                                 f"{self.name} (TMA and mbarrier transaction counts)")
+        output = dev.new_output()
+        if problem.tokens == 0:  # nothing to compute; a tensor map cannot even describe 0 rows
+            return Prepared(launch=lambda: None, output=output, bm=BM, bn=BN, resources=self.resources(gpu.arch))
+
+        kernel = self.compile(gpu.arch)
+        tiles = to_device(tile_list(problem.counts, problem.N, BM, BN))
+        a_map, b_map = tensor_maps(dev.a.ptr, dev.b.ptr, problem.tokens, problem.experts, problem.K, problem.N)
+        maps = (TensorMapArg(a_map.encode()), TensorMapArg(b_map.encode()))
+        args: tuple[Any, ...] = (*maps, output.ptr, tiles.ptr, np.int32(problem.K), np.int32(problem.N))
+        grid, smem = int(tiles.shape[0]), self.dynamic_smem_bytes
+
+        def run() -> None:
+            launch(kernel, grid, THREADS, smem, *args)
+
+        return Prepared(launch=run, output=output, bm=BM, bn=BN, resources=self.resources(gpu.arch),
+                        keep_alive=[tiles, maps, dev])
+
+
+def all_stages() -> list[K2TmaWs]:
+    return [K2TmaWs(stages) for stages in STAGE_CHOICES]

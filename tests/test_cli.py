@@ -1,0 +1,70 @@
+"""Command-line types: a bad value is a one-line argparse error naming the flag, exit status 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from moe_gemm.cli import add_problem_arguments, chapter_parser, run_main, tile_size
+
+
+def _parser():
+    parser = chapter_parser("test parser")
+    add_problem_arguments(parser)
+    parser.add_argument("--bm", type=tile_size("--bm"), default=64)
+    return parser
+
+
+def test_defaults_are_the_seed_configuration() -> None:
+    args = _parser().parse_args([])
+    assert (args.tokens, args.experts, args.skew, args.K, args.N, args.bm) == (16384, 64, 0.0, 1024, 2688, 64)
+
+
+def test_good_values_parse() -> None:
+    args = _parser().parse_args(["--tokens", "0", "--experts", "1", "--skew", "1.2", "-K", "64", "-N", "8",
+                                 "--bm", "128"])
+    assert (args.tokens, args.experts, args.skew, args.K, args.N, args.bm) == (0, 1, 1.2, 64, 8, 128)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "reason"),
+    [
+        (["--tokens", "-5"], "--tokens", ">= 0"),
+        (["--tokens", "abc"], "--tokens", "an integer"),
+        (["--tokens", "1.5"], "--tokens", "an integer"),
+        (["--experts", "0"], "--experts", ">= 1"),
+        (["--skew", "-0.5"], "--skew", ">= 0"),
+        (["--skew", "nan"], "--skew", "finite"),
+        (["--skew", "inf"], "--skew", "finite"),
+        (["--skew", "lots"], "--skew", "a number"),
+        (["-K", "0"], "-K", ">= 1"),
+        (["-N", "x"], "-N", "an integer"),
+        (["--bm", "48"], "--bm", "power of two"),
+        (["--bm", "8"], "--bm", ">= 16"),
+    ],
+)
+def test_bad_values_are_argparse_errors(capsys, argv: list[str], flag: str, reason: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # one line, no usage block, no traceback
+    assert f"argument {flag}:" in err
+    assert reason in err
+    assert "Traceback" not in err
+
+
+def test_run_main_turns_value_errors_into_exit_2(capsys) -> None:
+    def main(argv):
+        raise ValueError("K must be a multiple of 64 for this kernel, got 100")
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(main, [])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: K must be a multiple of 64 for this kernel, got 100\n"
+
+
+@pytest.mark.parametrize(("status", "code"), [(0, 0), (None, 0), (1, 1)])
+def test_run_main_passes_the_status_through(status, code: int) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(lambda argv: status, [])
+    assert exit_info.value.code == code

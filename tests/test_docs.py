@@ -1,0 +1,323 @@
+"""The docs site: `mkdocs build --strict` passes, and headless Chromium renders the pages with
+their math typeset and their figures loaded, with no request leaving localhost.
+
+Chromium is Debian's `chromium` (.ci/run installs it). It is driven over the Chrome DevTools
+protocol on a pipe (--remote-debugging-pipe: JSON messages ending in NUL on fds 3 and 4), so the
+test needs no driver binary and no Python package beyond the standard library. Without Chromium
+the browser test fails; set MOE_GEMM_SKIP_BROWSER=1 to skip it on a machine that lacks one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import http.server
+import importlib.util
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NAV_PAGES = ("index.md", "00-problem.md", "01-fp32-baseline.md", "02-mma-sync.md",
+             "03-tma-warp-specialization.md")
+MATH_PAGES = ("index.md", "00-problem.md")  # pages that must show typeset math
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage", "--window-size=1280,1600",
+)
+PAGE_TIMEOUT_S = 30
+
+
+def page_dir(md_name: str) -> str:
+    """'00-problem.md' -> '00-problem/' (use_directory_urls), 'index.md' -> ''."""
+    return "" if md_name == "index.md" else md_name.removesuffix(".md") + "/"
+
+
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory) -> Path:
+    site = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    return site
+
+
+def test_site_builds_with_every_page_and_a_local_mathjax(built_site):
+    for page in NAV_PAGES:
+        assert (built_site / page_dir(page) / "index.html").is_file(), page
+    assert (built_site / "assets/mathjax/tex-chtml.js").is_file()
+    assert (built_site / "assets/mathjax/output/chtml/fonts/woff-v2").is_dir()
+    for html in built_site.rglob("*.html"):
+        text = html.read_text(encoding="utf-8")
+        # Every script and stylesheet is the site's own: nothing is fetched from a CDN.
+        assert '<script src="http' not in text and '<script src="//' not in text, html
+        assert 'rel="stylesheet" href="http' not in text, html
+
+
+# ---- the hook on its own -------------------------------------------------------------------
+
+def _load_hook():
+    spec = importlib.util.spec_from_file_location("site_hooks_build", REPO / "site_hooks/build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hook_runs_each_figure_script_and_skips_chapters_without_one(tmp_path):
+    hook = _load_hook()
+    (tmp_path / "chapters/00").mkdir(parents=True)
+    (tmp_path / "chapters/01").mkdir(parents=True)  # no figures.py yet: skipped
+    (tmp_path / "chapters/00/figures.py").write_text(
+        "from pathlib import Path\n"
+        "def main():\n"
+        "    Path('site_docs/figures/00').mkdir(parents=True, exist_ok=True)\n"
+        "    Path('site_docs/figures/00/made.png').write_bytes(b'png')\n"
+    )
+    ran = hook.run_figure_scripts(tmp_path)
+    assert [p.parent.name for p in ran] == ["00"]
+    assert (tmp_path / "site_docs/figures/00/made.png").read_bytes() == b"png"
+
+
+def test_hook_fails_the_build_when_a_figure_script_fails(tmp_path):
+    hook = _load_hook()
+    (tmp_path / "chapters/02").mkdir(parents=True)
+    (tmp_path / "chapters/02/figures.py").write_text("def main():\n    raise SystemExit('no results')\n")
+    with pytest.raises(Exception, match="chapters/02/figures.py failed"):
+        hook.run_figure_scripts(tmp_path)
+
+
+# ---- headless Chromium over the DevTools protocol -----------------------------------------
+
+class Chromium:
+    """A headless Chromium and a minimal DevTools-protocol client on --remote-debugging-pipe."""
+
+    def __init__(self, binary: str, profile: Path, log_path: Path):
+        to_chrome_r, self._to_chrome = os.pipe()
+        self._from_chrome, from_chrome_w = os.pipe()
+        # Chromium reads commands on fd 3 and writes replies on fd 4. Duplicate the child's ends
+        # above 9 first so that placing them on 3 and 4 cannot overwrite one with the other.
+        child_in = fcntl.fcntl(to_chrome_r, fcntl.F_DUPFD, 10)
+        child_out = fcntl.fcntl(from_chrome_w, fcntl.F_DUPFD, 10)
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+
+        def place_pipes():  # runs in the child between fork and exec
+            os.dup2(child_in, 3)
+            os.dup2(child_out, 4)
+
+        self._log = open(log_path, "wb")
+        self.log_path = log_path
+        self.proc = subprocess.Popen(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-pipe",
+             "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+            close_fds=False, preexec_fn=place_pipes,
+        )
+        os.close(child_in)
+        os.close(child_out)
+        self._next_id = 0
+        self._replies: dict[int, dict] = {}
+        self.events: list[dict] = []
+        self._inbox: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        buffer = b""
+        while True:
+            try:
+                chunk = os.read(self._from_chrome, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._inbox.put(None)
+                return
+            buffer += chunk
+            while b"\0" in buffer:
+                message, buffer = buffer.split(b"\0", 1)
+                self._inbox.put(json.loads(message))
+
+    def _pump(self, timeout: float):
+        message = self._inbox.get(timeout=timeout)
+        if message is None:
+            raise RuntimeError(f"Chromium closed the DevTools pipe; its log:\n{self.log_tail()}")
+        if "id" in message:
+            self._replies[message["id"]] = message
+        else:
+            self.events.append(message)
+
+    def send(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float = PAGE_TIMEOUT_S) -> dict:
+        self._next_id += 1
+        ident = self._next_id
+        message = {"id": ident, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = session
+        os.write(self._to_chrome, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while ident not in self._replies:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no reply to {method} in {timeout} s")
+            try:
+                self._pump(remaining)
+            except queue.Empty:
+                continue
+        reply = self._replies.pop(ident)
+        if "error" in reply:
+            raise RuntimeError(f"{method}: {reply['error']}")
+        return reply["result"]
+
+    def wait_event(self, method: str, session: str, timeout: float = PAGE_TIMEOUT_S) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            for event in self.events:
+                if event.get("method") == method and event.get("sessionId") == session:
+                    return event
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {method} in {timeout} s")
+            try:
+                self._pump(remaining)
+            except queue.Empty:
+                pass
+
+    def open_page(self) -> tuple[str, str]:
+        """A new tab: (target id, session id), with the events this test reads switched on."""
+        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Page", "Network", "Runtime"):
+            self.send(f"{domain}.enable", session=session)
+        return target, session
+
+    def evaluate(self, session: str, expression: str):
+        result = self.send("Runtime.evaluate", {"expression": expression, "awaitPromise": True,
+                                                "returnByValue": True}, session=session)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"page script failed: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def log_tail(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def close(self):
+        try:
+            self.send("Browser.close", timeout=5)
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for fd in (self._to_chrome, self._from_chrome):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._log.close()
+
+
+# Waits for MathJax's startup typesetting and for every image, then reports what a reader sees.
+INSPECT_PAGE = """
+(async () => {
+  const until = Date.now() + 20000;
+  const sleep = ms => new Promise(r => setTimeout(r, ms));
+  while (!(window.MathJax && MathJax.startup && MathJax.startup.promise) && Date.now() < until) await sleep(50);
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  const images = Array.from(document.images);
+  images.forEach(img => { img.loading = "eager"; });
+  await Promise.all(images.map(img => img.complete ? null : new Promise(done => {
+    img.addEventListener("load", done); img.addEventListener("error", done); setTimeout(done, 15000);
+  })));
+  const sources = Array.from(document.querySelectorAll(".arithmatex"));
+  return {
+    mathjax: (window.MathJax && MathJax.version) || null,
+    math_sources: sources.length,
+    rendered: document.querySelectorAll("mjx-container").length,
+    untypeset: sources.filter(e => !e.querySelector("mjx-container")).map(e => e.textContent.slice(0, 100)),
+    errors: Array.from(document.querySelectorAll("mjx-merror")).map(e => e.getAttribute("data-mjx-error") || e.textContent),
+    raw_dollars: document.body.innerText.includes("$$"),
+    images: images.map(img => ({src: img.currentSrc || img.src, complete: img.complete, width: img.naturalWidth})),
+  };
+})()
+"""
+
+
+@pytest.fixture(scope="module")
+def served_site(built_site):
+    handler = functools.partial(_QuietHandler, directory=str(built_site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if os.environ.get("MOE_GEMM_SKIP_BROWSER") == "1":
+        pytest.skip("MOE_GEMM_SKIP_BROWSER=1: browser rendering check skipped on request")
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.fail("headless Chromium is needed to check the rendered site: apt-get install chromium "
+                    "(or set MOE_GEMM_SKIP_BROWSER=1 to skip this check locally)")
+    work = tmp_path_factory.mktemp("chromium")
+    chrome = Chromium(binary, work / "profile", work / "chromium.log")
+    try:
+        yield chrome
+    finally:
+        chrome.close()
+
+
+@pytest.mark.parametrize("page", NAV_PAGES)
+def test_page_renders_math_and_figures_offline(browser, served_site, page):
+    url = served_site + page_dir(page)
+    target, session = browser.open_page()
+    try:
+        browser.send("Page.navigate", {"url": url}, session=session)
+        browser.wait_event("Page.loadEventFired", session)
+        seen = browser.evaluate(session, INSPECT_PAGE)
+        events = [e for e in browser.events if e.get("sessionId") == session]
+    finally:
+        browser.send("Target.closeTarget", {"targetId": target})
+
+    origin = urlsplit(served_site).netloc
+    requested = [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
+    remote = [u for u in requested if urlsplit(u).scheme in ("http", "https", "ws", "wss")
+              and urlsplit(u).netloc != origin]
+    assert not remote, f"{page} reached past localhost: {remote}"
+    failed = [(e["params"]["response"]["url"], e["params"]["response"]["status"]) for e in events
+              if e["method"] == "Network.responseReceived" and e["params"]["response"]["status"] >= 400]
+    assert not failed, f"{page}: failed requests {failed}"
+
+    assert seen["mathjax"], f"{page}: MathJax did not load (served from assets/mathjax/)"
+    assert not seen["untypeset"], f"{page}: math left untypeset: {seen['untypeset']}"
+    assert not seen["errors"], f"{page}: MathJax errors: {seen['errors']}"
+    assert not seen["raw_dollars"], f"{page}: raw $$ left in the visible text"
+    if page in MATH_PAGES:
+        assert seen["rendered"] > 0, f"{page}: no typeset math"
+    broken = [img["src"] for img in seen["images"] if not img["complete"] or img["width"] <= 0]
+    assert not broken, f"{page}: images that did not load: {broken}"
+

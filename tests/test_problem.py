@@ -1,0 +1,116 @@
+"""Problem construction and the input checks every kernel relies on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moe_gemm.problem import (BF16, INTEGER_RANGE, Problem, make_problem, problem_from_counts, useful_flops,
+                              validate_inputs)
+
+
+def _inputs(tokens: int = 12, experts: int = 3, K: int = 16, N: int = 8):  # noqa: N803
+    a = np.ones((tokens, K), dtype=BF16)
+    b = np.ones((experts, K, N), dtype=BF16)
+    counts = np.array([5, 0, tokens - 5], dtype=np.int64)
+    return a, b, counts
+
+
+def test_valid_inputs_pass() -> None:
+    validate_inputs(*_inputs())
+
+
+@pytest.mark.parametrize(
+    ("mutate", "pattern"),
+    [
+        (lambda a, b, c: (a.astype(np.float32), b, c), "A must be bfloat16"),
+        (lambda a, b, c: (a, b.astype(np.float16), c), "B must be bfloat16"),
+        (lambda a, b, c: (a.reshape(-1), b, c), "A must be 2-D"),
+        (lambda a, b, c: (a, b[0], c), "B must be 3-D"),
+        (lambda a, b, c: (np.ones((16, 12), dtype=BF16).T, b, c), "A must be C-contiguous"),
+        (lambda a, b, c: (a, np.ones((3, 8, 16), dtype=BF16).transpose(0, 2, 1), c), "B must be C-contiguous"),
+        (lambda a, b, c: (a.tolist(), b, c), "A must be a numpy array"),
+        (lambda a, b, c: (a, b, np.array([5, 0, 6])), "M_tot = 12"),
+        (lambda a, b, c: (a, b, np.array([5, 0, 8])), "M_tot"),
+        (lambda a, b, c: (a, b, np.array([5, 7])), "one row count per expert"),
+        (lambda a, b, c: (a, b, np.array([5.0, 0.0, 7.0])), "non-negative integers"),
+        (lambda a, b, c: (a, b, np.array([13, 0, -1])), "non-negative integers"),
+        (lambda a, b, c: (a, np.ones((3, 15, 8), dtype=BF16), c), "K"),
+    ],
+)
+def test_bad_inputs_raise(mutate, pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        validate_inputs(*mutate(*_inputs()))
+
+
+def test_k_mismatch_names_both_sides() -> None:
+    a, _, counts = _inputs(K=16)
+    with pytest.raises(ValueError, match="A has K = 16 but B has K = 24"):
+        validate_inputs(a, np.ones((3, 24, 8), dtype=BF16), counts)
+
+
+def test_problem_rejects_bad_inputs_at_construction() -> None:
+    a, b, _ = _inputs()
+    with pytest.raises(ValueError, match="M_tot"):
+        Problem(a=a, b=b, counts=np.array([1, 1, 1]))
+
+
+def test_make_problem_shapes_and_properties() -> None:
+    p = make_problem(experts=8, tokens=500, K=64, N=48, skew=1.2, seed=0)
+    assert p.a.shape == (500, 64) and p.a.dtype == BF16 and p.a.flags.c_contiguous
+    assert p.b.shape == (8, 64, 48) and p.b.dtype == BF16 and p.b.flags.c_contiguous
+    assert (p.tokens, p.experts, p.K, p.N, p.skew) == (500, 8, 64, 48, 1.2)
+    assert int(p.counts.sum()) == 500
+    assert p.offsets.tolist()[-1] == 500
+    assert p.useful_flops == useful_flops(500, 64, 48) == 2 * 500 * 64 * 48
+
+
+def test_random_inputs_are_never_zeros() -> None:
+    p = make_problem(experts=4, tokens=256, K=64, N=32, seed=3)
+    for array in (p.a, p.b):
+        values = array.astype(np.float32)
+        assert np.count_nonzero(values) == values.size  # no exact zeros at all
+        assert np.isfinite(values).all()
+    for e in range(p.experts):
+        assert np.count_nonzero(p.b[e].astype(np.float32)) > 0
+
+
+def test_random_inputs_are_fresh_and_seeded() -> None:
+    one = make_problem(experts=2, tokens=32, K=16, N=16, seed=5)
+    two = make_problem(experts=2, tokens=32, K=16, N=16, seed=5)
+    other = make_problem(experts=2, tokens=32, K=16, N=16, seed=6)
+    np.testing.assert_array_equal(one.a.astype(np.float32), two.a.astype(np.float32))
+    assert not np.array_equal(one.a.astype(np.float32), other.a.astype(np.float32))
+
+
+def test_random_b_is_scaled_for_unit_variance_outputs() -> None:
+    p = make_problem(experts=1, tokens=512, K=1024, N=64, seed=4)
+    assert float(p.b.astype(np.float32).std()) == pytest.approx(1024**-0.5, rel=0.05)
+
+
+def test_integer_inputs_are_small_integers() -> None:
+    p = problem_from_counts(np.array([40, 0, 24]), K=32, N=16, values="integer", seed=9)
+    for array in (p.a, p.b):
+        values = array.astype(np.float32)
+        assert (values == np.round(values)).all()
+        assert values.min() >= -INTEGER_RANGE and values.max() <= INTEGER_RANGE
+        assert np.count_nonzero(values) > 0
+        assert len(np.unique(values)) == 2 * INTEGER_RANGE + 1  # the whole range shows up
+
+
+def test_bad_problem_arguments() -> None:
+    with pytest.raises(ValueError, match="values"):
+        problem_from_counts(np.array([4]), K=8, N=8, values="zeros")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="K must be >= 1"):
+        problem_from_counts(np.array([4]), K=0, N=8)
+    with pytest.raises(ValueError, match="N must be an integer"):
+        problem_from_counts(np.array([4]), K=8, N=8.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=">= 0"):
+        problem_from_counts(np.array([4, -1]), K=8, N=8)
+
+
+def test_empty_and_single_expert_problems() -> None:
+    empty = make_problem(experts=4, tokens=0, K=16, N=8, seed=0)
+    assert empty.a.shape == (0, 16) and empty.useful_flops == 0
+    single = make_problem(experts=1, tokens=33, K=16, N=8, seed=0)
+    assert single.counts.tolist() == [33]

@@ -1,0 +1,60 @@
+"""Plain-text and markdown tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from moe_gemm.report import Table, format_cell, format_table, markdown_table
+
+
+def test_format_cell() -> None:
+    assert format_cell(16384) == "16,384"
+    assert format_cell(0.78049) == "0.780"
+    assert format_cell(343.49, "{:.1f}") == "343.5"
+    assert format_cell("k1/bm64") == "k1/bm64"
+    assert format_cell(True) == "True"
+
+
+def test_text_table_layout() -> None:
+    text = format_table(("variant", "tiles", "eta"), [("k0", 10752, 1.0), ("k2/s2", 3444, 0.78)], "Title line")
+    assert text.splitlines() == [
+        "Title line",
+        "variant   tiles    eta",
+        "-------  ------  -----",
+        "k0       10,752  1.000",
+        "k2/s2     3,444  0.780",
+    ]
+
+
+def test_numeric_strings_are_right_aligned() -> None:
+    lines = format_table(("share", "name"), [("22.0%", "a"), ("1.5%", "bb"), ("1.8x", "c")]).splitlines()
+    assert lines[2:] == ["22.0%  a", " 1.5%  bb", " 1.8x  c"]
+
+
+def test_mixed_column_is_left_aligned() -> None:
+    lines = format_table(("x",), [("1",), ("n/a",), ("",)]).split("\n")
+    assert lines[2:] == ["1", "n/a", ""]
+
+
+def test_indent_and_no_title() -> None:
+    lines = format_table(("a",), [(1,)], indent=2).splitlines()
+    assert lines == ["  a", "  -", "  1"]
+
+
+def test_row_length_mismatch_raises() -> None:
+    with pytest.raises(ValueError, match="row 1 has 1 cells but there are 2 headers"):
+        format_table(("a", "b"), [(1, 2), (3,)])
+
+
+def test_markdown_table() -> None:
+    md = markdown_table(("variant", "TFLOP/s"), [("k1|bm64", 245.04), ("k2/s2", 440.1)], float_format="{:.1f}")
+    assert md == ("| variant | TFLOP/s |\n"
+                  "|:---|---:|\n"
+                  "| k1\\|bm64 | 245.0 |\n"
+                  "| k2/s2 | 440.1 |\n")
+
+
+def test_table_object() -> None:
+    table = Table(("a", "b"), ((1, 0.5),), "T")
+    assert table.text().splitlines()[0] == "T"
+    assert table.markdown().splitlines()[2] == "| 1 | 0.500 |"
