@@ -108,9 +108,10 @@ class Chromium:
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
         # Chromium reads commands on fd 3 and writes replies on fd 4. Duplicate the child's ends
-        # above 9 first so that placing them on 3 and 4 cannot overwrite one with the other.
-        child_in = fcntl.fcntl(to_chrome_r, fcntl.F_DUPFD, 10)
-        child_out = fcntl.fcntl(from_chrome_w, fcntl.F_DUPFD, 10)
+        # above 9 first so that placing them on 3 and 4 cannot overwrite one with the other; only
+        # the copies on 3 and 4 (dup2 clears close-on-exec) reach Chromium.
+        child_in = fcntl.fcntl(to_chrome_r, fcntl.F_DUPFD_CLOEXEC, 10)
+        child_out = fcntl.fcntl(from_chrome_w, fcntl.F_DUPFD_CLOEXEC, 10)
         os.close(to_chrome_r)
         os.close(from_chrome_w)
 

@@ -29,7 +29,7 @@ from typing import Any
 from moe_gemm.cli import chapter_parser, run_main
 from moe_gemm.occupancy import residency
 from moe_gemm.report import Table
-from moe_gemm.results import REPO_ROOT, results_path
+from moe_gemm.results import results_path
 from moe_gemm.tiles import eta_estimate
 
 CHAPTER = "03"
@@ -110,9 +110,16 @@ def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
         rows.append({"variant": variant.name, "arch": arch, "registers": resources.registers,
                      "smem_bytes": resources.smem_bytes, "spill_bytes": resources.spill_bytes,
                      "warps_per_block": resources.warps_per_block, "blocks_per_sm": fit.blocks,
-                     "limiter": fit.limiter, "by_registers": fit.by_registers, "by_smem": fit.by_smem,
+                     "limiter": limiters(fit), "by_registers": fit.by_registers, "by_smem": fit.by_smem,
                      "sass": counts})
     return rows
+
+
+def limiters(fit) -> str:
+    """Every limit that binds ('registers = shared memory' on a tie), not just the first one."""
+    limits = {"registers": fit.by_registers, "shared memory": fit.by_smem, "warps": fit.by_warps,
+              "blocks": fit.by_blocks}
+    return " = ".join(name for name, blocks in limits.items() if blocks == fit.blocks)
 
 
 def compiled_opcodes(compiled) -> dict[str, int]:
@@ -208,7 +215,7 @@ def stages_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         fit = residency(record["registers"], record["warps_per_block"], record["smem_bytes"])
         skewed, small = _find(records, name, "16k s=1.2"), _find(records, name, "2k s=0")
         row = {"variant": name, "registers": record["registers"], "smem_bytes": record["smem_bytes"],
-               "blocks_per_sm": fit.blocks, "limiter": fit.limiter, "balanced_tflops": record["useful_tflops"],
+               "blocks_per_sm": fit.blocks, "limiter": limiters(fit), "balanced_tflops": record["useful_tflops"],
                "balanced_eta": record["eta"]}
         for label, other in (("skewed", skewed), ("small", small)):
             if other is not None:
@@ -297,5 +304,4 @@ def profile_k2(gpu) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO_ROOT / "python"))
     run_main(main)

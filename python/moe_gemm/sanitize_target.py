@@ -1,0 +1,62 @@
+"""A small, exact workload for compute-sanitizer: every edge case once, for each named variant.
+
+    compute-sanitizer --tool memcheck  --error-exitcode 1 python -m moe_gemm.sanitize_target k1
+    compute-sanitizer --tool racecheck --error-exitcode 1 python -m moe_gemm.sanitize_target k1
+    compute-sanitizer --tool synccheck --error-exitcode 1 python -m moe_gemm.sanitize_target k1/bm64
+
+Arguments are variant names (``k1/bm64``) or whole families (``k1``), resolved through
+:mod:`moe_gemm.variants.registry`. Each variant runs once on every case of
+:data:`moe_gemm.edge_cases.EDGE_CASES` with integer-valued inputs, checked exactly against the
+reference. A case the variant refuses (ValueError before launch) is reported as unsupported;
+a wrong answer makes the exit status 1, so a run is clean only if the sanitizer reports nothing
+*and* the exit status is 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from .cli import chapter_parser, run_main
+from .edge_cases import EDGE_CASES
+from .problem import problem_from_counts
+
+
+def run_cases(variants: Sequence, *, seed: int = 0) -> int:
+    """Check every variant on every edge case; returns the number of wrong answers."""
+    from .bench import verify
+
+    failures = 0
+    for variant in variants:
+        for case in EDGE_CASES:
+            problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=seed)
+            try:
+                check = verify(variant, problem, exact=True)
+            except ValueError as unsupported:
+                print(f"{variant.name:18s} {case.name:32s} unsupported: {unsupported}")
+                continue
+            failures += not check.passed
+            print(f"{variant.name:18s} {case.name:32s} {check.describe()}")
+    return failures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = chapter_parser(__doc__)
+    parser.add_argument("variants", nargs="+", metavar="NAME",
+                        help="variant names (k1/bm64) or families (k1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the integer-valued inputs (default 0)")
+    args = parser.parse_args(argv)
+    from .gpu import detect_gpu
+    from .variants.registry import resolve
+
+    variants = resolve(args.variants)
+    if detect_gpu() is None:
+        print("no NVIDIA GPU here: nothing to sanitize", file=sys.stderr)
+        return 0
+    failures = run_cases(variants, seed=args.seed)
+    print(f"{failures} wrong answer(s)" if failures else "every case exact")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    run_main(main)
