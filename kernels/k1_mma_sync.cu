@@ -35,6 +35,7 @@ constexpr int B_LD = BN + PAD;       // B stage row: 136 bf16 = 272 bytes
 constexpr int CHUNK = 8;             // bf16 per 16-byte cp.async
 constexpr int K_STEPS = BK / 16;     // m16n8k16 steps per slice
 static_assert(K_STEPS % 2 == 0, "FRAG_DB alternates two fragment sets across slices");
+// --8<-- [end:constants]
 
 // --8<-- [start:min_blocks]
 // Resident blocks per SM we ask ptxas to allow (__launch_bounds__' second argument). It caps the
@@ -43,13 +44,11 @@ static_assert(K_STEPS % 2 == 0, "FRAG_DB alternates two fragment sets across sli
 //   BM =  64: 4 blocks ->  64 registers (32 accumulators)
 //   BM =  32: 6 blocks ->  40 registers (16 accumulators)
 // FRAG_DB keeps two fragment sets live (A: 2 x 4 x BM/32, B: 2 x 8 registers), which does not fit
-// those caps without spilling, so it asks for one block fewer (one fewer than 4 at BM = 32 as
-// well: 40 registers leave no room for the second set).
+// those caps without spilling, so it asks for fewer blocks: 1, 3 and 4 at BM = 128, 64 and 32.
 template <int BM, bool FRAG_DB>
 constexpr int MIN_BLOCKS = FRAG_DB ? (BM == 128 ? 1 : BM == 64 ? 3 : 4)
                                    : (BM == 128 ? 2 : BM == 64 ? 4 : 6);
 // --8<-- [end:min_blocks]
-// --8<-- [end:constants]
 }  // namespace k1
 
 // --8<-- [start:fragments]
@@ -140,8 +139,10 @@ k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows gro
     #pragma unroll
     for (int j = 0; j < B_PER_THREAD; ++j)
         b_offset[j] = (tid / (BN / CHUNK) + j * (THREADS / (BN / CHUNK))) * N + (b_valid ? b_col : 0);
-    const unsigned a_dst = smem_u32(&smem_a[0][tid / (BK / CHUNK)][(tid % (BK / CHUNK)) * CHUNK]);
-    const unsigned b_dst = smem_u32(&smem_b[0][tid / (BN / CHUNK)][b_col]);
+    // Shared-memory byte addresses as plain integers: at BM = 32 the upper half of the threads
+    // would point past smem_a, harmlessly, since they never copy A.
+    const unsigned a_dst = smem_u32(smem_a) + ((tid / (BK / CHUNK)) * A_LD + (tid % (BK / CHUNK)) * CHUNK) * 2;
+    const unsigned b_dst = smem_u32(smem_b) + ((tid / (BN / CHUNK)) * B_LD + b_col) * 2;
 
     auto load_stage = [&](int stage, int kt) {
         const unsigned short* a_slice = a_corner + kt * BK;                    // A[row0][kt*BK]
@@ -159,8 +160,8 @@ k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows gro
     // --8<-- [end:copy_setup]
 
     // Per-lane ldmatrix addresses into stage 0 at K step 0 (see load_fragments).
-    const unsigned a_frag = smem_u32(&smem_a[0][warp_m * WM + lane % 16][(lane / 16) * 8]);
-    const unsigned b_frag = smem_u32(&smem_b[0][lane % 16][warp_n * WN + (lane / 16) * 8]);
+    const unsigned a_frag = smem_u32(smem_a) + ((warp_m * WM + lane % 16) * A_LD + (lane / 16) * 8) * 2;
+    const unsigned b_frag = smem_u32(smem_b) + ((lane % 16) * B_LD + warp_n * WN + (lane / 16) * 8) * 2;
 
     float acc[MI][NI][4];
     #pragma unroll

@@ -9,8 +9,9 @@
 //   A     rows row0 .. row0+127, columns k .. k+63        one 2-D box, 128 x 128 B  = 16 KB
 //   B[e]  rows k .. k+63, columns col0 .. col0+63         one 3-D box,  64 x 128 B  =  8 KB
 //   B[e]  rows k .. k+63, columns col0+64 .. col0+127     one 3-D box,  64 x 128 B  =  8 KB
-// and the compute warps multiply them. The 128-byte swizzle caps a box's inner extent at 128 bytes
-// (64 bf16), which is why BK is 64 and B comes in two 64-column panels.
+// (the last copy is skipped when col0+64 >= N) and the compute warps multiply them. The 128-byte
+// swizzle caps a box's inner extent at 128 bytes (64 bf16), which is why BK is 64 and B comes in
+// two 64-column panels.
 //
 // NVRTC compiles this file with no CUDA headers: bf16 values are unsigned short, the instructions
 // are the inline-PTX wrappers of ptx.cuh, and CUtensorMap is declared there.
@@ -29,12 +30,22 @@ constexpr int THREADS = (COMPUTE_WARPS + 1) * 32;  // 288: the ninth warp only i
 
 constexpr unsigned A_BYTES = BM * BK * 2;                  // 16,384
 constexpr unsigned PANEL_BYTES = BK * PANEL_N * 2;         //  8,192
-constexpr unsigned STAGE_BYTES = A_BYTES + 2 * PANEL_BYTES;  // 32,768, the expect_tx of every stage
+constexpr unsigned STAGE_BYTES = A_BYTES + 2 * PANEL_BYTES;  // 32,768, a stage's expect_tx
 // The 128-byte swizzle pattern repeats every 8 rows x 128 B = 1 KB and is computed from the
 // shared-memory address bits, so every box must start on a 1,024-byte boundary (PTX ISA
 // #tensor-swizzling-modes: "swizzle base offset is 0" only at that boundary). Stage sizes are
 // multiples of 1 KB; only the dynamic region's start needs aligning, which costs up to 1 KB.
 constexpr unsigned SWIZZLE_ALIGN = 1024;
+
+// Blocks per SM to build for, passed to ptxas as __launch_bounds__'s minimum. Registers cannot
+// allow a third 9-warp block (that needs <= 72 registers; the 64 fp32 accumulators alone take 64), and
+// shared memory allows 3 / 2 / 1 blocks of a 2 / 3 / 4-stage ring (65 / 97 / 129 KB of 228). So
+// STAGES 2 and 3 ask for two blocks, which caps ptxas at 112 registers; STAGES 4 fits only one
+// block anyway, and asking for one lets ptxas spend registers on loading fragments early.
+template <int STAGES>
+struct Residency {
+    static constexpr int blocks = STAGES <= 3 ? 2 : 1;
+};
 // --8<-- [end:config]
 
 // B's two panels make up the tile's columns. The host requests STAGES * STAGE_BYTES +
@@ -57,7 +68,7 @@ __device__ __forceinline__ unsigned swizzle_128b(int row, int chunk) {
 
 // --8<-- [start:kernel]
 template <int STAGES>
-__global__ void __launch_bounds__(k2::THREADS)
+__global__ void __launch_bounds__(k2::THREADS, k2::Residency<STAGES>::blocks)
 k2_tma_ws(const __grid_constant__ CUtensorMap tmap_a,  // A [M_tot, K]: dims {K, M_tot}, box {64, 128}
           const __grid_constant__ CUtensorMap tmap_b,  // B [E, K, N]: dims {N, K, E}, box {64, 64, 1}
           unsigned short* __restrict__ C,              // [M_tot, N] bf16
@@ -66,7 +77,7 @@ k2_tma_ws(const __grid_constant__ CUtensorMap tmap_a,  // A [M_tot, K]: dims {K,
     using namespace k2;
     static_assert(STAGES >= 2 && STAGES <= 4, "STAGES must be 2, 3 or 4");
 
-    // full[s]: the producer's arrive.expect_tx plus TMA's 32 KB complete it (1 arrival + bytes).
+    // full[s]: the producer's arrive.expect_tx plus TMA's bytes complete it (1 arrival + 32 KB).
     // empty[s]: one arrival per compute warp once it has read stage s (8 arrivals).
     __shared__ alignas(8) unsigned long long full[STAGES];
     __shared__ alignas(8) unsigned long long empty[STAGES];
@@ -93,6 +104,16 @@ k2_tma_ws(const __grid_constant__ CUtensorMap tmap_a,  // A [M_tot, K]: dims {K,
         if (lane == 0) {
             tma_prefetch_descriptor(&tmap_a);
             tma_prefetch_descriptor(&tmap_b);
+            // A last N tile whose second panel would start at or past column N skips that copy: the
+            // panel's stale shared memory then feeds only accumulators of columns >= N, which the
+            // epilogue never stores (an mma column depends on its own B column alone).
+            const bool second_panel = tile.w + PANEL_N < N;
+            // The full box's bytes, always, even when part of a box lies outside the tensor (rows
+            // past M_tot, columns past N): out-of-bound elements are written to shared memory as
+            // zeros (PTX ISA #tensor-tiled-mode-oob-access), so TMA delivers, and its complete-tx
+            // counts, every byte of every box. Expecting fewer bytes would let the phase complete
+            // early; expecting more would hang the block.
+            const unsigned stage_tx = second_panel ? STAGE_BYTES : STAGE_BYTES - PANEL_BYTES;
             int stage = 0;
             unsigned phase = 0;  // flips each time the ring wraps
             for (int ks = 0; ks < k_steps; ++ks) {
@@ -101,12 +122,7 @@ k2_tma_ws(const __grid_constant__ CUtensorMap tmap_a,  // A [M_tot, K]: dims {K,
                 // a fresh barrier, which counts as complete: no wait.
                 mbarrier_wait_parity(smem_u32(&empty[stage]), phase ^ 1);
                 const unsigned bar = smem_u32(&full[stage]);
-                // The full box's bytes, always, even when part of a box lies outside the tensor
-                // (rows past M_tot, columns past N): out-of-bound elements are written to shared
-                // memory as zeros (PTX ISA #tensor-tiled-mode-oob-access), so TMA delivers, and
-                // its complete-tx counts, every byte of every box. Expecting fewer bytes would let
-                // the phase complete early; expecting more would hang the block.
-                mbarrier_arrive_expect_tx(bar, STAGE_BYTES);
+                mbarrier_arrive_expect_tx(bar, stage_tx);
                 const unsigned a_dst = ring + stage * STAGE_BYTES;
                 const int k = ks * BK;
                 // Coordinates innermost first. A's box may run past this expert's rows into the
@@ -114,7 +130,8 @@ k2_tma_ws(const __grid_constant__ CUtensorMap tmap_a,  // A [M_tot, K]: dims {K,
                 // discards those rows, but their multiply-adds are done all the same.
                 tma_load_2d(a_dst, &tmap_a, k, tile.y, bar);
                 tma_load_3d(a_dst + A_BYTES, &tmap_b, tile.w, k, tile.x, bar);
-                tma_load_3d(a_dst + A_BYTES + PANEL_BYTES, &tmap_b, tile.w + PANEL_N, k, tile.x, bar);
+                if (second_panel)
+                    tma_load_3d(a_dst + A_BYTES + PANEL_BYTES, &tmap_b, tile.w + PANEL_N, k, tile.x, bar);
                 if (++stage == STAGES) {
                     stage = 0;
                     phase ^= 1;
@@ -149,7 +166,7 @@ k2_tma_ws(const __grid_constant__ CUtensorMap tmap_a,  // A [M_tot, K]: dims {K,
     int stage = 0;
     unsigned phase = 0;
     for (int ks = 0; ks < k_steps; ++ks) {
-        mbarrier_wait_parity(smem_u32(&full[stage]), phase);  // TMA has landed all 32 KB
+        mbarrier_wait_parity(smem_u32(&full[stage]), phase);  // every byte of the stage has landed
         const unsigned a_base = ring + stage * STAGE_BYTES;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {

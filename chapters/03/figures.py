@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
 from moe_gemm.cli import chapter_parser, run_main
 from moe_gemm.report import Table, markdown_table
@@ -133,15 +133,20 @@ def progression_figure(records: list[dict], run):
                         fontsize=6.5, rotation=90)
     # the seed's B300 numbers for k2/S2, as a labelled reference (not measured here)
     seed = run.SEED_B300["k2/S2"]
-    for i, key in enumerate(keys):
+    for key in keys:
         if key in seed:
             ax.axhline(seed[key], color=COLORS["seed"], linestyle=":", linewidth=1.0)
-            ax.text(len(variants) - 0.5, seed[key], f"seed k2/S2 on B300, {key}: {seed[key]}", fontsize=7,
-                    color=COLORS["seed"], ha="right", va="bottom")
+            ax.text(-0.45, seed[key], f"the seed's B300 k2/S2, {key}: {seed[key]}", fontsize=7,
+                    color=COLORS["seed"], ha="left", va="bottom",
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 0.5})
+    shades = [Patch(facecolor="#777777", alpha=1.0 - 0.3 * i, label=key) for i, key in enumerate(keys)]
+    ax.legend(handles=shades, title="workload (bar shade)", fontsize=7, title_fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.0, 1.0))
     ax.set_xticks(range(len(variants)))
     ax.set_xticklabels(variants, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("useful TFLOP/s (median)")
-    ax.set_title("k0 -> k1 -> k2 beside the peer; bar shade: workload (left to right: " + ", ".join(keys) + ")")
+    ax.set_ylim(0, max([r["useful_tflops"] for r in records] + list(seed.values())) * 1.15)
+    ax.set_title("k0 -> k1 -> k2 beside the peer, same inputs, same run (E = 64, K = 1024, N = 2688)")
     return fig
 
 
@@ -164,14 +169,9 @@ def stages_figure(stage_rows: list[dict]):
                         f"{r['blocks_per_sm']} block(s)/SM" for r in stage_rows], fontsize=8)
     ax.set_ylabel("useful TFLOP/s (median)")
     ax.set_title("STAGES: measured, and the eta-only estimate for s = 1.2")
-    ax.legend(fontsize=8, ncol=2, loc="upper right")
+    ax.set_ylim(0, max([row.get(k, 0.0) for row in stage_rows for k, _ in labels] + [1.0]) * 1.3)
+    ax.legend(fontsize=7, ncol=4, loc="upper center")
     return fig
-
-
-def profile_table(profile: list[dict]) -> Table:
-    """The occupancy model against Nsight Compute, per k2 STAGES (whatever counters were recorded)."""
-    keys = sorted({k for row in profile for k in row if k != "variant"})
-    return Table(("variant", *keys), tuple((row["variant"], *(row.get(k, "-") for k in keys)) for row in profile))
 
 
 # --------------------------------------------------------------------------- main
@@ -219,7 +219,8 @@ def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
     write("stages_figure.md", figure_markdown("stages", "k2 with 2, 3 and 4 stages"))
 
     profile = data.get("profile")
-    write("profile.md", profile_table(profile).markdown() if profile else
+    report = data.get("compile_report") or run.compile_report("sm_90a")
+    write("profile.md", run.occupancy_table(profile, report).markdown() if profile else
           "*No Nsight Compute counters recorded: run `python chapters/03/run.py --profile`.*\n")
     return written
 

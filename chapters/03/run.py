@@ -290,17 +290,48 @@ def run_on_gpu(args, gpu) -> int:
     extra: dict[str, Any] = {"checks": checks, "compile_report": report, "stages": stages,
                              "seed_b300_reference": SEED_B300}
     if args.profile:
-        extra["profile"] = profile_k2(gpu)
+        extra["profile"] = profile_k2()
+        print(occupancy_table(extra["profile"], report).text(), end="\n\n")
     path = save_results(CHAPTER, records, gpu, **extra)
     print(f"results written to {path}")
     return 0
 
 
-def profile_k2(gpu) -> list[dict[str, Any]]:
-    """Nsight Compute's launch limits and achieved occupancy for each k2 STAGES at 16k, s=0."""
-    from moe_gemm import profile  # the harness's ncu driver
+def profile_k2() -> list[dict[str, Any]]:
+    """Nsight Compute's occupancy limits, achieved warps and scheduler counters for each k2 STAGES
+    at 16,384 balanced rows (one profiled launch each, in a subprocess under ncu)."""
+    from moe_gemm import profile
+    from moe_gemm.bench import progress
 
-    return [profile.occupancy(variant.name) for variant in k2_variants()]
+    rows = []
+    for variant in k2_variants():
+        progress(f"[profile] {variant.name} under ncu")
+        rows.append(profile.occupancy(variant.name, 16384, 0.0))
+    return rows
+
+
+def occupancy_table(profile: list[dict[str, Any]], report: list[dict[str, Any]]) -> Table:
+    """The occupancy model (from the compiler's registers and shared memory) against ncu."""
+    model = {r["variant"]: r for r in report}
+
+    def get(row, key, spec):
+        value = row.get(key)
+        return "-" if value is None else format(value, spec)
+
+    body = []
+    for row in profile:
+        m = model.get(row["variant"], {})
+        blocks = m.get("blocks_per_sm")
+        body.append((row["variant"], m.get("registers", "-"), get(row, "registers_per_thread", ".0f"),
+                     m.get("by_registers", "-"), get(row, "occupancy_limit_registers", ".0f"),
+                     m.get("by_smem", "-"), get(row, "occupancy_limit_shared_mem", ".0f"),
+                     "-" if blocks is None else blocks * m["warps_per_block"],
+                     get(row, "achieved_warps_per_sm", ".2f"), get(row, "warps_per_scheduler", ".2f"),
+                     get(row, "cycles_per_issue", ".2f"), get(row, "issue_active", ".3f"),
+                     get(row, "issue_model", ".3f"), get(row, "tensor_pipe_pct", ".1f")))
+    headers = ("variant", "regs", "regs (ncu)", "blocks by regs", "(ncu)", "blocks by smem", "(ncu)",
+               "warps/SM (model)", "achieved warps/SM (ncu)", "W", "L", "issue active", "W/L", "tensor pipe %")
+    return Table(headers, tuple(body), title="Occupancy model against Nsight Compute, 16,384 rows, s=0")
 
 
 if __name__ == "__main__":

@@ -14,12 +14,38 @@ a wrong answer makes the exit status 1, so a run is clean only if the sanitizer 
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
 import sys
 from collections.abc import Sequence
 
 from .cli import chapter_parser, run_main
 from .edge_cases import EDGE_CASES
 from .problem import problem_from_counts
+
+
+def find_compute_sanitizer() -> str | None:
+    """compute-sanitizer: $COMPUTE_SANITIZER, PATH, a CUDA toolkit, or a pip-installed NVIDIA wheel."""
+    candidates = [os.environ.get("COMPUTE_SANITIZER"), shutil.which("compute-sanitizer"),
+                  *sorted(glob.glob("/usr/local/cuda*/bin/compute-sanitizer"), reverse=True)]
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            candidates += sorted(glob.glob(os.path.join(root, "**", "compute-sanitizer"), recursive=True))
+    except ImportError:
+        pass
+    return next((c for c in candidates if c and os.path.isfile(c) and os.access(c, os.X_OK)), None)
+
+
+def sanitizer_command(tool: str, selectors: Sequence[str], sanitizer: str | None = None) -> list[str]:
+    """The command line that runs this module under compute-sanitizer's ``tool``."""
+    sanitizer = sanitizer or find_compute_sanitizer()
+    if sanitizer is None:
+        raise FileNotFoundError("compute-sanitizer not found: put it on PATH or set COMPUTE_SANITIZER")
+    return [sanitizer, "--tool", tool, "--error-exitcode", "1", sys.executable, "-m", "moe_gemm.sanitize_target",
+            *selectors]
 
 
 def run_cases(variants: Sequence, *, seed: int = 0) -> int:

@@ -1,0 +1,259 @@
+"""Chapter 01's figures and generated docs tables, from chapters/01/results/h200.json only.
+
+    python chapters/01/figures.py          # writes site_docs/figures/01/*.png and *.md
+
+Every number drawn or tabulated here comes from the recorded results file, except the seed's
+B300 k0 numbers (shown for reference, labelled as such, never as a measurement of ours). When the
+results file is absent nothing is drawn: the generated markdown says so, and the docs page that
+includes it still builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.notebook import PEER, Workload
+from moe_gemm.report import markdown_table
+from moe_gemm.results import load_results, results_path
+from moe_gemm.style import COLORS, FIGURE_ROOT, new_figure, save_figure
+
+CHAPTER = "01"
+GPU = "h200"
+LOOP = "peer/torch_loop"
+WORKLOADS = (Workload(16384, 0.0), Workload(16384, 1.2), Workload(2048, 0.0), Workload(16384, 0.0, K=8192))
+SHORT_LABELS = ("16,384 rows\ns = 0", "16,384 rows\ns = 1.2", "2,048 rows\ns = 0", "16,384 rows\ns = 0, K = 8192")
+FP32_DATASHEET_TFLOPS = 67.0  # H200: 132 SMs x 128 FP32 lanes x 2 FLOP x 1.98 GHz
+FP32_FFMA_SPEC_TFLOPS = 55.6  # SPEC section 2, used only when the results file has no measured FFMA ceiling
+
+# The seed's B300 numbers for its CUDA C++ k0 (useful TFLOP/s; the 2,048-row figure is the worklog's
+# "about 9"). Reference only: measured on a different GPU, by a different kernel, never by us.
+SEED_B300_K0 = {
+    "label": "the seed's B300 numbers (its CUDA C++ k0; not measured here)",
+    "tflops": {(16384, 0.0, 1024): 21.4, (16384, 1.2, 1024): 20.1, (2048, 0.0, 1024): 9.0,
+               (16384, 0.0, 8192): 21.0},
+}
+
+NOT_MEASURED = ("*No H200 measurement is recorded yet: this {what} is generated from "
+                "`chapters/01/results/h200.json`, which `python chapters/01/run.py` writes on a GPU.*\n")
+
+
+def _find(records: Sequence[dict[str, Any]], variant: str, workload: Workload) -> dict[str, Any] | None:
+    return next((r for r in records if r["variant"] == variant and workload.matches(r)), None)
+
+
+def _tflops(records: Sequence[dict[str, Any]], variant: str, workload: Workload) -> float:
+    record = _find(records, variant, workload)
+    return record["useful_tflops"] if record else float("nan")
+
+
+def _seed(workload: Workload) -> float:
+    return SEED_B300_K0["tflops"].get((workload.tokens, workload.skew, workload.K), float("nan"))
+
+
+def ffma_ceiling(data: dict[str, Any]) -> tuple[float, str]:
+    """The FFMA ceiling measured in the recorded run, else SPEC section 2's figure."""
+    for record in data.get("ceilings", []):
+        if record.get("variant") == "ceiling/ffma" and record.get("tflops"):
+            return float(record["tflops"]), "measured in this run"
+    return FP32_FFMA_SPEC_TFLOPS, "SPEC section 2"
+
+
+# --------------------------------------------------------------------------- figures
+
+def throughput_figure(data: dict[str, Any]):
+    """Left: k0 against the FP32 ceilings and the seed's B300 k0. Right: k0 beside the peers (log)."""
+    records = data["records"]
+    gpu = data["provenance"]["gpu"]
+    ffma, ffma_source = ffma_ceiling(data)
+    fig, (left, right) = new_figure(11.0, 4.4, ncols=2, gridspec_kw={"width_ratios": [1.0, 1.15]})
+    x = np.arange(len(WORKLOADS))
+
+    k0 = [_tflops(records, "k0", w) for w in WORKLOADS]
+    seed = [_seed(w) for w in WORKLOADS]
+    width = 0.38
+    bars = left.bar(x - width / 2, k0, width, color=COLORS["k0"], label=f"k0, measured on {gpu}")
+    left.bar_label(bars, fmt="%.1f", fontsize=8, padding=2)
+    bars = left.bar(x + width / 2, seed, width, color="white", edgecolor=COLORS["seed"], hatch="///",
+                    label=SEED_B300_K0["label"])
+    left.bar_label(bars, fmt="%.1f", fontsize=8, padding=2, color=COLORS["seed"])
+    left.axhline(FP32_DATASHEET_TFLOPS, color=COLORS["ceiling"], linestyle="--", linewidth=1)
+    left.text(len(WORKLOADS) - 0.5, FP32_DATASHEET_TFLOPS, f"H200 FP32, datasheet: {FP32_DATASHEET_TFLOPS:g}",
+              ha="right", va="bottom", fontsize=8)
+    left.axhline(ffma, color=COLORS["ceiling"], linestyle=":", linewidth=1)
+    left.text(len(WORKLOADS) - 0.5, ffma, f"FFMA ceiling ({ffma_source}): {ffma:.1f}", ha="right", va="bottom",
+              fontsize=8)
+    left.set_ylim(0, FP32_DATASHEET_TFLOPS * 1.25)
+    left.set_xticks(x, SHORT_LABELS, fontsize=8)
+    left.set_ylabel("useful TFLOP/s")
+    left.set_title("k0 against the FP32 ceiling")
+    left.legend(fontsize=8, loc="upper left")
+
+    variants = [v for v in ("k0", PEER, LOOP) if any(r["variant"] == v for r in records)]
+    colors = {"k0": COLORS["k0"], PEER: COLORS["peer"], LOOP: "#f4a582"}
+    width = 0.8 / len(variants)
+    for i, variant in enumerate(variants):
+        values = [_tflops(records, variant, w) for w in WORKLOADS]
+        bars = right.bar(x + (i - (len(variants) - 1) / 2) * width, values, width, color=colors[variant],
+                         label=variant)
+        right.bar_label(bars, fmt="%.0f", fontsize=7, padding=1)
+    if PEER in variants:
+        for xi, w in zip(x, WORKLOADS):
+            peer = _tflops(records, PEER, w)
+            ratio = _tflops(records, "k0", w) / peer if peer else float("nan")
+            if np.isfinite(ratio):
+                right.text(xi, 0.84, f"k0 / peer\n{ratio:.3f}", ha="center", va="center", fontsize=7,
+                           transform=right.get_xaxis_transform())
+    right.set_yscale("log")
+    shown = [r["useful_tflops"] for r in records if r["variant"] in variants and r["useful_tflops"] > 0]
+    if shown:  # room below the slowest bar, and above the fastest for the legend and the ratios
+        right.set_ylim(min(shown) / 2, max(shown) * 12)
+    right.set_xticks(x, SHORT_LABELS, fontsize=8)
+    right.set_ylabel("useful TFLOP/s (log scale)")
+    right.set_title("k0 beside torch._grouped_mm and a per-expert torch loop")
+    right.legend(fontsize=8, loc="upper left", ncol=len(variants))
+    fig.suptitle(f"Chapter 01 on {gpu}: E = 64, N = 2688 (K = 1024 unless shown)", fontsize=10)
+    return fig
+
+
+def layout_figure():
+    """The block's 64 x 64 tile: which warp owns which 16 x 32 patch, which lane which 4 x 4 micro-tile.
+
+    Drawn from moe_gemm.variants.k0.micro_tile_origin, the kernel's thread map (no results needed).
+    """
+    from matplotlib.patches import Rectangle
+
+    from moe_gemm.variants.k0 import BM, BN, THREADS, micro_tile_origin
+
+    warp_colors = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5"]
+    fig, ax = new_figure(6.4, 6.0)
+    for t in range(THREADS):
+        row, col = micro_tile_origin(t)
+        warp, lane = divmod(t, 32)
+        ax.add_patch(Rectangle((col, row), 4, 4, facecolor=warp_colors[warp], edgecolor="white", linewidth=0.6))
+        if warp in (0, 1):
+            ax.text(col + 2, row + 2, str(lane), ha="center", va="center", fontsize=5.5)
+    for warp in range(THREADS // 32):
+        row, col = micro_tile_origin(32 * warp)
+        ax.add_patch(Rectangle((col, row), 32, 16, fill=False, edgecolor="black", linewidth=1.2))
+        if warp < 2:  # its lanes are numbered: name it above the tile
+            ax.text(col + 16, -1, f"warp {warp}: a 16 x 32 patch, lanes 4 x 8", ha="center", va="bottom",
+                    fontsize=8, fontweight="bold")
+        else:
+            ax.text(col + 16, row + 12, f"warp {warp}", ha="center", va="center", fontsize=9, fontweight="bold")
+    ax.add_patch(Rectangle((0, 0), 4, 4, fill=False, edgecolor="#d62728", linewidth=2))
+    ax.annotate("thread 0 (warp 0, lane 0): rows 0-3, columns 0-3,\n16 fp32 accumulators",
+                xy=(2, 4), xytext=(2, 20), fontsize=8, color="#d62728",
+                bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#d62728"},
+                arrowprops={"arrowstyle": "->", "color": "#d62728"})
+    ax.set_xlim(0, BN)
+    ax.set_ylim(BM, 0)
+    ax.set_aspect("equal")
+    ax.set_xticks(range(0, BN + 1, 16))
+    ax.set_yticks(range(0, BM + 1, 16))
+    ax.grid(False)
+    ax.set_xlabel("column in the tile (N)")
+    ax.set_ylabel("row in the tile (M)")
+    ax.set_title("k0: the 256 threads of one block over its 64 x 64 tile of C", pad=20)
+    return fig
+
+
+# --------------------------------------------------------------------------- markdown
+
+def _provenance_line(data: dict[str, Any]) -> str:
+    p = data["provenance"]
+    packages = p.get("packages", {})
+    versions = ", ".join(f"{name} {packages[name]}" for name in ("numba-cuda", "numba", "torch", "numpy")
+                         if name in packages)
+    clocks = p.get("clocks") or {}
+    clock = f", SM clock {clocks['clocks.sm']} (max {clocks.get('clocks.max.sm', '?')})" if "clocks.sm" in clocks else ""
+    return (f"*Measured on {p['gpu']} (compute capability {p['compute_capability']}, driver CUDA {p['driver']}"
+            f"{clock}); {versions}; commit `{p['git_commit'][:12]}`, {p['date']}.*\n")
+
+
+def results_markdown(data: dict[str, Any]) -> str:
+    records = data["records"]
+    ffma, _ = ffma_ceiling(data)
+    headers = ["workload", "k0 TFLOP/s", "scheduled TFLOP/s", "eta", "% of FFMA ceiling", "torch._grouped_mm",
+               "k0 / peer", "torch loop", "seed's B300 k0", "median ms (min-max)"]
+    body = []
+    for w in WORKLOADS:
+        r = _find(records, "k0", w)
+        if r is None:
+            continue
+        peer, loop = _find(records, PEER, w), _find(records, LOOP, w)
+        seed = _seed(w)
+        body.append([
+            w.label, f"{r['useful_tflops']:.1f}", f"{r['scheduled_tflops']:.1f}", f"{r['eta']:.3f}",
+            f"{100 * r['useful_tflops'] / ffma:.1f}%",
+            f"{peer['useful_tflops']:.1f}" if peer else "-",
+            f"{r['useful_tflops'] / peer['useful_tflops']:.3f}" if peer else "-",
+            f"{loop['useful_tflops']:.1f}" if loop else "-",
+            f"{seed:.1f}" if np.isfinite(seed) else "-",
+            f"{r['median_ms']:.3f} ({r['min_ms']:.3f}-{r['max_ms']:.3f})",
+        ])
+    return markdown_table(headers, body) + "\n" + _provenance_line(data)
+
+
+def resources_markdown(data: dict[str, Any]) -> str:
+    """k0's registers and shared memory (numba's report) and the blocks per SM they allow."""
+    occ = data.get("k0_occupancy")
+    if not occ:
+        return NOT_MEASURED.format(what="table")
+    headers = ["registers/thread", "shared memory/block", "local memory/thread", "warps/block",
+               "blocks by registers", "by shared memory", "by warps", "blocks/SM", "limited by"]
+    row = [occ["registers"], f"{occ['smem_bytes']:,} B", f"{occ['local_bytes']} B", occ["warps_per_block"],
+           occ["blocks_by_registers"], occ["blocks_by_smem"], occ["blocks_by_warps"], occ["blocks_per_sm"],
+           occ["limiter"]]
+    text = markdown_table(headers, [row])
+    sass = data.get("k0_sass")
+    if sass:
+        text += "\nStatic SASS instruction counts of the same build:\n\n" + markdown_table(list(sass), [list(sass.values())])
+    return text
+
+
+def _write(root: Path, name: str, text: str) -> Path:
+    path = root / CHAPTER / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def write_outputs(root: Path = FIGURE_ROOT, results: Path | None = None) -> list[Path]:
+    static = [save_figure(layout_figure(), CHAPTER, "layout", root)]  # from the kernel's map: no results needed
+    path = results or results_path(CHAPTER, GPU)
+    if not path.is_file():
+        print(f"{path} does not exist: no measured figure drawn, the tables say so")
+        return [*static, _write(root, "results_table.md", NOT_MEASURED.format(what="table")),
+                _write(root, "resources_table.md", NOT_MEASURED.format(what="table")),
+                _write(root, "throughput_figure.md", NOT_MEASURED.format(what="figure"))]
+    data = load_results(path)
+    figure = save_figure(throughput_figure(data), CHAPTER, "throughput", root)
+    gpu = data["provenance"]["gpu"]
+    return [*static, figure,
+            _write(root, "throughput_figure.md",
+                   f"![k0 on {gpu} against the FP32 ceiling, the seed's B300 k0 and the torch peers]"
+                   f"(figures/{CHAPTER}/{figure.name})\n"),
+            _write(root, "results_table.md", results_markdown(data)),
+            _write(root, "resources_table.md", resources_markdown(data))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser: argparse.ArgumentParser = chapter_parser(__doc__)
+    parser.add_argument("--out", type=Path, default=FIGURE_ROOT,
+                        help=f"figure root; files go to OUT/{CHAPTER}/ (default {FIGURE_ROOT})")
+    parser.add_argument("--results", type=Path, default=None,
+                        help=f"results file to draw from (default chapters/{CHAPTER}/results/{GPU}.json)")
+    args = parser.parse_args(argv)
+    for path in write_outputs(args.out, args.results):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

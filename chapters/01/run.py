@@ -1,0 +1,229 @@
+"""Chapter 01: k0, the FP32 baseline, in numba-cuda, beside torch._grouped_mm.
+
+    python chapters/01/run.py               # checks, then the seed configuration, timed
+    python chapters/01/run.py --quick       # fewer timed launches (5 warm-up, 20 timed); nothing saved
+    python chapters/01/run.py --no-peers    # k0 alone, without torch._grouped_mm and the torch loop
+    python chapters/01/run.py --simulate    # the no-GPU path: k0 in numba's CUDA simulator
+
+With a GPU it first checks k0 against the numpy reference on every edge case of SPEC section 6
+(exact, on integer-valued inputs) and on random data, then times it at the seed configuration
+(E=64, N=2688: 16,384 rows at s=0 and s=1.2, 2,048 rows at s=0, and 16,384 rows with K=8192)
+beside torch._grouped_mm and a per-expert torch loop from the same run, prints the table
+(useful TFLOP/s, ratio to torch._grouped_mm, eta, registers and shared memory as numba reports
+them, blocks per SM from the occupancy model) and writes chapters/01/results/<gpu>.json.
+
+Without a GPU it runs k0 in numba's CUDA simulator on a small ragged problem (an empty expert, a
+one-row expert, partial tiles in M and N), checks it exactly against the reference, prints the
+recorded H200 results, and exits 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.occupancy import residency
+from moe_gemm.report import Table
+
+CHAPTER = "01"
+PEER = "peer/torch_grouped_mm"
+# The H200's FP32 ceilings: the datasheet figure (132 SMs x 128 FP32 lanes x 2 FLOP x 1.98 GHz),
+# and the register-only FFMA microbenchmark (moe_gemm.ceilings), measured again in every run;
+# SPEC section 2's measurement stands in only if that fails.
+FP32_DATASHEET_TFLOPS = 67.0
+FP32_FFMA_SPEC_TFLOPS = 55.6
+RANDOM_CHECKS = (  # (experts, tokens, K, N, skew): realistic inputs, checked to the SPEC tolerance
+    (64, 2048, 1024, 2688, 1.2),
+    (8, 1000, 256, 200, 0.8),
+)
+
+
+def parse_args(argv: Sequence[str] | None):
+    parser = chapter_parser(__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="5 warm-up and 20 timed launches per measurement instead of 10 and 50; "
+                             "the results file is not written")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="leave out torch._grouped_mm and the per-expert torch loop")
+    parser.add_argument("--simulate", action="store_true",
+                        help="run the no-GPU path (numba's CUDA simulator) even where there is a GPU")
+    return parser.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- no GPU
+
+def run_simulator() -> int:
+    from moe_gemm.notebook import show_recorded
+    from moe_gemm.variants.k0 import SIMULATOR_COUNTS, SIMULATOR_K, SIMULATOR_N, simulator_check
+
+    print(f"No GPU in use: running k0 in numba's CUDA simulator (blocks run as Python threads) on "
+          f"{len(SIMULATOR_COUNTS)} experts with {', '.join(map(str, SIMULATOR_COUNTS))} rows, "
+          f"K = {SIMULATOR_K}, N = {SIMULATOR_N}, integer-valued inputs checked exactly ...", flush=True)
+    result = simulator_check()
+    print(result.describe())
+    if not result.passed:
+        return 1
+    print()
+    show_recorded(CHAPTER)  # prints the recorded H200 table, or says there is none yet
+    return 0
+
+
+# --------------------------------------------------------------------------- with a GPU
+
+def check_k0(k0) -> tuple[Table, bool]:
+    """Every edge case exactly, then random data to the SPEC tolerance; (table, all passed)."""
+    from moe_gemm.bench import verify
+    from moe_gemm.edge_cases import EDGE_CASES
+    from moe_gemm.problem import make_problem, problem_from_counts
+    from moe_gemm.tiles import tile_count
+
+    rows, passed = [], True
+    for case in EDGE_CASES:
+        problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=1)
+        check = verify(k0, problem, exact=True)
+        passed &= check.passed
+        rows.append((case.name, problem.tokens, problem.experts, case.K, case.N,
+                     tile_count(problem.counts, case.N, k0.bm, k0.bn), "exact", check.describe()))
+    for experts, tokens, K, N, skew in RANDOM_CHECKS:  # noqa: N806
+        problem = make_problem(experts, tokens, K, N, skew, seed=7)
+        check = verify(k0, problem)
+        passed &= check.passed
+        rows.append((f"random, s={skew:g}", tokens, experts, K, N, tile_count(problem.counts, N, k0.bm, k0.bn),
+                     "rel. error <= 1e-2", check.describe()))
+    table = Table(("case", "rows", "E", "K", "N", "tiles", "check", "result"), tuple(rows),
+                  title="k0 against the numpy reference")
+    return table, passed
+
+
+def sass_table(k0) -> tuple[Table | None, dict[str, int] | None]:
+    """Static SASS instruction counts of the compiled k0: the shape of its inner loop."""
+    import subprocess
+
+    try:
+        counts = k0.sass_counts()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as error:  # nvdisasm missing or failing
+        print(f"(no SASS: {error})", file=sys.stderr)
+        return None, None
+    table = Table(tuple(counts), (tuple(counts.values()),),
+                  title="k0's SASS, static instruction counts (one K slice unrolled completely is 256 FFMA and 32 LDS.128)")
+    return table, counts
+
+
+def occupancy_table(k0) -> tuple[Table, dict[str, Any]]:
+    """Registers and shared memory as numba reports them, and the blocks per SM they allow."""
+    res = k0.resources()
+    limits = residency(res.registers, res.warps_per_block, res.smem_bytes)
+    table = Table(("registers/thread", "smem/block", "local mem/thread", "warps/block", "blocks by registers",
+                   "by smem", "by warps", "blocks/SM", "limited by"),
+                  ((res.registers, f"{res.smem_bytes:,} B", f"{res.spill_bytes} B", res.warps_per_block,
+                    limits.by_registers, limits.by_smem, limits.by_warps, limits.blocks, limits.limiter),),
+                  title="k0 resources (numba's report) and the occupancy model")
+    summary = {"registers": res.registers, "smem_bytes": res.smem_bytes, "local_bytes": res.spill_bytes,
+               "warps_per_block": res.warps_per_block, "blocks_per_sm": limits.blocks, "limiter": limits.limiter,
+               "blocks_by_registers": limits.by_registers, "blocks_by_smem": limits.by_smem,
+               "blocks_by_warps": limits.by_warps}
+    return table, summary
+
+
+def measure_fp32_ceilings() -> list[dict[str, Any]]:
+    """The ceilings of this run: FFMA (k0's instruction), plus copy and dense bf16 for the roofline."""
+    from moe_gemm.bench import progress
+    from moe_gemm.ceilings import measure_ceilings
+
+    progress("measuring the ceilings (FFMA, copy, dense bf16, mma.sync) ...")
+    try:
+        return measure_ceilings()
+    except (RuntimeError, ValueError) as error:  # a ceiling that fails must not cost k0's numbers
+        print(f"the ceilings could not be measured ({error}); SPEC section 2's FFMA figure stands in",
+              file=sys.stderr)
+        return []
+
+
+def ffma_ceiling(ceilings: list[dict[str, Any]]) -> tuple[float, str]:
+    from moe_gemm.ceilings import ceiling_value
+
+    measured = ceiling_value(ceilings, "ffma")
+    return (measured, "measured") if measured else (FP32_FFMA_SPEC_TFLOPS, "SPEC")
+
+
+def ceiling_table(records: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -> Table:
+    """k0 against its own instruction's ceiling: the H200's FP32 rate."""
+    from moe_gemm.notebook import Workload, peer_ratio
+
+    ffma, source = ffma_ceiling(ceilings)
+    rows = []
+    for r in records:
+        if r["variant"] != "k0":
+            continue
+        ratio = peer_ratio(r, records)
+        rows.append((Workload(r["tokens"], r["skew"], r["experts"], r["K"], r["N"]).label,
+                     f"{r['useful_tflops']:.1f}", f"{r['scheduled_tflops']:.1f}", f"{r['eta']:.3f}",
+                     f"{100 * r['useful_tflops'] / FP32_DATASHEET_TFLOPS:.1f}%",
+                     f"{100 * r['useful_tflops'] / ffma:.1f}%",
+                     "-" if ratio is None else f"{ratio:.3f}"))
+    return Table(("workload", "useful TFLOP/s", "scheduled TFLOP/s", "eta",
+                  f"% of FP32 datasheet ({FP32_DATASHEET_TFLOPS:g})",
+                  f"% of FFMA ceiling ({ffma:.1f}, {source})", "k0 / torch._grouped_mm"),
+                 tuple(rows), title="k0 against the FP32 ceiling")
+
+
+def run_gpu(args, gpu) -> int:
+    from moe_gemm.bench import progress
+    from moe_gemm.notebook import SEED_WORKLOADS, Workload, records_table, run_variants, save_results
+    from moe_gemm.peers import available_peers
+    from moe_gemm.variants.k0 import K0Fp32
+
+    print(f"GPU: {gpu.name} (sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}, {gpu.sm_count} SMs)\n")
+    k0 = K0Fp32()
+    progress("checking k0 (compiles it first) ...")
+    checks, passed = check_k0(k0)
+    print(checks.text(), end="\n\n")
+    if not passed:
+        print("k0 gives wrong answers: not timing it", file=sys.stderr)
+        return 1
+    resources, occupancy = occupancy_table(k0)
+    print(resources.text(), end="\n\n")
+    sass, sass_counts = sass_table(k0)
+    if sass is not None:
+        print(sass.text(), end="\n\n")
+
+    peers = [] if args.no_peers else available_peers()
+    if not args.no_peers and not any(p.name == PEER for p in peers):
+        print("torch._grouped_mm is not available here (needs torch >= 2.8 and an sm_90+ GPU): "
+              "k0 is timed without the peer ratio\n")
+    workloads = (*SEED_WORKLOADS, Workload(16384, 0.0, K=8192))
+    timing = {"warmup": 5, "iterations": 20} if args.quick else {}
+    records = run_variants([k0, *peers], workloads, **timing)
+    print(records_table(records, title=f"k0 beside the peers on {gpu.name} (useful TFLOP/s; 'vs peer' is the "
+                                       f"ratio to torch._grouped_mm in this run)"), end="\n\n")
+    ceilings = measure_fp32_ceilings()
+    for c in ceilings:
+        print(f"  {c['variant']}: " + (f"{c['tflops']:.1f} TFLOP/s" if "tflops" in c else f"{c['tbps']:.2f} TB/s"))
+    print()
+    print(ceiling_table(records, ceilings).text())
+
+    if args.quick:
+        print("\n--quick: fewer timed launches than SPEC section 6 asks for, so no results file was written")
+        return 0
+    path = save_results(CHAPTER, records, gpu, ceilings=ceilings, k0_occupancy=occupancy, k0_sass=sass_counts,
+                        k0_checks=[dict(zip(checks.headers, row)) for row in checks.rows],
+                        fp32_reference={"datasheet_tflops": FP32_DATASHEET_TFLOPS,
+                                        "ffma_spec_tflops": FP32_FFMA_SPEC_TFLOPS})
+    print(f"\nwrote {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from moe_gemm.gpu import detect_gpu
+
+    gpu = None if args.simulate else detect_gpu()
+    if gpu is None:
+        return run_simulator()
+    return run_gpu(args, gpu)
+
+
+if __name__ == "__main__":
+    run_main(main)

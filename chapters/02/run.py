@@ -1,0 +1,276 @@
+"""Chapter 02: k1, the grouped GEMM on tensor cores through mma.sync, cp.async and ldmatrix.
+
+    python chapters/02/run.py               # checks, ceilings, the BM sweep and FRAG_DB beside torch._grouped_mm
+    python chapters/02/run.py --quick       # fewer timed launches (5 warm-up, 20 timed)
+    python chapters/02/run.py --no-peers    # without torch._grouped_mm (and the torch loop)
+    python chapters/02/run.py --profile     # also Nsight Compute's scheduler counters for each k1 variant
+
+With an NVIDIA GPU of sm_80 or newer (the recorded numbers come from an H200) it:
+
+1. compiles every configuration (BM = 32, 64, 128, each with and without FRAG_DB) for the GPU
+   and prints the compile report: registers, shared memory, spills, blocks per SM from the
+   occupancy model and what limits them, and the SASS instructions the chapter is about;
+2. checks every configuration on the edge cases of SPEC section 6 (exact, integer-valued
+   inputs) and on random data; a wrong answer stops the run with exit status 1;
+3. measures the ceilings this chapter is judged against: copy bandwidth, cuBLAS bf16, FP32 FFMA
+   and bf16 mma.sync, each with a register-only or library kernel;
+4. times the BM sweep (k1/bm32, k1/bm64, k1/bm128) and the fragment double-buffering
+   experiment (k1/bm64-fragdb) beside torch._grouped_mm on the seed configuration (E=64,
+   K=1024, N=2688) at 16,384 rows (s=0 and s=1.2) and 2,048 rows (s=0);
+5. prints the measurements, the eta-only estimate against the skewed measurement, and (with
+   --profile) the W / L issue model against Nsight Compute's counters;
+6. writes chapters/02/results/<gpu>.json.
+
+Without a GPU it compiles every configuration for sm_90a, prints the compile report and the
+recorded H200 results, and exits 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.report import Table
+
+CHAPTER = "02"
+ARCH = "sm_90a"  # what the no-GPU path compiles for: the recorded GPU's target
+SWEEP = (("k1/bm32", 32, False), ("k1/bm64", 64, False), ("k1/bm128", 128, False), ("k1/bm64-fragdb", 64, True))
+PROFILE_WORKLOAD = (16384, 0.0)
+OPCODE_LABELS = {"HMMA.16816.F32.BF16": "HMMA", "LDSM.16.M88.4": "LDSM", "LDSM.16.MT88.4": "LDSM.T",
+                 "LDGSTS": "LDGSTS", "BAR.SYNC": "BAR"}
+SEED_B300 = {  # the seed's B300 numbers (useful TFLOP/s), for reference only: never measured here
+    "k1/bm128": {"16k s=0": 224.2, "2k s=0": 63.9},
+    "k1/bm64": {"16k s=0": 245.0},
+    "k1/bm32": {"16k s=0": 178.0, "2k s=0": 154.1},
+    "k1/bm64-fragdb": {"16k s=0": 218.0},
+}
+
+
+def parse_args(argv: Sequence[str] | None):
+    parser = chapter_parser(__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="5 warm-up and 20 timed launches per measurement instead of 10 and 50")
+    parser.add_argument("--no-peers", action="store_true", help="leave out torch._grouped_mm and the torch loop")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile each k1 variant once with Nsight Compute at 16,384 rows, s=0 "
+                             "(warps per scheduler, warp cycles per issued instruction, issue-active); needs ncu")
+    return parser.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- variants
+
+def sweep_variants() -> list:
+    from moe_gemm.variants.k1 import K1MmaSync
+
+    return [K1MmaSync(bm, frag_db) for _, bm, frag_db in SWEEP]
+
+
+def peer_variants() -> list:
+    try:
+        from moe_gemm.peers import available_peers
+    except ImportError as missing:
+        print(f"(no peers: {missing})", file=sys.stderr)
+        return []
+    return list(available_peers())
+
+
+# --------------------------------------------------------------------------- tables
+
+def compile_table(rows: list[dict[str, Any]]) -> Table:
+    opcodes = list(OPCODE_LABELS)
+    headers = ("kernel", "regs", "regs/block", "smem KB", "spills", "blocks/SM", "limited by",
+               *(OPCODE_LABELS[op] for op in opcodes))
+    body = tuple((r["variant"], r["registers"], r["registers_per_block"], f"{r['smem_bytes'] / 1024:.1f}",
+                  r["spill_bytes"], r["blocks_per_sm"], r["limiter"], *(r["sass"][op] for op in opcodes))
+                 for r in rows)
+    arch = rows[0]["arch"] if rows else ARCH
+    return Table(headers, body, title=f"Compile report ({arch}, NVRTC): SASS columns are static instruction counts")
+
+
+def checks_table(checks: list[dict[str, Any]]) -> Table:
+    return Table(("variant", "case", "result"), tuple((c["variant"], c["case"], c["result"]) for c in checks),
+                 title="Checks (exact: integer-valued inputs, bit for bit; random: relative error <= 1e-2)")
+
+
+def ceilings_table(ceilings: list[dict[str, Any]]) -> Table:
+    rows = []
+    for c in ceilings:
+        value = f"{c['tbps']:.2f} TB/s" if "tbps" in c else f"{c['tflops']:.1f} TFLOP/s"
+        rows.append((c["variant"], value))
+    return Table(("ceiling", "measured"), tuple(rows), title="Ceilings measured in this run")
+
+
+def workload_key(record: dict[str, Any]) -> str:
+    rows = f"{record['tokens'] // 1024}k" if record["tokens"] % 1024 == 0 else f"{record['tokens']:,}"
+    return f"{rows} s={record['skew']:g}"
+
+
+def find(records: Sequence[dict[str, Any]], variant: str, key: str) -> dict[str, Any] | None:
+    return next((r for r in records if r["variant"] == variant and workload_key(r) == key), None)
+
+
+def model_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per k1 variant: resources and residency, and the eta-only estimate against each measurement."""
+    from moe_gemm.occupancy import residency
+    from moe_gemm.tiles import eta_estimate
+
+    rows = []
+    for name, _, _ in SWEEP:
+        balanced = find(records, name, "16k s=0")
+        if balanced is None:
+            continue
+        fit = residency(balanced["registers"], balanced["warps_per_block"], balanced["smem_bytes"])
+        row = {"variant": name, "registers": balanced["registers"], "smem_bytes": balanced["smem_bytes"],
+               "blocks_per_sm": fit.blocks, "limiter": fit.limiter,
+               "warps_per_scheduler": fit.blocks * balanced["warps_per_block"] / 4,
+               "balanced_tflops": balanced["useful_tflops"], "balanced_eta": balanced["eta"]}
+        for label, key in (("skewed", "16k s=1.2"), ("small", "2k s=0")):
+            other = find(records, name, key)
+            if other is not None:
+                row[f"{label}_tflops"] = other["useful_tflops"]
+                row[f"{label}_eta"] = other["eta"]
+                row[f"{label}_estimate"] = eta_estimate(balanced["useful_tflops"], other["eta"], balanced["eta"])
+        rows.append(row)
+    return rows
+
+
+def model_table(rows: list[dict[str, Any]]) -> Table:
+    def cell(row: dict[str, Any], key: str, spec: str = ".1f") -> str:
+        return format(row[key], spec) if key in row else "-"
+
+    body = []
+    for r in rows:
+        ratio = f"{r['skewed_tflops'] / r['skewed_estimate']:.3f}" if "skewed_estimate" in r else "-"
+        body.append((r["variant"], r["registers"], f"{r['smem_bytes'] / 1024:.1f}",
+                     f"{r['blocks_per_sm']} ({r['limiter']})", f"{r['warps_per_scheduler']:g}",
+                     cell(r, "balanced_tflops"), cell(r, "skewed_eta", ".3f"), cell(r, "skewed_estimate"),
+                     cell(r, "skewed_tflops"), ratio, cell(r, "small_eta", ".3f"), cell(r, "small_tflops")))
+    headers = ("variant", "regs", "smem KB", "blocks/SM (limit)", "warps/sched.", "16k s=0", "eta 16k s=1.2",
+               "eta-only est.", "16k s=1.2", "measured/est.", "eta 2k", "2k s=0")
+    return Table(headers, tuple(body), title="The model beside the measurements (useful TFLOP/s); eta-only "
+                                              "estimate = T(16k, s=0) x eta(s=1.2) / eta(s=0)")
+
+
+def profile_table(profiles: list[dict[str, Any]], compile_rows: list[dict[str, Any]]) -> Table:
+    """W from the occupancy model and from ncu, L from ncu, and W / L against measured issue-active."""
+    predicted = {r["variant"]: r["blocks_per_sm"] * r["warps_per_block"] / 4 for r in compile_rows}
+
+    def fmt(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    body = []
+    for p in profiles:
+        w, cycles, issue = p.get("warps_per_scheduler"), p.get("cycles_per_issue"), p.get("issue_active")
+        model = p.get("issue_model")
+        body.append((p["variant"], fmt(predicted.get(p["variant"]), "g"), fmt(w, ".2f"), fmt(cycles, ".2f"),
+                     fmt(model, ".3f"), fmt(issue, ".3f"), fmt(None if model is None else 4 * model, ".2f"),
+                     fmt(p.get("ipc"), ".2f"), fmt(None if p.get("instructions") is None else p["instructions"] / 1e6,
+                                                  ".1f")))
+    headers = ("variant", "W model", "W ncu", "L ncu", "W/L", "issue-active ncu", "4W/L", "IPC ncu", "M instr.")
+    return Table(headers, tuple(body), title="Issue model against Nsight Compute (16k rows, s=0): W warps per "
+                                              "scheduler, L warp cycles per issued instruction")
+
+
+# --------------------------------------------------------------------------- GPU work
+
+def run_checks(variants) -> list[dict[str, Any]]:
+    """Every edge case exactly on integer-valued inputs, then random data against the tolerance."""
+    from moe_gemm.bench import progress, verify
+    from moe_gemm.edge_cases import EDGE_CASES
+    from moe_gemm.problem import make_problem, problem_from_counts
+
+    cases = [(case.name, problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=2), True)
+             for case in EDGE_CASES]
+    cases += [("random, 1,000 rows s=1.2, E=8, K=1024, N=384", make_problem(8, 1000, 1024, 384, 1.2, seed=2), False),
+              ("random, 2,048 rows s=0, seed shape", make_problem(64, 2048, 1024, 2688, 0.0, seed=2), False)]
+    results = []
+    for variant in variants:
+        progress(f"[checks] {variant.name}")
+        for name, problem, exact in cases:
+            check = verify(variant, problem, exact=exact)
+            results.append({"variant": variant.name, "case": name, "exact": exact, "passed": check.passed,
+                            "rel_error": check.rel_error, "mismatches": check.mismatches,
+                            "nonfinite": check.nonfinite, "result": check.describe()})
+    return results
+
+
+def run_profiles(variants) -> list[dict[str, Any]]:
+    from moe_gemm import profile
+    from moe_gemm.bench import progress
+
+    tokens, skew = PROFILE_WORKLOAD
+    profiles = []
+    for variant in variants:
+        progress(f"[ncu] {variant.name}")
+        try:
+            profiles.append(profile.profile_variant(variant.name, tokens, skew))
+        except (FileNotFoundError, RuntimeError, OSError) as error:
+            print(f"ncu could not profile {variant.name}: {error}", file=sys.stderr)
+    return profiles
+
+
+def run_on_gpu(args, gpu) -> int:
+    from moe_gemm.ceilings import measure_ceilings
+    from moe_gemm.notebook import SEED_WORKLOADS, records_table, run_variants, save_results
+    from moe_gemm.variants.k1 import all_configs, compile_report
+
+    timing = {"warmup": 5, "iterations": 20} if args.quick else {}
+    print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
+    report = compile_report(gpu.arch)
+    print(compile_table(report).text(), end="\n\n")
+
+    checks = run_checks(all_configs())
+    print(checks_table(checks).text(), end="\n\n")
+    failed = [c for c in checks if not c["passed"]]
+    if failed:
+        print(f"{len(failed)} check(s) FAILED; not timing anything.", file=sys.stderr)
+        return 1
+
+    ceilings = measure_ceilings()
+    print(ceilings_table(ceilings).text(), end="\n\n")
+
+    sweep = sweep_variants()
+    variants = sweep + ([] if args.no_peers else peer_variants())
+    records = run_variants(variants, SEED_WORKLOADS, **timing)
+    print(records_table(records, title="Every measurement (useful TFLOP/s; vs peer = over torch._grouped_mm, "
+                                       "same run)"), end="\n\n")
+    print(model_table(model_rows(records)).text(), end="\n\n")
+
+    extra: dict[str, Any] = {"ceilings": ceilings, "checks": checks, "compile_report": report,
+                             "seed_b300_reference": SEED_B300}
+    if args.profile:
+        profiles = run_profiles(sweep)
+        if profiles:
+            print(profile_table(profiles, report).text(), end="\n\n")
+        extra["profile"] = profiles
+    path = save_results(CHAPTER, records, gpu, **extra)
+    print(f"results written to {path}")
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from moe_gemm.gpu import detect_gpu
+
+    gpu = detect_gpu()
+    if gpu is None or gpu.compute_capability < (8, 0):
+        reason = "no NVIDIA GPU here" if gpu is None else (
+            f"{gpu.name} is sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}; k1 needs sm_80 or newer "
+            "(cp.async, ldmatrix, bf16 mma.sync)")
+        print(f"k1 is not run here: {reason}. Compiling for {ARCH} instead.\n")
+        from moe_gemm.notebook import show_recorded
+        from moe_gemm.variants.k1 import compile_report
+
+        print(compile_table(compile_report(ARCH)).text(), end="\n\n")
+        if show_recorded(CHAPTER) != 0:
+            print(f"(no recorded results for chapter {CHAPTER} yet)")
+        return 0
+    return run_on_gpu(args, gpu)
+
+
+if __name__ == "__main__":
+    run_main(main)

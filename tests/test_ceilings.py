@@ -1,0 +1,55 @@
+"""The measured ceilings: the register-only kernels compile to the instruction they time, with no
+local memory, and the host's FLOP counts agree with the kernels' chain counts. On a GPU, each
+ceiling comes back as a plausible positive number."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from moe_gemm import ceilings
+from moe_gemm.build import compile_kernel, opcode_counts
+
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize(("source", "name", "opcode"), [
+    ("ceiling_ffma.cu", "ceiling_ffma", "FFMA"),
+    ("ceiling_mma_sync.cu", "ceiling_mma_sync", "HMMA.16816.F32.BF16"),
+])
+def test_register_only_kernels_compile_to_their_instruction(arch, source, name, opcode):
+    kernel = compile_kernel(source, name, arch=arch).require_no_spills()
+    counts = opcode_counts(kernel.sass(), [opcode, "LDG", "LDS"])
+    assert counts[opcode] >= 8, counts
+    assert counts["LDS"] == 0 and counts["LDG"] == 0, counts  # nothing but registers inside the loop
+
+
+@pytest.mark.parametrize(("source", "constant", "host"), [
+    ("ceiling_ffma.cu", "CEILING_FFMA_CHAINS", ceilings.FFMA_CHAINS),
+    ("ceiling_mma_sync.cu", "CEILING_MMA_CHAINS", ceilings.MMA_CHAINS),
+])
+def test_host_flop_counts_match_the_kernels(source, constant, host):
+    match = re.search(rf"constexpr int {constant} = (\d+);", (KERNELS / source).read_text())
+    assert match and int(match.group(1)) == host
+
+
+def test_ceiling_value_reads_records():
+    records = [{"variant": "ceiling/copy", "tbps": 4.1}, {"variant": "ceiling/mma_sync", "tflops": 600.0}]
+    assert ceilings.ceiling_value(records, "copy") == 4.1
+    assert ceilings.ceiling_value(records, "mma_sync") == 600.0
+    assert ceilings.ceiling_value(records, "dense_bf16") is None
+
+
+@pytest.mark.gpu
+def test_ceilings_on_the_gpu():
+    from moe_gemm.gpu import detect_gpu
+
+    gpu = detect_gpu()
+    if gpu is None or gpu.compute_capability < (8, 0):
+        pytest.skip("the mma.sync ceiling needs sm_80 or newer")
+    assert 0.1 < ceilings.copy_tbps(256 * 1024**2, warmup=1, iterations=3) < 20
+    assert 1 < ceilings.ffma_tflops(2000, warmup=1, iterations=3) < 500
+    assert 10 < ceilings.mma_sync_tflops(500, warmup=1, iterations=3) < 5000

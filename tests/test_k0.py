@@ -1,0 +1,220 @@
+"""k0 without a GPU: the kernel in numba's CUDA simulator, checked exactly on a tiny ragged problem
+(an empty expert, a one-row expert, partial tiles in M and N), its bf16 conversions against
+ml_dtypes, the wrapper's input checks, the peers' input rules, and chapter 01's scripts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moe_gemm.problem import problem_from_counts
+from moe_gemm.tiles import tile_list
+from moe_gemm.variants import k0 as k0_module
+from moe_gemm.variants.k0 import (BK, SIMULATOR_COUNTS, SIMULATOR_K, SIMULATOR_N, K0Fp32, SimulatorResult,
+                                  check_inputs, conversion_probes, expected_bf16_bits, micro_tile_origin,
+                                  simulator_check)
+
+CHAPTER = Path(__file__).resolve().parents[1] / "chapters" / "01"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"chapter01_{name}", CHAPTER / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- the simulator ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def simulated() -> SimulatorResult:
+    return simulator_check()
+
+
+def test_simulator_problem_is_ragged_in_every_way():
+    counts = np.array(SIMULATOR_COUNTS)
+    assert (counts == 0).any() and (counts == 1).any()  # an empty expert, a one-row expert
+    assert any(0 < c % 64 for c in counts)  # a partial M tile
+    assert SIMULATOR_N % 64 and SIMULATOR_N > 64  # a full and a partial N tile
+    assert SIMULATOR_K // BK >= 2  # accumulation across K slices
+    tiles = tile_list(counts, SIMULATOR_N, 64, 64)
+    assert tiles.shape[0] == 8
+
+
+def test_simulator_runs_k0_exactly(simulated):
+    assert simulated.check.exact
+    assert simulated.check.passed, simulated.describe()
+    assert simulated.check.mismatches == 0 and simulated.check.nonfinite == 0
+    assert simulated.tiles == 8
+
+
+def test_simulator_conversions_match_ml_dtypes(simulated):
+    assert simulated.conversions_ok, simulated.describe()
+
+
+def test_simulate_refuses_outside_the_simulator():
+    problem = problem_from_counts(np.array([3, 0, 5]), 16, 8, values="integer", seed=0)
+    with pytest.raises(RuntimeError, match="NUMBA_ENABLE_CUDASIM=1"):
+        k0_module.simulate(problem)
+
+
+# ---- the conversions' expected values ---------------------------------------------------------
+
+def test_expected_bf16_bits_round_to_nearest_even():
+    values = np.array([0x3F808000, 0x3F818000, 0x3F808001, 0x7F7FFFFF, 0x7FC00000, 0xFF800000],
+                      dtype=np.uint32).view(np.float32)
+    assert expected_bf16_bits(values).tolist() == [0x3F80, 0x3F82, 0x3F81, 0x7F80, 0x7FC0, 0xFF80]
+
+
+def test_conversion_probes_cover_the_awkward_cases():
+    bits = conversion_probes(0).view(np.uint32)
+    assert np.isnan(conversion_probes(0)).any() and np.isinf(conversion_probes(0)).any()
+    assert (bits & 0xFFFF == 0x8000).sum() >= 6  # exact ties
+    assert ((bits & 0x7F800000) == 0).sum() >= 4  # zeros and subnormals
+
+
+# ---- the wrapper -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("K", [8, 24, 100, 1030])
+def test_k_must_be_a_multiple_of_bk(K):  # noqa: N803
+    with pytest.raises(ValueError, match="multiple of BK = 16"):
+        check_inputs(K, 64)
+
+
+def test_any_n_and_k_multiple_of_16_accepted():
+    for K, N in ((16, 1), (32, 72), (1024, 2688), (8192, 200)):  # noqa: N806
+        check_inputs(K, N)
+
+
+def test_micro_tile_map_covers_the_tile_once():
+    origins = [micro_tile_origin(t) for t in range(256)]
+    assert len(set(origins)) == 256
+    assert {r for r, _ in origins} == set(range(0, 64, 4)) and {c for _, c in origins} == set(range(0, 64, 4))
+    for warp in range(8):  # each warp: a 16 x 32 patch, 4 distinct A fragments and 8 distinct B fragments
+        lanes = origins[32 * warp: 32 * warp + 32]
+        rows, cols = {r for r, _ in lanes}, {c for _, c in lanes}
+        assert len(rows) == 4 and len(cols) == 8
+        assert max(rows) - min(rows) == 12 and max(cols) - min(cols) == 28
+
+
+def test_wrapper_agrees_with_the_kernel_source():
+    module = k0_module._kernel_module()  # imports numba.cuda (no GPU needed) and checks BM, BN, BK, THREADS
+    assert module.A_STRIDE % 4 == 0  # 16-byte rows in a_s: every fragment read can be an LDS.128
+    assert not module.SIMULATOR
+
+
+def test_variant_is_registered():
+    from moe_gemm.variants import registry
+
+    assert isinstance(registry.get("k0"), K0Fp32)
+    assert registry.get("k0").name == "k0"
+
+
+# ---- the peers' rules (no torch, no GPU needed) ---------------------------------------------
+
+def test_peers_are_registered_and_absent_without_a_gpu():
+    from moe_gemm.gpu import detect_gpu
+    from moe_gemm.peers import PEER_GROUPED_MM, PEER_LOOP, TorchGroupedMM, TorchLoop, available_peers
+    from moe_gemm.variants import registry
+
+    assert isinstance(registry.get(PEER_GROUPED_MM), TorchGroupedMM)
+    assert isinstance(registry.get(PEER_LOOP), TorchLoop)
+    if detect_gpu() is None:
+        assert available_peers() == []
+
+
+@pytest.mark.parametrize(("experts", "K", "N", "a", "b", "match"), [
+    (4, 36, 64, 0, 0, "multiples of 8"),
+    (4, 64, 100, 0, 0, "multiples of 8"),
+    (1024, 64, 64, 0, 0, "fewer than 1024 groups"),
+    (4, 64, 64, 8, 0, "A to start on a 16-byte boundary"),
+    (4, 64, 64, 0, 2, "B to start on a 16-byte boundary"),
+])
+def test_grouped_mm_rules(experts, K, N, a, b, match):  # noqa: N803
+    from moe_gemm.peers import check_grouped_mm_inputs
+
+    with pytest.raises(ValueError, match=match):
+        check_grouped_mm_inputs(experts, K, N, a, b)
+    check_grouped_mm_inputs(64, 1024, 2688, 256, 512)
+
+
+# ---- chapter 01's scripts ----------------------------------------------------------------------
+
+def test_run_without_a_gpu_checks_in_the_simulator_and_exits_0(monkeypatch, capsys):
+    from moe_gemm.reference import Check
+
+    canned = SimulatorResult(check=Check(0.0, 0, 0, exact=True), conversions_ok=True, conversion_mismatches=0,
+                             tiles=8, seconds=1.0)
+    monkeypatch.setattr(k0_module, "simulator_check", lambda: canned)  # the real one runs above
+    assert _load("run").main(["--simulate"]) == 0
+    out = capsys.readouterr().out
+    assert "numba's CUDA simulator" in out and "ok (exact, 0 mismatches" in out
+
+
+def test_run_without_a_gpu_fails_on_a_wrong_answer(monkeypatch):
+    from moe_gemm.reference import Check
+
+    wrong = SimulatorResult(check=Check(0.5, 0, 7, exact=True), conversions_ok=True, conversion_mismatches=0,
+                            tiles=8, seconds=1.0)
+    monkeypatch.setattr(k0_module, "simulator_check", lambda: wrong)
+    assert _load("run").main(["--simulate"]) == 1
+
+
+def test_run_help_describes_the_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _load("run").main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--quick", "--no-peers", "--simulate"):
+        assert flag in out
+
+
+def test_figures_without_results_draw_only_the_layout(tmp_path):
+    figures = _load("figures")
+    written = figures.write_outputs(tmp_path, tmp_path / "absent.json")
+    names = {p.name for p in written}
+    assert names == {"layout.png", "results_table.md", "resources_table.md", "throughput_figure.md"}
+    for name in ("results_table.md", "throughput_figure.md"):
+        text = (tmp_path / "01" / name).read_text()
+        assert "No H200 measurement is recorded yet" in text and "![" not in text
+
+
+def _fake_results(path: Path) -> Path:
+    """A results file in the real schema, with made-up numbers (this test only checks the plumbing)."""
+    figures = _load("figures")
+    records = []
+    for i, w in enumerate(figures.WORKLOADS):
+        base = {"experts": w.experts, "K": w.K, "N": w.N, "tokens": w.tokens, "skew": w.skew, "median_ms": 1.0 + i,
+                "min_ms": 0.9, "max_ms": 1.2, "rel_error": 1e-3}
+        records.append({**base, "variant": "k0", "useful_tflops": 10.0 + i, "scheduled_tflops": 11.0 + i,
+                        "eta": 0.9, "tiles": 100, "registers": 56, "smem_bytes": 8448, "spill_bytes": 0,
+                        "blocks_per_sm": 4})
+        records.append({**base, "variant": "peer/torch_grouped_mm", "useful_tflops": 200.0 + i})
+    data = {"provenance": {"gpu": "Test GPU", "compute_capability": "9.0", "driver": "13.0", "cuda": {},
+                           "packages": {"numba-cuda": "0"}, "git_commit": "0" * 40, "date": "today", "command": "x"},
+            "records": records, "ceilings": [{"variant": "ceiling/ffma", "tflops": 50.0}],
+            "k0_occupancy": {"registers": 56, "smem_bytes": 8448, "local_bytes": 0, "warps_per_block": 8,
+                             "blocks_per_sm": 4, "limiter": "registers", "blocks_by_registers": 4,
+                             "blocks_by_smem": 24, "blocks_by_warps": 8},
+            "k0_sass": {"FFMA": 256, "LDS.128": 32}}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_figures_from_a_results_file(tmp_path):
+    figures = _load("figures")
+    written = figures.write_outputs(tmp_path, _fake_results(tmp_path / "h200.json"))
+    assert {p.name for p in written} >= {"layout.png", "throughput.png", "results_table.md"}
+    table = (tmp_path / "01" / "results_table.md").read_text()
+    assert "| 16,384 rows, s=0 | 10.0 |" in table
+    assert "0.050" in table  # k0 / peer = 10 / 200
+    assert "21.4" in table  # the seed's B300 number, labelled in the header
+    assert "Test GPU" in table
+    assert "figures/01/throughput.png" in (tmp_path / "01" / "throughput_figure.md").read_text()
+    resources = (tmp_path / "01" / "resources_table.md").read_text()
+    assert "| 56 |" in resources and "LDS.128" in resources
+
