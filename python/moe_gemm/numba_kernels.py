@@ -7,7 +7,8 @@ imported (``NUMBA_ENABLE_CUDASIM=1``), so a process is one or the other for its 
 simulator runs therefore happen in a child process (see ``moe_gemm.variants.k0``).
 
 numba, torch, the NVRTC kernels and cuda.core all work in the device's primary context, so a
-numba kernel launched on :func:`harness_stream` is ordered and timed exactly like the others.
+numba kernel launched on :func:`numba_stream` (the harness stream, wrapped) is ordered and timed
+exactly like the others.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def kernel_resources(compiled: Any, warps_per_block: int) -> Resources:
                      spill_bytes=int(compiled.local_mem_per_thread), warps_per_block=warps_per_block)
 
 
-def harness_stream():
+def numba_stream():
     """The harness stream as a numba stream object, for ``kernel[grid, block, stream](...)``."""
     from numba import cuda
 

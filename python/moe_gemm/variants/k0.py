@@ -30,7 +30,7 @@ import numpy as np
 from ..bench import Prepared, Resources
 from ..device import BF16_NAN_BITS, DeviceProblem, to_device
 from ..gpu import detect_gpu, require_capability
-from ..numba_kernels import as_numba_array, harness_stream, kernel_resources, load_kernel_module, simulator_enabled
+from ..numba_kernels import as_numba_array, kernel_resources, load_kernel_module, numba_stream, simulator_enabled
 from ..problem import BF16, Problem, problem_from_counts
 from ..reference import Check, check_output
 from ..tiles import tile_list
@@ -55,8 +55,8 @@ SASS_OPCODES = ("FFMA", "LDS.128", "LDS", "LDG.E.U16", "STS", "BAR.SYNC", "STG.E
 def check_inputs(K: int, N: int) -> None:  # noqa: N803
     """ValueError naming the first rule of the kernel that these inputs break."""
     if K % BK:
-        raise ValueError(f"k0 needs K to be a multiple of BK = {BK} (it stages whole K slices and has no K tail), "
-                         f"got K = {K}")
+        raise ValueError(f"k0 needs K to be a multiple of BK = {BK} (it stages whole "
+                         f"K slices and has no K tail), got K = {K}")
     if N < 1:
         raise ValueError(f"k0 needs N >= 1, got N = {N}")
 # --8<-- [end:checks]
@@ -117,21 +117,24 @@ class K0Fp32:
 
     # --8<-- [start:launch]
     def prepare_tiles(self, dev: DeviceProblem, tiles_host: np.ndarray) -> Prepared:
-        """A launch over the given tile descriptors: :meth:`prepare` passes the full list; a test
-        can pass fewer to see the NaN poison of the tiles nobody wrote."""
+        """A launch over the given tile descriptors: :meth:`prepare` passes the full
+        list; a test can pass fewer to see the NaN poison of the tiles nobody wrote."""
         resources = self.resources()
-        output = dev.new_output()  # NaN-poisoned; bench.run_once poisons it again before each run
+        output = dev.new_output()  # NaN-poisoned (and again before every run)
         if tiles_host.shape[0] == 0:  # M_tot = 0: no tile, no launch, an empty C
-            return Prepared(launch=lambda: None, output=output, bm=BM, bn=BN, resources=resources)
+            return Prepared(launch=lambda: None, output=output, bm=BM, bn=BN,
+                            resources=resources)
         tiles = to_device(np.ascontiguousarray(tiles_host, dtype=np.int32))
-        # One block per tile, on the harness stream so the events of moe_gemm.timing bracket it.
-        configured = _kernel_module().k0_fp32[int(tiles_host.shape[0]), THREADS, harness_stream()]
-        args = tuple(as_numba_array(array) for array in (dev.a, dev.b, tiles, output))
+        # One block per tile, on the harness stream: the timing events bracket it.
+        grid = int(tiles_host.shape[0])
+        configured = _kernel_module().k0_fp32[grid, THREADS, numba_stream()]
+        args = tuple(as_numba_array(x) for x in (dev.a, dev.b, tiles, output))
 
         def run() -> None:
             configured(*args)
 
-        return Prepared(launch=run, output=output, bm=BM, bn=BN, resources=resources, keep_alive=[tiles, dev, args])
+        return Prepared(launch=run, output=output, bm=BM, bn=BN, resources=resources,
+                        keep_alive=[tiles, dev, args])
     # --8<-- [end:launch]
 
 
