@@ -52,7 +52,7 @@ SASS_OPCODES = ("FFMA", "LDS.128", "LDS", "LDG.E.U16", "STS", "BAR.SYNC", "STG.E
 
 
 # --8<-- [start:checks]
-def check_inputs(K: int, N: int) -> None:  # noqa: N803
+def check_inputs(K: int, N: int) -> None:
     """ValueError naming the first rule of the kernel that these inputs break."""
     if K % BK:
         raise ValueError(f"k0 needs K to be a multiple of BK = {BK} (it stages whole "
