@@ -15,8 +15,9 @@
 //      BM/2     | warp 4 | warp 5 | warp 6 | warp 7 |     and per 16-wide step of K
 //               +--------+--------+--------+--------+
 //
-// Template parameters: BM in {32, 64, 128}; FRAG_DB loads the fragments of the next 16-wide
-// K step before issuing the MMAs of the current one (two register sets instead of one).
+// Template parameters: BM in {32, 64, 128}; STAGES, the depth of the cp.async ring (2, or 3 where
+// the stages fit the 48 KB of static shared memory: BM <= 64); FRAG_DB loads the fragments of the
+// next 16-wide K step before issuing the MMAs of the current one (two register sets, two stages).
 // Host-side requirements (checked by moe_gemm.variants.k1 before any launch): K % 32 == 0,
 // N % 8 == 0 (16-byte copies never straddle N), compute capability 8.0 or newer.
 #include "ptx.cuh"
@@ -42,12 +43,13 @@ static_assert(K_STEPS % 2 == 0, "FRAG_DB alternates two fragment sets across sli
 // registers per thread at 65,536 / (blocks * 256), rounded down to the allocation step:
 //   BM = 128: 2 blocks -> 128 registers (64 of them accumulators)
 //   BM =  64: 4 blocks ->  64 registers (32 accumulators)
-//   BM =  32: 6 blocks ->  40 registers (16 accumulators)
+//   BM =  32: 4 blocks ->  64 registers (16 accumulators). Six blocks (40 registers) or five
+//             (48) would fit more warps, but NVRTC 13.0's ptxas spills 8 or 16 bytes there.
 // FRAG_DB keeps two fragment sets live (A: 2 x 4 x BM/32, B: 2 x 8 registers), which does not fit
 // those caps without spilling, so it asks for fewer blocks: 1, 3 and 4 at BM = 128, 64 and 32.
 template <int BM, bool FRAG_DB>
 constexpr int MIN_BLOCKS = FRAG_DB ? (BM == 128 ? 1 : BM == 64 ? 3 : 4)
-                                   : (BM == 128 ? 2 : BM == 64 ? 4 : 6);
+                                   : (BM == 128 ? 2 : 4);
 // --8<-- [end:min_blocks]
 }  // namespace k1
 
@@ -85,7 +87,7 @@ __device__ __forceinline__ void mma_all(float (&acc)[MI][k1::NI][4], const unsig
 }
 // --8<-- [end:fragments]
 
-template <int BM, bool FRAG_DB>
+template <int BM, int STAGES, bool FRAG_DB>
 __global__ void __launch_bounds__(k1::THREADS, k1::MIN_BLOCKS<BM, FRAG_DB>)
 k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows grouped by expert
             const unsigned short* __restrict__ B,   // [E, K, N] bf16
@@ -94,6 +96,8 @@ k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows gro
             int K, int N) {
     using namespace k1;
     static_assert(BM == 32 || BM == 64 || BM == 128, "BM must be 32, 64 or 128");
+    static_assert(STAGES == 2 || STAGES == 3, "STAGES must be 2 or 3");
+    static_assert(!FRAG_DB || STAGES == 2, "FRAG_DB hands fragments over between exactly two stages");
     constexpr int WM = BM / 2;                   // rows per warp
     constexpr int MI = WM / 16;                  // m16 MMA tiles per warp: 1, 2 or 4
     constexpr int A_CHUNKS = BM * BK / CHUNK;    // 16-byte copies per A stage: 128, 256, 512
@@ -102,13 +106,14 @@ k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows gro
     constexpr int B_PER_THREAD = B_CHUNKS / THREADS;
     constexpr unsigned A_STAGE = BM * A_LD * 2;  // bytes
     constexpr unsigned B_STAGE = BK * B_LD * 2;
+    static_assert(STAGES * (A_STAGE + B_STAGE) <= 48 * 1024, "static shared memory is capped at 48 KB");
 
     // --8<-- [start:smem]
-    // Two stages of A (BM x 32) and B (32 x 128), each row padded by 16 bytes. The padding makes
+    // STAGES buffers of A (BM x 32) and B (32 x 128), each row padded by 16 bytes. The padding makes
     // consecutive rows start 80 (A) or 272 (B) bytes apart, i.e. 5 or 17 units of 16 bytes: the
     // eight rows one ldmatrix phase reads then fall on eight different 16-byte bank groups.
-    __shared__ __align__(128) unsigned short smem_a[2][BM][A_LD];
-    __shared__ __align__(128) unsigned short smem_b[2][BK][B_LD];
+    __shared__ __align__(128) unsigned short smem_a[STAGES][BM][A_LD];
+    __shared__ __align__(128) unsigned short smem_b[STAGES][BK][B_LD];
     // --8<-- [end:smem]
 
     const int4 tile = tiles[blockIdx.x];
@@ -172,19 +177,24 @@ k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows gro
             for (int i = 0; i < 4; ++i) acc[mi][ni][i] = 0.0f;
 
     // --8<-- [start:mainloop]
-    // Two stages, one barrier per K slice. At the top of iteration kt this thread's copies of
-    // slice kt have landed (wait_group 0) and, after the barrier, everyone's have; the barrier
-    // also proves every warp has finished reading slice kt-1, so its stage can be refilled with
-    // slice kt+1 while slice kt is multiplied.
+    // A ring of STAGES buffers, one barrier per K slice. Before the loop, slices 0 .. STAGES-2 are
+    // in flight, one cp.async group each. At the top of iteration kt, wait_group<STAGES-2> leaves
+    // only the newer groups pending, so this thread's copies of slice kt have landed; after the
+    // barrier everyone's have, and every warp has finished multiplying slice kt-1, whose buffer
+    // is refilled with slice kt+STAGES-1 while slice kt is multiplied. Every iteration commits a
+    // group, empty or not, so the group count stays in step with kt.
     const int k_tiles = K / BK;
-    load_stage(0, 0);
-    cp_async_commit();
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < k_tiles) load_stage(s, s);
+        cp_async_commit();
+    }
     if constexpr (!FRAG_DB) {
+        int stage = 0, refill = STAGES - 1;          // buffer read now, buffer filled now
         for (int kt = 0; kt < k_tiles; ++kt) {
-            const int stage = kt & 1;
-            cp_async_wait<0>();
+            cp_async_wait<STAGES - 2>();
             __syncthreads();
-            if (kt + 1 < k_tiles) load_stage(stage ^ 1, kt + 1);
+            if (kt + STAGES - 1 < k_tiles) load_stage(refill, kt + STAGES - 1);
             cp_async_commit();
             #pragma unroll
             for (int ks = 0; ks < K_STEPS; ++ks) {   // load step ks, multiply it, next step
@@ -193,6 +203,8 @@ k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows gro
                                    b_frag + stage * B_STAGE + ks * 16 * B_LD * 2);
                 mma_all<MI>(acc, a, b);
             }
+            stage = stage + 1 == STAGES ? 0 : stage + 1;
+            refill = refill + 1 == STAGES ? 0 : refill + 1;
         }
     }
     // --8<-- [end:mainloop]

@@ -36,7 +36,8 @@ from moe_gemm.report import Table
 
 CHAPTER = "02"
 ARCH = "sm_90a"  # what the no-GPU path compiles for: the recorded GPU's target
-SWEEP = (("k1/bm32", 32, False), ("k1/bm64", 64, False), ("k1/bm128", 128, False), ("k1/bm64-fragdb", 64, True))
+# The BM sweep, the fragment double-buffering experiment and the three-stage ring, by variant name.
+SWEEP = ("k1/bm32", "k1/bm64", "k1/bm128", "k1/bm64-fragdb", "k1/bm32-s3", "k1/bm64-s3")
 PROFILE_WORKLOAD = (16384, 0.0)
 OPCODE_LABELS = {"HMMA.16816.F32.BF16": "HMMA", "LDSM.16.M88.4": "LDSM", "LDSM.16.MT88.4": "LDSM.T",
                  "LDGSTS": "LDGSTS", "BAR.SYNC": "BAR"}
@@ -62,9 +63,9 @@ def parse_args(argv: Sequence[str] | None):
 # --------------------------------------------------------------------------- variants
 
 def sweep_variants() -> list:
-    from moe_gemm.variants.k1 import K1MmaSync
+    from moe_gemm.variants.registry import get
 
-    return [K1MmaSync(bm, frag_db) for _, bm, frag_db in SWEEP]
+    return [get(name) for name in SWEEP]
 
 
 def peer_variants() -> list:
@@ -117,7 +118,7 @@ def model_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     from moe_gemm.tiles import eta_estimate
 
     rows = []
-    for name, _, _ in SWEEP:
+    for name in SWEEP:
         balanced = find(records, name, "16k s=0")
         if balanced is None:
             continue

@@ -21,7 +21,6 @@ instructions this chapter is about), then the recorded H200 results, and exits 0
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -75,13 +74,10 @@ def best_k1_name() -> str:
 
 
 def k1_variant(name: str):
-    """'k1/bm64' or 'k1/bm64-fragdb' -> chapter 02's variant object."""
-    from moe_gemm.variants.k1 import K1MmaSync
+    """'k1/bm64', 'k1/bm64-s3', ... -> chapter 02's variant object, through the variant registry."""
+    from moe_gemm.variants.registry import get
 
-    match = re.fullmatch(r"k1/bm(\d+)(-fragdb)?", name)
-    if not match:
-        raise ValueError(f"cannot read a k1 configuration from {name!r}")
-    return K1MmaSync(int(match.group(1)), frag_db=bool(match.group(2)))
+    return get(name)
 
 
 def progression_variants(with_peers: bool) -> list:

@@ -84,17 +84,17 @@ def _register_only(source: str, name: str, flop_per_thread: float, *extra: Any, 
     return flop_per_thread * blocks * THREADS / (result.median_ms * 1e-3) / 1e12
 
 
-def ffma_tflops(iterations: int = FFMA_ITERATIONS, **timing: int) -> float:
-    """FP32 FFMA throughput of the CUDA cores, in TFLOP/s."""
-    return _register_only("ceiling_ffma.cu", "ceiling_ffma", 2.0 * FFMA_CHAINS * iterations,
-                          np.int32(iterations), np.float32(0.9999), np.float32(1e-3), **timing)
+def ffma_tflops(steps: int = FFMA_ITERATIONS, **timing: int) -> float:
+    """FP32 FFMA throughput of the CUDA cores, in TFLOP/s (``steps`` trips of the kernel's loop)."""
+    return _register_only("ceiling_ffma.cu", "ceiling_ffma", 2.0 * FFMA_CHAINS * steps,
+                          np.int32(steps), np.float32(0.9999), np.float32(1e-3), **timing)
 
 
-def mma_sync_tflops(iterations: int = MMA_ITERATIONS, **timing: int) -> float:
-    """bf16 mma.sync m16n8k16 throughput with fp32 accumulation, in TFLOP/s."""
-    per_warp = MMA_FLOP * MMA_CHAINS * iterations
+def mma_sync_tflops(steps: int = MMA_ITERATIONS, **timing: int) -> float:
+    """bf16 mma.sync m16n8k16 throughput with fp32 accumulation, in TFLOP/s (``steps`` loop trips)."""
+    per_warp = MMA_FLOP * MMA_CHAINS * steps
     return _register_only("ceiling_mma_sync.cu", "ceiling_mma_sync", per_warp / 32,
-                          np.int32(iterations), np.uint32(0x9E3779B9), **timing)
+                          np.int32(steps), np.uint32(0x9E3779B9), **timing)
 
 
 def measure_ceilings() -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """k1: mma.sync tensor cores fed by cp.async and ldmatrix (kernels/k1_mma_sync.cu), chapter 02.
 
 One 256-thread block per BM x 128 tile of the flat tile list, BM in {32, 64, 128}; eight warps
-in a 2 x 4 grid each own a (BM/2) x 32 piece of the tile. ``frag_db`` selects the kernel's
-fragment double-buffering variant. NVRTC compiles the kernel for the running GPU's architecture;
+in a 2 x 4 grid each own a (BM/2) x 32 piece of the tile. ``stages`` is the depth of the cp.async
+ring (2, or 3 at BM <= 64, where three stages still fit 48 KB of static shared memory);
+``frag_db`` selects the kernel's fragment double-buffering variant (two stages only). NVRTC compiles the kernel for the running GPU's architecture;
 any spill is an error.
 
 What the kernel cannot take is refused here, before any launch, with a ValueError naming the rule:
@@ -28,6 +29,8 @@ from ..tiles import tile_list
 SOURCE = "k1_mma_sync.cu"
 KERNEL_FUNCTION = "k1_mma_sync"  # the __global__ template's name (for profiler filters)
 BM_CHOICES = (32, 64, 128)
+STAGE_CHOICES = (2, 3)
+THREE_STAGE_BMS = (32, 64)  # 3 x (BM x 40 + 32 x 136) bf16 must fit 48 KB of static shared memory
 BN, BK = 128, 32
 WARPS_PER_BLOCK = 8
 THREADS = 32 * WARPS_PER_BLOCK
@@ -53,35 +56,42 @@ def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0, c_addre
 # --8<-- [end:checks]
 
 
-def kernel_name(bm: int, frag_db: bool) -> str:
-    """The C++ name expression NVRTC instantiates, e.g. 'k1_mma_sync<64, false>'."""
-    return f"{KERNEL_FUNCTION}<{bm}, {'true' if frag_db else 'false'}>"
+def kernel_name(bm: int, frag_db: bool, stages: int = 2) -> str:
+    """The C++ name expression NVRTC instantiates, e.g. 'k1_mma_sync<64, 2, false>'."""
+    return f"{KERNEL_FUNCTION}<{bm}, {stages}, {'true' if frag_db else 'false'}>"
 
 
-def variant_name(bm: int, frag_db: bool) -> str:
-    return f"k1/bm{bm}" + ("-fragdb" if frag_db else "")
+def variant_name(bm: int, frag_db: bool, stages: int = 2) -> str:
+    """'k1/bm64', 'k1/bm64-fragdb', 'k1/bm64-s3': two stages is the unmarked default."""
+    return f"k1/bm{bm}" + (f"-s{stages}" if stages != 2 else "") + ("-fragdb" if frag_db else "")
 
 
 class K1MmaSync:
-    """``K1MmaSync(bm, frag_db=False)``: variant ``k1/bm<bm>`` or ``k1/bm<bm>-fragdb``."""
+    """``K1MmaSync(bm, frag_db=False, stages=2)``: variant ``k1/bm<bm>[-s3][-fragdb]``."""
 
     bn, bk = BN, BK
     kernel_function = KERNEL_FUNCTION
 
-    def __init__(self, bm: int = 64, frag_db: bool = False) -> None:
+    def __init__(self, bm: int = 64, frag_db: bool = False, stages: int = 2) -> None:
         if isinstance(bm, bool) or bm not in BM_CHOICES:
             raise ValueError(f"k1 BM must be one of {BM_CHOICES}, got {bm!r}")
         if not isinstance(frag_db, bool):
             raise ValueError(f"k1 frag_db must be True or False, got {frag_db!r}")
-        self.bm, self.frag_db = bm, frag_db
-        self.name = variant_name(bm, frag_db)
+        if isinstance(stages, bool) or stages not in STAGE_CHOICES:
+            raise ValueError(f"k1 stages must be one of {STAGE_CHOICES}, got {stages!r}")
+        if stages == 3 and (frag_db or bm not in THREE_STAGE_BMS):
+            raise ValueError(f"k1 stages = 3 needs BM in {THREE_STAGE_BMS} (48 KB of static shared memory) "
+                             f"and no FRAG_DB (it hands fragments between two stages), got BM = {bm}, "
+                             f"frag_db = {frag_db}")
+        self.bm, self.frag_db, self.stages = bm, frag_db, stages
+        self.name = variant_name(bm, frag_db, stages)
 
     def __repr__(self) -> str:
-        return f"K1MmaSync(bm={self.bm}, frag_db={self.frag_db})"
+        return f"K1MmaSync(bm={self.bm}, frag_db={self.frag_db}, stages={self.stages})"
 
     @property
     def kernel_name(self) -> str:
-        return kernel_name(self.bm, self.frag_db)
+        return kernel_name(self.bm, self.frag_db, self.stages)
 
     def compile(self, arch: str | None = None) -> CompiledKernel:
         """NVRTC-compile for ``arch`` (default: the running GPU's); spills are an error."""
@@ -121,14 +131,18 @@ class K1MmaSync:
         return Prepared(launch=run, output=output, bm=self.bm, bn=BN, resources=resources, keep_alive=[tiles, dev])
 
 
+# (bm, frag_db, stages) of every configuration the chapter compiles and tests: BM 32 / 64 / 128 with
+# two stages, with and without FRAG_DB, and the three-stage ring where it fits.
+CONFIGS = tuple([(bm, frag_db, 2) for bm in BM_CHOICES for frag_db in (False, True)]
+                + [(bm, False, 3) for bm in THREE_STAGE_BMS])
+
+
 def all_configs() -> list[K1MmaSync]:
-    """Every configuration the chapter compiles and tests: BM 32 / 64 / 128, each with and without FRAG_DB."""
-    return [K1MmaSync(bm, frag_db) for bm in BM_CHOICES for frag_db in (False, True)]
+    return [K1MmaSync(*config) for config in CONFIGS]
 
 
 # Names the by-name entry points (sanitizer and profiler targets) resolve; see variants/registry.py.
-VARIANTS = {variant_name(bm, frag_db): functools.partial(K1MmaSync, bm, frag_db)
-            for bm in BM_CHOICES for frag_db in (False, True)}
+VARIANTS = {variant_name(*config): functools.partial(K1MmaSync, *config) for config in CONFIGS}
 
 
 # --8<-- [start:compile_report]
@@ -147,6 +161,7 @@ def compile_report(arch: str = "sm_90a") -> list[dict[str, Any]]:
                   "blocks": fit.by_blocks}
         rows.append({
             "variant": variant.name, "arch": arch, "bm": variant.bm, "frag_db": variant.frag_db,
+            "stages": variant.stages,
             "registers": r.registers, "registers_per_block": registers_per_warp(r.registers) * r.warps_per_block,
             "smem_bytes": r.smem_bytes, "spill_bytes": r.spill_bytes,
             "stack_frame_bytes": compiled.report.stack_frame_bytes, "warps_per_block": r.warps_per_block,

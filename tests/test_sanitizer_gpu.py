@@ -1,0 +1,33 @@
+"""compute-sanitizer on every CUDA C++ kernel: each configuration of a family on every edge case,
+under memcheck, racecheck and synccheck. Clean means no report, exit status 0 and every answer
+exact (moe_gemm.sanitize_target checks each output against the reference)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from moe_gemm.gpu import detect_gpu
+from moe_gemm.sanitize_target import find_compute_sanitizer, sanitizer_command
+
+pytestmark = pytest.mark.gpu
+
+# The family and the compute capability it needs: k1 is mma.sync (sm_80), k2 adds TMA (sm_90).
+FAMILIES = {"k1": (8, 0), "k2": (9, 0)}
+CLEAN = ("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_compute_sanitizer_is_clean(family: str, tool: str) -> None:
+    gpu = detect_gpu()
+    if gpu is None or gpu.compute_capability < FAMILIES[family]:
+        pytest.skip(f"{family} needs sm_{FAMILIES[family][0]}{FAMILIES[family][1]} or newer")
+    if find_compute_sanitizer() is None:
+        pytest.skip("compute-sanitizer not found (PATH, /usr/local/cuda*/bin or $COMPUTE_SANITIZER)")
+    proc = subprocess.run(sanitizer_command(tool, [family]), capture_output=True, text=True, timeout=900)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert any(line in output for line in CLEAN), output[-4000:]
+    assert "every case exact" in output, output[-4000:]

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Every GPU check and measurement of the repository, in one go, in this order:
+#   tests     the GPU-marked pytest suite: edge cases, exact checks, bad inputs, and
+#             compute-sanitizer (memcheck, racecheck, synccheck) on every CUDA C++ kernel
+#   01 02 03  each chapter's run.py, which writes chapters/NN/results/<gpu>.json
+#
+#   tools/gpu_session.sh                 # everything
+#   tools/gpu_session.sh tests 03        # only these stages
+#   FLAGS_02=--profile tools/gpu_session.sh 02   # extra flags for one chapter's run.py
+#
+# Logs (and a tarball of the results files) go to $OUT if it is set, else to ./gpu-session/.
+# A numpy<2.5 wheel folder in $WHEELS (default .whl) is installed first when present: numba-cuda
+# 0.30 needs numpy < 2.5 (see README).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-session}
+mkdir -p "$out"
+wheels=${WHEELS:-.whl}
+if compgen -G "$wheels/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl
+    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 MOE_GEMM_CACHE=${MOE_GEMM_CACHE:-/tmp/moe-gemm-cache}
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(tests 01 02 03)
+status=0
+summary=()
+run_stage() {  # name, timeout seconds, command...
+    local name=$1 limit=$2; shift 2
+    local start=$SECONDS
+    echo "=== $name: $*" | tee -a "$out/session.log"
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    tail -n 40 "$out/$name.log"
+    summary+=("$(printf '%-14s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - start)))")
+    [ $rc -eq 0 ] || status=1
+}
+for stage in "${stages[@]}"; do
+    case $stage in
+        tests) run_stage tests ${TESTS_TIMEOUT:-900} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests ;;
+        0[1-9]) flags=FLAGS_$stage
+                run_stage "ch$stage" ${CHAPTER_TIMEOUT:-900} python3 "chapters/$stage/run.py" ${!flags:-} ;;
+        *) echo "unknown stage $stage"; exit 2 ;;
+    esac
+done
+tar czf "$out/results.tgz" chapters/*/results 2>/dev/null
+printf '%s\n' "${summary[@]}"
+exit $status
