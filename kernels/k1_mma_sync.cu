@@ -15,9 +15,9 @@
 //      BM/2     | warp 4 | warp 5 | warp 6 | warp 7 |     and per 16-wide step of K
 //               +--------+--------+--------+--------+
 //
-// Template parameters: BM in {32, 64, 128}; STAGES, the depth of the cp.async ring (2, or 3 where
-// the stages fit the 48 KB of static shared memory: BM <= 64); FRAG_DB loads the fragments of the
-// next 16-wide K step before issuing the MMAs of the current one (two register sets, two stages).
+// Template parameters: BM in {32, 64, 128}; STAGES, the depth of the cp.async ring (2 or 3);
+// FRAG_DB loads the fragments of the next 16-wide K step before issuing the MMAs of the current
+// one (two register sets; two stages only).
 // Host-side requirements (checked by moe_gemm.variants.k1 before any launch): K % 32 == 0,
 // N % 8 == 0 (16-byte copies never straddle N), compute capability 8.0 or newer.
 #include "ptx.cuh"
@@ -106,14 +106,16 @@ k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows gro
     constexpr int B_PER_THREAD = B_CHUNKS / THREADS;
     constexpr unsigned A_STAGE = BM * A_LD * 2;  // bytes
     constexpr unsigned B_STAGE = BK * B_LD * 2;
-    static_assert(STAGES * (A_STAGE + B_STAGE) <= 48 * 1024, "static shared memory is capped at 48 KB");
 
     // --8<-- [start:smem]
     // STAGES buffers of A (BM x 32) and B (32 x 128), each row padded by 16 bytes. The padding makes
     // consecutive rows start 80 (A) or 272 (B) bytes apart, i.e. 5 or 17 units of 16 bytes: the
     // eight rows one ldmatrix phase reads then fall on eight different 16-byte bank groups.
-    __shared__ __align__(128) unsigned short smem_a[STAGES][BM][A_LD];
-    __shared__ __align__(128) unsigned short smem_b[STAGES][BK][B_LD];
+    // Dynamic shared memory (the host passes STAGES * (A_STAGE + B_STAGE) bytes): three stages at
+    // BM = 128 take 56 KB, past the 48 KB a static __shared__ array may hold.
+    extern __shared__ __align__(128) unsigned char smem[];
+    const unsigned smem_a = smem_u32(smem);                    // STAGES x [BM][A_LD]
+    const unsigned smem_b = smem_a + STAGES * A_STAGE;         // STAGES x [BK][B_LD]
     // --8<-- [end:smem]
 
     const int4 tile = tiles[blockIdx.x];
@@ -145,9 +147,9 @@ k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows gro
     for (int j = 0; j < B_PER_THREAD; ++j)
         b_offset[j] = (tid / (BN / CHUNK) + j * (THREADS / (BN / CHUNK))) * N + (b_valid ? b_col : 0);
     // Shared-memory byte addresses as plain integers: at BM = 32 the upper half of the threads
-    // would point past smem_a, harmlessly, since they never copy A.
-    const unsigned a_dst = smem_u32(smem_a) + ((tid / (BK / CHUNK)) * A_LD + (tid % (BK / CHUNK)) * CHUNK) * 2;
-    const unsigned b_dst = smem_u32(smem_b) + ((tid / (BN / CHUNK)) * B_LD + b_col) * 2;
+    // would point past the A stages, harmlessly, since they never copy A.
+    const unsigned a_dst = smem_a + ((tid / (BK / CHUNK)) * A_LD + (tid % (BK / CHUNK)) * CHUNK) * 2;
+    const unsigned b_dst = smem_b + ((tid / (BN / CHUNK)) * B_LD + b_col) * 2;
 
     auto load_stage = [&](int stage, int kt) {
         const unsigned short* a_slice = a_corner + kt * BK;                    // A[row0][kt*BK]
@@ -165,8 +167,8 @@ k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows gro
     // --8<-- [end:copy_setup]
 
     // Per-lane ldmatrix addresses into stage 0 at K step 0 (see load_fragments).
-    const unsigned a_frag = smem_u32(smem_a) + ((warp_m * WM + lane % 16) * A_LD + (lane / 16) * 8) * 2;
-    const unsigned b_frag = smem_u32(smem_b) + ((lane % 16) * B_LD + warp_n * WN + (lane / 16) * 8) * 2;
+    const unsigned a_frag = smem_a + ((warp_m * WM + lane % 16) * A_LD + (lane / 16) * 8) * 2;
+    const unsigned b_frag = smem_b + ((lane % 16) * B_LD + warp_n * WN + (lane / 16) * 8) * 2;
 
     float acc[MI][NI][4];
     #pragma unroll
@@ -190,10 +192,11 @@ k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows gro
         cp_async_commit();
     }
     if constexpr (!FRAG_DB) {
-        int stage = 0, refill = STAGES - 1;          // buffer read now, buffer filled now
+        int stage = 0;                               // the buffer multiplied in this iteration
         for (int kt = 0; kt < k_tiles; ++kt) {
             cp_async_wait<STAGES - 2>();
             __syncthreads();
+            const int refill = stage == 0 ? STAGES - 1 : stage - 1;  // slice kt-1's buffer, now free
             if (kt + STAGES - 1 < k_tiles) load_stage(refill, kt + STAGES - 1);
             cp_async_commit();
             #pragma unroll
@@ -204,7 +207,6 @@ k1_mma_sync(const unsigned short* __restrict__ A,   // [M_tot, K] bf16, rows gro
                 mma_all<MI>(acc, a, b);
             }
             stage = stage + 1 == STAGES ? 0 : stage + 1;
-            refill = refill + 1 == STAGES ? 0 : refill + 1;
         }
     }
     // --8<-- [end:mainloop]

@@ -37,7 +37,7 @@ from moe_gemm.report import Table
 CHAPTER = "02"
 ARCH = "sm_90a"  # what the no-GPU path compiles for: the recorded GPU's target
 # The BM sweep, the fragment double-buffering experiment and the three-stage ring, by variant name.
-SWEEP = ("k1/bm32", "k1/bm64", "k1/bm128", "k1/bm64-fragdb", "k1/bm32-s3", "k1/bm64-s3")
+SWEEP = ("k1/bm32", "k1/bm64", "k1/bm128", "k1/bm64-fragdb", "k1/bm32-s3", "k1/bm64-s3", "k1/bm128-s3")
 PROFILE_WORKLOAD = (16384, 0.0)
 OPCODE_LABELS = {"HMMA.16816.F32.BF16": "HMMA", "LDSM.16.M88.4": "LDSM", "LDSM.16.MT88.4": "LDSM.T",
                  "LDGSTS": "LDGSTS", "BAR.SYNC": "BAR"}

@@ -2,8 +2,8 @@
 
 One 256-thread block per BM x 128 tile of the flat tile list, BM in {32, 64, 128}; eight warps
 in a 2 x 4 grid each own a (BM/2) x 32 piece of the tile. ``stages`` is the depth of the cp.async
-ring (2, or 3 at BM <= 64, where three stages still fit 48 KB of static shared memory);
-``frag_db`` selects the kernel's fragment double-buffering variant (two stages only). NVRTC compiles the kernel for the running GPU's architecture;
+ring (2 or 3), held in dynamic shared memory; ``frag_db`` selects the kernel's fragment
+double-buffering variant (two stages only). NVRTC compiles the kernel for the running GPU's architecture;
 any spill is an error.
 
 What the kernel cannot take is refused here, before any launch, with a ValueError naming the rule:
@@ -30,7 +30,7 @@ SOURCE = "k1_mma_sync.cu"
 KERNEL_FUNCTION = "k1_mma_sync"  # the __global__ template's name (for profiler filters)
 BM_CHOICES = (32, 64, 128)
 STAGE_CHOICES = (2, 3)
-THREE_STAGE_BMS = (32, 64)  # 3 x (BM x 40 + 32 x 136) bf16 must fit 48 KB of static shared memory
+PAD = 8  # bf16 of padding per shared-memory row, as in the kernel
 BN, BK = 128, 32
 WARPS_PER_BLOCK = 8
 THREADS = 32 * WARPS_PER_BLOCK
@@ -79,10 +79,8 @@ class K1MmaSync:
             raise ValueError(f"k1 frag_db must be True or False, got {frag_db!r}")
         if isinstance(stages, bool) or stages not in STAGE_CHOICES:
             raise ValueError(f"k1 stages must be one of {STAGE_CHOICES}, got {stages!r}")
-        if stages == 3 and (frag_db or bm not in THREE_STAGE_BMS):
-            raise ValueError(f"k1 stages = 3 needs BM in {THREE_STAGE_BMS} (48 KB of static shared memory) "
-                             f"and no FRAG_DB (it hands fragments between two stages), got BM = {bm}, "
-                             f"frag_db = {frag_db}")
+        if stages == 3 and frag_db:
+            raise ValueError("k1 FRAG_DB hands fragments over between exactly two stages: use stages = 2")
         self.bm, self.frag_db, self.stages = bm, frag_db, stages
         self.name = variant_name(bm, frag_db, stages)
 
@@ -93,13 +91,18 @@ class K1MmaSync:
     def kernel_name(self) -> str:
         return kernel_name(self.bm, self.frag_db, self.stages)
 
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per block: STAGES x (A: BM x 40, B: 32 x 136) bf16."""
+        return self.stages * (self.bm * (BK + PAD) + BK * (BN + PAD)) * 2
+
     def compile(self, arch: str | None = None) -> CompiledKernel:
         """NVRTC-compile for ``arch`` (default: the running GPU's); spills are an error."""
         return compile_kernel(SOURCE, self.kernel_name, arch=arch).require_no_spills()
 
     def resources(self, arch: str | None = None) -> Resources:
         report = self.compile(arch).report
-        return Resources(registers=report.registers, smem_bytes=report.static_smem_bytes,  # no dynamic smem
+        return Resources(registers=report.registers, smem_bytes=report.static_smem_bytes + self.smem_bytes,
                          spill_bytes=report.spill_bytes, warps_per_block=WARPS_PER_BLOCK)
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
@@ -126,15 +129,15 @@ class K1MmaSync:
         args: tuple[Any, ...] = (dev.a.ptr, dev.b.ptr, output.ptr, tiles.ptr, np.int32(problem.K), np.int32(problem.N))
 
         def run() -> None:
-            launch(kernel, grid, THREADS, 0, *args)
+            launch(kernel, grid, THREADS, self.smem_bytes, *args)
 
         return Prepared(launch=run, output=output, bm=self.bm, bn=BN, resources=resources, keep_alive=[tiles, dev])
 
 
 # (bm, frag_db, stages) of every configuration the chapter compiles and tests: BM 32 / 64 / 128 with
-# two stages, with and without FRAG_DB, and the three-stage ring where it fits.
+# two stages, with and without FRAG_DB, and with the three-stage ring.
 CONFIGS = tuple([(bm, frag_db, 2) for bm in BM_CHOICES for frag_db in (False, True)]
-                + [(bm, False, 3) for bm in THREE_STAGE_BMS])
+                + [(bm, False, 3) for bm in BM_CHOICES])
 
 
 def all_configs() -> list[K1MmaSync]:
