@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from moe_gemm import profile
+from moe_gemm.notebook import Workload
 from moe_gemm.results import write_results
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,8 +149,8 @@ def test_figures_without_results_draw_nothing_and_say_so(figures02, tmp_path, mo
     assert figures02.main(["--out", str(tmp_path)]) == 0
     out = tmp_path / "02"
     assert not list(out.glob("*.png"))
-    for name in ("bm_sweep_figure", "tile_fill_figure", "issue_model_figure", "measurements", "model",
-                 "ceilings", "profile", "provenance"):
+    for name in ("bm_sweep_figure", "tile_fill_figure", "issue_model_figure", "stalls_figure", "measurements",
+                 "model", "ceilings", "profile", "stages", "provenance", *figures02.FINDINGS):
         assert "Not measured yet" in (out / f"{name}.md").read_text(), name
     compile_report = (out / "compile_report.md").read_text()
     assert "k1/bm64" in compile_report and "| 0 |" in compile_report  # zero spill bytes
@@ -177,6 +178,11 @@ def test_figures_from_a_results_file(figures02, tmp_path, monkeypatch):
     assert "600.0 TFLOP/s" in (out / "ceilings.md").read_text()
     assert "synthetic test GPU" in (out / "provenance.md").read_text()
     assert "0.450" in (out / "profile.md").read_text()
+    # No stall reasons in these synthetic profiles: no stall figure, and the findings that need
+    # what the file lacks say so instead of printing a number.
+    assert "Not profiled yet" in (out / "stalls_figure.md").read_text()
+    assert "Not available from this results file" in (out / "findings_stages_bm128.md").read_text()
+    assert "Not in this results file" in (out / "stages.md").read_text()
 
 
 def test_figures_main_runs_as_the_docs_hook_calls_it(figures02, tmp_path, monkeypatch):
@@ -194,3 +200,231 @@ def test_sanitizer_command_runs_this_module_under_the_tool():
     command = sanitizer_command("racecheck", ["k1/bm64", "k1"], sanitizer="/opt/cuda/bin/compute-sanitizer")
     assert command[:5] == ["/opt/cuda/bin/compute-sanitizer", "--tool", "racecheck", "--error-exitcode", "1"]
     assert command[-4:] == ["-m", "moe_gemm.sanitize_target", "k1/bm64", "k1"]
+
+
+# ---- the main-loop parser ----------------------------------------------------------------------------
+
+SASS_LOOP = """
+        /*0100*/                   IMAD R1, R2, R3, RZ ;
+        /*0110*/                   DEPBAR.LE SB0, 0x0 ;
+        /*0120*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0130*/                   LDSM.16.M88.4 R4, [R5] ;
+        /*0140*/                   HMMA.16816.F32.BF16 R8, R4, R6, R8 ;
+        /*0150*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0160*/                   HMMA.16816.F32.BF16 R8, R4, R6, R8 ;
+        /*0170*/              @!P0 BRA 0x110 ;
+        /*0180*/                   EXIT ;
+"""
+
+
+def test_main_loop_is_the_backward_branch_span_with_the_barriers(figures02):
+    ops, slices = figures02.main_loop(SASS_LOOP)
+    assert ops[0] == "DEPBAR.LE" and ops[-1] == "BRA" and slices == 2
+    table = figures02.main_loop_markdown({"k1/toy": SASS_LOOP})
+    assert "| k1/toy | 3.5 | 1 | 0.5 |" in table  # 7 instructions over 2 slices: 2 HMMA, 1 LDSM
+    assert figures02.main_loop("/*0000*/ EXIT ;") is None
+
+
+# ---- the claims the page makes, on the recorded results ----------------------------------------------
+#
+# site_docs/02-mma-sync.md reasons in prose about chapters/02/results/h200.json. Each test below
+# pins one claim of that prose, so that a rerun which flips it fails here and the prose gets
+# rewritten, rather than the page silently contradicting its own tables.
+
+RESULTS = REPO / "chapters/02/results/h200.json"
+
+
+@pytest.fixture(scope="module")
+def recorded(figures02):
+    from moe_gemm.results import load_results
+
+    assert RESULTS.is_file(), "chapters/02/results/h200.json is committed with the chapter"
+    data = load_results(RESULTS)
+    return figures02.Measured(data)
+
+
+def _gain(m, new, old):
+    """Relative throughput change at 16,384 rows, s = 0."""
+    return m.tflops(new) / m.tflops(old) - 1
+
+
+def test_headline_target_met_by_one_variant_only(recorded, figures02):
+    m = recorded
+    fast = [v for v in m.present(figures02.SWEEP) if m.tflops(v) >= figures02.TARGET_TFLOPS]
+    assert fast == ["k1/bm128-s3"]  # "One variant meets the target, the three-stage ring at BM = 128"
+    assert 0.4 <= m.tflops("k1/bm128-s3") / m.tflops(figures02.PEER) <= 0.6  # "about half of CUTLASS"
+
+
+def test_tensor_pipe_is_mostly_idle_and_tracks_the_mma_sync_ceiling(recorded):
+    m = recorded
+    mma = m.ceiling("mma_sync")
+    for variant, p in m.profiles.items():
+        assert p["tensor_pipe_pct"] < 50, variant  # "the tensor pipe, which is idle most of the time"
+        assert abs(p["tensor_pipe_pct"] - 100 * m.tflops(variant) / mma) < 3, variant
+
+
+def test_bm128_beats_bm64_beats_bm32_at_16k_for_both_depths(recorded):
+    m = recorded
+    for suffix in ("", "-s3"):  # prediction 1 (BM = 64 fastest) did not hold
+        assert m.tflops(f"k1/bm128{suffix}") > m.tflops(f"k1/bm64{suffix}") > m.tflops(f"k1/bm32{suffix}")
+
+
+def test_bm128_halves_l_and_long_scoreboard_is_most_of_the_difference(recorded):
+    p64, p128 = recorded.profiles["k1/bm64"], recorded.profiles["k1/bm128"]
+    assert 0.45 <= p128["cycles_per_issue"] / p64["cycles_per_issue"] <= 0.65  # "about half the L"
+    drop = p64["cycles_per_issue"] - p128["cycles_per_issue"]
+    assert 0.55 <= (p64["stall_long_scoreboard"] - p128["stall_long_scoreboard"]) / drop <= 0.8  # "two thirds"
+    assert recorded.per_mma("k1/bm128") < recorded.per_mma("k1/bm64")  # "BM = 128 wins on I"
+
+
+def test_eta_estimate_is_pessimistic_and_more_so_with_more_padding(recorded, figures02):
+    from moe_gemm.tiles import eta_estimate
+
+    m = recorded
+    ratio = {}
+    for v in m.present(figures02.SWEEP):
+        base, skewed = m.record(v), m.record(v, figures02.SKEWED)
+        ratio[v] = skewed["useful_tflops"] / eta_estimate(base["useful_tflops"], skewed["eta"], base["eta"])
+    assert min(ratio.values()) >= 1.0
+    assert ratio["k1/bm32"] < ratio["k1/bm64"] < ratio["k1/bm128"]
+    for v in ("k1/bm64", "k1/bm128", "k1/bm64-s3", "k1/bm128-s3"):  # "the skewed grid even runs faster"
+        assert m.record(v, figures02.SKEWED)["scheduled_tflops"] > m.record(v)["scheduled_tflops"], v
+
+
+def test_the_tail_of_the_grid_does_not_explain_the_skew_gap(recorded, figures02):
+    m = recorded
+    tail = {}
+    for v in ("k1/bm64", "k1/bm128"):
+        slots = m.data["provenance"]["sm_count"] * m.record(v)["blocks_per_sm"]
+        tail[v] = (figures02._wave_efficiency(m.record(v, figures02.SKEWED)["tiles"], slots)
+                   / figures02._wave_efficiency(m.record(v)["tiles"], slots) - 1)
+    skewed = m.record("k1/bm128", figures02.SKEWED)
+    excess = skewed["useful_tflops"] / (m.tflops("k1/bm128") * skewed["eta"]) - 1
+    assert tail["k1/bm128"] < tail["k1/bm64"]  # "moves the wrong way across BM"
+    assert tail["k1/bm128"] < excess / 10  # "an order of magnitude too small at BM = 128"
+    small, base = m.record("k1/bm128", figures02.SMALL), m.record("k1/bm128")
+    assert small["scheduled_tflops"] > base["scheduled_tflops"]  # partial tiles cost less than full ones
+
+
+def test_tile_fill_at_2048_rows(recorded, figures02):
+    from moe_gemm.tiles import eta_estimate
+
+    m, w = recorded, figures02.SMALL
+    assert m.tflops("k1/bm32", w) > m.tflops("k1/bm128", w)  # prediction 3
+    assert m.tflops("k1/bm32-s3", w) > m.tflops("k1/bm128-s3", w)
+    assert m.tflops("k1/bm64", w) >= 0.97 * m.tflops("k1/bm32", w)  # "BM = 64 ... runs no slower"
+    ratio = {v: m.tflops(v, w) / eta_estimate(m.tflops(v), m.record(v, w)["eta"], m.record(v)["eta"])
+             for v in ("k1/bm32", "k1/bm64", "k1/bm128")}
+    assert ratio["k1/bm32"] < 1 and ratio["k1/bm64"] < 1  # the estimate overshoots
+    assert 1.0 < ratio["k1/bm128"] < 1.15  # "lands close, slightly under"
+    for bm in (32, 64, 128):  # "faster than the two-stage ring at every BM"
+        assert m.tflops(f"k1/bm{bm}-s3", w) > m.tflops(f"k1/bm{bm}", w), bm
+
+
+def test_issue_model_w_and_the_w_over_l_identity(recorded, figures02):
+    m = recorded
+    for v, p in m.profiles.items():
+        assert 0.95 <= p["warps_per_scheduler"] / m.model_w(v) <= 1.0, v  # "all but a few percent"
+        assert abs(p["issue_model"] - figures02._issue_active(p)) < 1e-3, v  # "within rounding"
+
+
+def test_the_busiest_scheduler_is_not_the_fastest_kernel(recorded, figures02):
+    m = recorded
+    by_issue = sorted(m.profiles, key=lambda v: figures02._issue_active(m.profiles[v]))
+    by_speed = sorted(m.present(figures02.SWEEP), key=lambda v: -m.tflops(v))
+    assert by_issue[-1] == "k1/bm64-fragdb" and m.tflops("k1/bm64-fragdb") < m.tflops("k1/bm64")
+    assert set(by_issue[:2]) == set(by_speed[:2]) == {"k1/bm128", "k1/bm128-s3"}
+    i32, i128 = m.profiles["k1/bm32"]["instructions"], m.profiles["k1/bm128"]["instructions"]
+    assert 1.8 <= i32 / i128 <= 2.3  # "about twice the instructions"
+    assert max(m.profiles, key=lambda v: m.profiles[v]["instructions"]).startswith("k1/bm32")
+
+
+def test_stages_bm64_long_scoreboard_fell_mio_rose_gain_a_few_percent(recorded):
+    m = recorded
+    p2, p3 = m.profiles["k1/bm64"], m.profiles["k1/bm64-s3"]
+    stalls = {k: v for k, v in p2.items() if k.startswith("stall_") and k != "stall_selected"}
+    top, second = sorted(stalls.values(), reverse=True)[:2]
+    assert stalls["stall_long_scoreboard"] == top and top > 2 * second  # "the largest stall by far"
+    assert p3["stall_long_scoreboard"] < 0.4 * p2["stall_long_scoreboard"]  # "fell to a third"
+    assert p3["stall_mio_throttle"] > p2["stall_mio_throttle"]
+    assert p3["stall_short_scoreboard"] > p2["stall_short_scoreboard"]
+    gain = _gain(m, "k1/bm64-s3", "k1/bm64")
+    assert 0 < gain < 0.06  # "a few percent"
+    assert 1 - p3["cycles_per_issue"] / p2["cycles_per_issue"] > gain  # "L fell by more than the gain"
+    assert p3["instructions"] / p2["instructions"] > 1.05  # "the instruction count rose"
+
+
+def test_stages_bm128_beat_the_prediction_mostly_through_instructions(recorded, figures02):
+    m = recorded
+    p2, p3 = m.profiles["k1/bm128"], m.profiles["k1/bm128-s3"]
+    gain = _gain(m, "k1/bm128-s3", "k1/bm128")
+    assert gain * 100 > figures02.PREDICTED_GAIN_BM128_S3[1]  # above the predicted +4 to +8 %
+    assert p2["stall_long_scoreboard"] / p2["cycles_per_issue"] < 0.35  # "already a small part of L"
+    assert 0.4 <= p3["stall_long_scoreboard"] / p2["stall_long_scoreboard"] <= 0.6  # "removed about half"
+    assert p3["stall_mio_throttle"] > p2["stall_mio_throttle"]
+    l_gain = p2["cycles_per_issue"] / p3["cycles_per_issue"] - 1
+    i_gain = p2["instructions"] / p3["instructions"] - 1
+    assert 0 < l_gain < 0.05 and i_gain > 0.04 and i_gain > 1.5 * l_gain  # "two thirds ... one third"
+    model = m.counter_time("k1/bm128") / m.counter_time("k1/bm128-s3") - 1
+    profiled = p2["duration_ns"] / p3["duration_ns"] - 1
+    assert abs(model - profiled) < 0.01  # "explain ... ncu's single profiled launch almost exactly"
+    assert 0 < gain - model < 0.04  # "a couple of points of the timed median unexplained"
+
+
+def test_stages_bm32_like_bm64(recorded):
+    m = recorded
+    p2, p3 = m.profiles["k1/bm32"], m.profiles["k1/bm32-s3"]
+    assert p3["stall_long_scoreboard"] < 0.5 * p2["stall_long_scoreboard"]
+    assert p3["instructions"] > p2["instructions"] and p3["stall_barrier"] > p2["stall_barrier"]
+    assert 0 < _gain(m, "k1/bm32-s3", "k1/bm32") < 0.08
+
+
+def test_fragdb_cleared_the_l_bar_and_lost_on_instructions(recorded):
+    m = recorded
+    p, f = m.profiles["k1/bm64"], m.profiles["k1/bm64-fragdb"]
+    w_drop = 1 - f["warps_per_scheduler"] / p["warps_per_scheduler"]
+    l_drop = 1 - f["cycles_per_issue"] / p["cycles_per_issue"]
+    assert 5.5 <= f["warps_per_scheduler"] <= 6.0  # "about six warps per scheduler"
+    assert l_drop > w_drop and f["issue_model"] > p["issue_model"]
+    assert f["instructions"] / p["instructions"] - 1 > f["issue_model"] / p["issue_model"] - 1 > 0
+    for reason in ("stall_short_scoreboard", "stall_barrier", "stall_long_scoreboard"):
+        assert f[reason] < p[reason], reason
+    assert m.tflops("k1/bm64-fragdb") < m.tflops("k1/bm64")
+    small = Workload(2048, 0.0)
+    assert m.tflops("k1/bm64-fragdb", small) < m.tflops("k1/bm64", small)
+
+
+def test_findings_snippets_generate_from_the_recorded_results(figures02, recorded):
+    for name, make in figures02.FINDINGS.items():
+        text = make(recorded.data)
+        assert text.strip() and "Not available" not in text, name
+    headline = figures02.findings_headline(recorded.data)
+    assert "`k1/bm128-s3`" in headline and "the target is met" in headline and "BM = 32 beats BM = 128" in headline
+    assert "did not hold: BM = 128 is fastest at either depth" in figures02.findings_sweep(recorded.data)
+    assert "is above the predicted +4 to +8 %" in figures02.findings_stages_bm128(recorded.data)
+    assert "more than needed" in figures02.findings_fragdb(recorded.data)
+    assert "pessimistic for every variant" in figures02.findings_model(recorded.data)
+
+
+def test_the_recorded_results_draw_every_figure(figures02, recorded, tmp_path):
+    written = figures02.measured_outputs(tmp_path, recorded.data)
+    assert {p.name for p in written if p.suffix == ".png"} == {"bm_sweep.png", "tile_fill.png", "issue_model.png",
+                                                               "stalls.png"}
+    stages = (tmp_path / "02" / "stages.md").read_text()
+    assert stages.count("→") >= 3 * 6  # three BMs, each with its two-to-three-stage arrows
+
+
+def test_main_loop_sass_claims(figures02):
+    """The compiler side of the page: integer and address work outnumbers HMMA in every plain main
+    loop, and the third stage lengthens the loop at BM = 32 and 64 and shortens it at BM = 128."""
+    from moe_gemm.variants.k1 import K1MmaSync
+
+    per_slice = {}
+    for bm in (32, 64, 128):
+        for stages in (2, 3):
+            kinds = figures02.main_loop_kinds(K1MmaSync(bm, False, stages).compile("sm_90a").sass())
+            assert kinds["HMMA"] == bm // 32 * 4 * 2  # (BM/32) x 4 n8 tiles x 2 k16 steps per slice
+            assert kinds["integer, address, other"] > kinds["HMMA"], (bm, stages)
+            per_slice[bm, stages] = kinds["total"]
+    assert per_slice[32, 3] > per_slice[32, 2] and per_slice[64, 3] > per_slice[64, 2]
+    assert per_slice[128, 3] < per_slice[128, 2]

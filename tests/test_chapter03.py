@@ -127,3 +127,221 @@ def test_import_has_no_side_effects(capsys) -> None:
     _load("run")
     _load("figures")
     assert capsys.readouterr().out == ""
+
+
+# ---- the page's claims, checked on the recorded results ------------------------------------
+#
+# site_docs/03-tma-warp-specialization.md interprets chapters/03/results/h200.json (and chapter
+# 02's file for the ceilings and k1's counters) in prose. Each test below is one sentence of that
+# prose; a rerun that flips it fails here, and the page must then be rewritten.
+
+REPO = CHAPTER.parents[1]
+RESULTS03 = REPO / "chapters/03/results/h200.json"
+RESULTS02 = REPO / "chapters/02/results/h200.json"
+STAGES = ("k2/s2", "k2/s3", "k2/s4")
+WORKLOADS = ("16k s=0", "16k s=1.2", "2k s=0")
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    import json
+
+    if not RESULTS03.is_file():
+        pytest.skip("no recorded chapter 03 results")
+    ch02 = json.loads(RESULTS02.read_text()) if RESULTS02.is_file() else None
+    return json.loads(RESULTS03.read_text()), ch02, _load("run")
+
+
+def _tf(data, run, variant, key):
+    record = run._find(data["records"], variant, key)
+    assert record is not None, (variant, key)
+    return record
+
+
+def _prof(data, variant):
+    return next(p for p in data["profile"] if p["variant"] == variant)
+
+
+def test_claim_best_k2_meets_the_target_with_s3(recorded):
+    data, _, run = recorded
+    best = max((_tf(data, run, v, "16k s=0") for v in STAGES), key=lambda r: r["useful_tflops"])
+    assert best["variant"] == "k2/s3"  # "k2 clears the chapter's target with S=3"
+    assert best["useful_tflops"] >= 380.0
+
+
+def test_claim_stage_order_is_s3_s2_s4_at_every_workload(recorded):
+    data, _, run = recorded
+    for key in WORKLOADS:
+        s2, s3, s4 = (_tf(data, run, v, key)["useful_tflops"] for v in STAGES)
+        assert s3 > s2 > s4, key
+        assert 1.01 < s3 / s2 < 1.10, key  # "the third stage is worth a few percent at every workload"
+
+
+def test_claim_k2_beats_k1_with_the_same_compute_warps(recorded):
+    data, _, run = recorded
+    k1_name = next(r["variant"] for r in data["records"] if r["variant"].startswith("k1/"))
+    for key in WORKLOADS:
+        k1 = _tf(data, run, k1_name, key)
+        for v in STAGES:
+            assert _tf(data, run, v, key)["useful_tflops"] > k1["useful_tflops"], (v, key)
+    k1, k2 = _tf(data, run, k1_name, "16k s=0"), _tf(data, run, "k2/s3", "16k s=0")
+    assert (k1["bm"], k1["bn"]) == (k2["bm"], k2["bn"]) == (128, 128)
+    assert k1["blocks_per_sm"] * k1["warps_per_block"] == k2["blocks_per_sm"] * (k2["warps_per_block"] - 1) == 16
+
+
+def test_claim_ncu_shows_the_copy_path_gone(recorded):
+    data, ch02, run = recorded
+    if ch02 is None:
+        pytest.skip("no chapter 02 results")
+    k1_name = next(r["variant"] for r in data["records"] if r["variant"].startswith("k1/"))
+    p1 = next(p for p in ch02["profile"] if p["variant"] == k1_name)
+    p2 = _prof(data, "k2/s3")
+    assert 0.20 < 1 - p2["instructions"] / p1["instructions"] < 0.25  # "drops by almost a quarter"
+    assert p1["stall_barrier"] > 1.0 and p2["stall_barrier"] < 0.1  # "the barrier stall disappears"
+    assert p2["stall_mio_throttle"] < p1["stall_mio_throttle"] / 5  # "MIO throttle all but disappears"
+    assert p2["stall_mio_throttle"] < 0.5  # "is small"
+    rate1, rate2 = p1["instructions"] / p1["duration_ns"], p2["instructions"] / p2["duration_ns"]
+    assert 1.0 < rate2 / rate1 < 1.2  # "issues a little faster than before"
+    assert p2["tensor_pipe_pct"] > p1["tensor_pipe_pct"] + 15
+
+
+def test_claim_peer_ahead_except_at_2048_rows(recorded):
+    data, _, run = recorded
+    for key in ("16k s=0", "16k s=1.2"):
+        best = max(_tf(data, run, v, key)["useful_tflops"] for v in STAGES)
+        assert best < _tf(data, run, run.PEER, key)["useful_tflops"], key
+    for v in STAGES:  # "k2 still beats torch._grouped_mm at this size"
+        assert _tf(data, run, v, "2k s=0")["useful_tflops"] > _tf(data, run, run.PEER, "2k s=0")["useful_tflops"]
+
+
+def test_claim_not_memory_bound_at_16k_and_ceilings(recorded):
+    from moe_gemm.roofline import compulsory_bytes
+
+    data, ch02, run = recorded
+    best = _tf(data, run, "k2/s3", "16k s=0")
+    tbps = compulsory_bytes(64, 16384, 1024, 2688) / (best["median_ms"] * 1e-3) / 1e12
+    assert tbps < 0.6 * 4.22  # "the compulsory bytes need well under the copy ceiling"
+    if ch02 is not None:
+        from moe_gemm.ceilings import ceiling_value
+
+        assert ceiling_value(ch02["ceilings"], "mma_sync") < ceiling_value(ch02["ceilings"], "dense_bf16")
+
+
+def test_claim_s2_to_s3_moves_long_scoreboard_most(recorded):
+    data, _, run = recorded
+    p2, p3, p4 = (_prof(data, v) for v in STAGES)
+    deltas = {k: abs(p3[k] - p2[k]) for k in p2 if k.startswith("stall_") and k != "stall_selected"}
+    assert max(deltas, key=deltas.get) == "stall_long_scoreboard"
+    assert p2["stall_long_scoreboard"] > p3["stall_long_scoreboard"] > p4["stall_long_scoreboard"]
+    assert 0.5 < p2["cycles_per_issue"] - p3["cycles_per_issue"] < 2.0  # "L falls by about a cycle"
+    s2, s3 = _tf(data, run, "k2/s2", "16k s=0"), _tf(data, run, "k2/s3", "16k s=0")
+    assert s2["registers"] == s3["registers"] and s2["blocks_per_sm"] == s3["blocks_per_sm"] == 2
+
+
+def test_claim_s4_loses_warps_faster_than_latency(recorded):
+    data, _, run = recorded
+    p3, p4 = _prof(data, "k2/s3"), _prof(data, "k2/s4")
+    s4 = _tf(data, run, "k2/s4", "16k s=0")
+    assert s4["blocks_per_sm"] == 1 and p4["occupancy_limit_registers"] == p4["occupancy_limit_shared_mem"] == 1
+    w_drop = 1 - p4["warps_per_scheduler"] / p3["warps_per_scheduler"]
+    l_drop = 1 - p4["cycles_per_issue"] / p3["cycles_per_issue"]
+    assert 0.4 < w_drop < 0.6 and l_drop < w_drop  # "halve the resident warps", "L by less than W"
+    assert p4["stall_short_scoreboard"] < p3["stall_short_scoreboard"] / 3  # "all but vanishes"
+    assert p4["issue_model"] < p3["issue_model"]
+
+
+def test_claim_skewed_beats_the_eta_only_estimate_and_waves_do_not_explain_it(recorded):
+    import math
+
+    data, _, run = recorded
+    figures = _load("figures")
+    seed = figures.SEED_B300_SKEWED[0] / figures.SEED_B300_SKEWED[1]
+    rows = {r["variant"]: r for r in data["stages"]}
+    ratios = [rows[v]["skewed_tflops"] / rows[v]["skewed_estimate"] for v in STAGES]
+    assert min(ratios) > seed > 1  # "every depth beats its estimate ... and by a little more"
+    assert ratios[0] > ratios[1] > ratios[2]  # "the ratio shrinking as the ring deepens"
+    for v in STAGES:  # "the skewed grid runs its scheduled work faster"
+        assert _tf(data, run, v, "16k s=1.2")["scheduled_tflops"] > _tf(data, run, v, "16k s=0")["scheduled_tflops"]
+    best = _tf(data, run, "k2/s3", "16k s=1.2")
+    slots = data["provenance"]["sm_count"] * best["blocks_per_sm"]
+    waves = [t / slots for t in (_tf(data, run, "k2/s3", "16k s=0")["tiles"], best["tiles"])]
+    assert all(w - math.floor(w) < 0.5 for w in waves)  # "a mostly empty last wave"
+    fill = [w / math.ceil(w) for w in waves]
+    gap = abs(fill[1] / fill[0] - 1)
+    assert gap < 0.01 and min(ratios) - 1 > 3 * gap  # "under one percent, against a gap several times larger"
+
+
+def test_claim_2048_rows_pay_for_their_padding(recorded):
+    from moe_gemm.roofline import H200_COPY_TBPS, compulsory_bytes, roofline_tflops
+
+    data, _, run = recorded
+    rows = {r["variant"]: r for r in data["stages"]}
+    for v, bound in (("k2/s2", 0.015), ("k2/s3", 0.015), ("k2/s4", 0.03)):
+        assert abs(rows[v]["small_tflops"] / rows[v]["small_estimate"] - 1) < bound, v
+    small, balanced = _tf(data, run, "k2/s3", "2k s=0"), _tf(data, run, "k2/s3", "16k s=0")
+    assert small["eta"] == 0.25
+    floor_ms = compulsory_bytes(64, 2048, 1024, 2688) / (H200_COPY_TBPS * 1e12) * 1e3
+    scheduled_flop = small["scheduled_tflops"] * 1e12 * small["median_ms"] * 1e-3
+    at_balanced_ms = scheduled_flop / (balanced["useful_tflops"] * 1e12) * 1e3
+    assert at_balanced_ms > floor_ms and small["median_ms"] > floor_ms  # "bound by its padded math"
+    assert small["useful_tflops"] < roofline_tflops(64, 2048, 1024, 2688)
+
+
+def test_claim_model_residency_is_ncus(recorded):
+    from moe_gemm.occupancy import residency
+
+    data, _, run = recorded
+    for v in STAGES:
+        record, p = _tf(data, run, v, "16k s=0"), _prof(data, v)
+        fit = residency(record["registers"], record["warps_per_block"], record["smem_bytes"])
+        assert p["registers_per_thread"] == record["registers"]
+        assert p["occupancy_limit_registers"] == fit.by_registers and p["occupancy_limit_shared_mem"] == fit.by_smem
+        model_warps = fit.blocks * record["warps_per_block"]
+        assert 0.9 < p["achieved_warps_per_sm"] / model_warps < 1.0, v  # "fall short ... roughly one warp"
+        assert abs(p["issue_model"] - p["issue_active"]) < 0.01  # "within a few thousandths"
+
+
+def test_claim_the_limit_is_issue_not_the_tensor_pipe(recorded):
+    data, _, _ = recorded
+    for v in STAGES:
+        p = _prof(data, v)
+        assert p["tensor_pipe_pct"] < 66.7 and p["issue_active"] < 0.3, v
+    best = _prof(data, "k2/s3")
+    assert 60 < best["tensor_pipe_pct"] and 0.25 <= best["issue_active"]  # "idles about a third", "a quarter"
+    for v in ("k2/s2", "k2/s3"):  # "the wait for ldmatrix data is the largest single item in L"
+        p = _prof(data, v)
+        stalls = {k: x for k, x in p.items() if k.startswith("stall_")}
+        assert max(stalls, key=stalls.get) == "stall_short_scoreboard", v
+
+
+def test_findings_snippets_generate_from_the_recorded_results(recorded, tmp_path, monkeypatch):
+    data, ch02, _ = recorded
+    figures = _load("figures")
+    monkeypatch.setattr(figures, "load_results", lambda: data)
+    monkeypatch.setattr(figures, "load_chapter02", lambda: ch02)
+    assert figures.main(["--out", str(tmp_path)]) == 0
+    folder = tmp_path / "03"
+    texts = {name: (folder / name).read_text() for name in figures.FINDINGS}
+    for name, text in texts.items():
+        assert text.strip() and "Not measured" not in text and "No Nsight" not in text, name
+        assert "Incomplete results" not in text, (name, text)
+    run = _load("run")
+    best = run._find(data["records"], "k2/s3", "16k s=0")
+    peer = run._find(data["records"], run.PEER, "16k s=0")
+    assert f"{best['useful_tflops']:.1f} TFLOP/s" in texts["findings_headline.md"]
+    assert "meets the chapter's target" in texts["findings_headline.md"]
+    assert f"{best['useful_tflops'] / peer['useful_tflops']:.2f}" in texts["findings_headline.md"]
+    assert "`k2/s3` > `k2/s2` > `k2/s4`" in texts["findings_stages.md"]
+    assert "all above 1" in texts["findings_skew.md"] and "357.0" in texts["findings_skew.md"]
+    assert "equal to the model's blocks" in texts["findings_residency.md"]
+    assert "27,648" in texts["residency_arithmetic.md"]
+    assert f"{_prof(data, 'k2/s3')['tensor_pipe_pct']:.1f}" in texts["findings_limit.md"]
+
+
+def test_findings_snippets_are_on_the_page():
+    page = (REPO / "site_docs/03-tma-warp-specialization.md").read_text()
+    figures = _load("figures")
+    for name in figures.FINDINGS:
+        assert f'--8<-- "site_docs/figures/03/{name}"' in page, name
+    assert "<!-- MEASURED" not in page
+    assert "on either side of each hand-over" not in page  # k1 has one __syncthreads per K slice

@@ -177,8 +177,8 @@ def test_figures_without_results_draw_only_the_layout(tmp_path):
     figures = _load("figures")
     written = figures.write_outputs(tmp_path, tmp_path / "absent.json")
     names = {p.name for p in written}
-    assert names == {"layout.png", "results_table.md", "resources_table.md", "throughput_figure.md"}
-    for name in ("results_table.md", "throughput_figure.md"):
+    assert names == {"layout.png", "results_table.md", "resources_table.md", "throughput_figure.md", "findings.md"}
+    for name in ("results_table.md", "throughput_figure.md", "findings.md"):
         text = (tmp_path / "01" / name).read_text()
         assert "No H200 measurement is recorded yet" in text and "![" not in text
 

@@ -94,8 +94,9 @@ def progression_variants(with_peers: bool) -> list:
 # --------------------------------------------------------------------------- compile report (no GPU)
 
 def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
-    """Registers, shared memory, spills, blocks per SM and SASS counts of the chapter's kernels."""
-    kernels = [k1_variant(K1_DEFAULT)] if _k1_available() else []
+    """Registers, shared memory, spills, blocks per SM and SASS counts of the chapter's kernels: the k1
+    that the progression times (chapter 02's fastest) and every STAGES of k2."""
+    kernels = [k1_variant(best_k1_name())] if _k1_available() else []
     kernels += k2_variants()
     rows = []
     for variant in kernels:

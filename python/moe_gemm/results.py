@@ -45,7 +45,13 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
 
 
 def git_commit(root: Path = REPO_ROOT) -> str:
-    """HEAD's hash, with '+dirty' when the work tree has changes; 'unknown' outside git."""
+    """HEAD's hash, with '+dirty' when the work tree has changes.
+
+    A copy of the tree without its .git (a remote GPU machine, say) cannot ask git: there the
+    caller names the commit it copied in $MOE_GEMM_GIT_COMMIT. Otherwise 'unknown'.
+    """
+    if os.environ.get("MOE_GEMM_GIT_COMMIT"):
+        return os.environ["MOE_GEMM_GIT_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
