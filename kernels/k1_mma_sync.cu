@@ -4,8 +4,8 @@
 //
 // One block computes one BM x 128 tile of C from the flat tile list (moe_gemm.tiles.tile_list):
 // descriptor (expert, row0, rows, col0) says which rows of A, which expert's B and which columns.
-// The block walks K in slices of BK = 32 through a two-stage shared-memory buffer that cp.async
-// fills while the previous slice is being multiplied. Eight warps split the tile 2 (M) x 4 (N),
+// The block walks K in slices of BK = 32 through a ring of STAGES (2 or 3) shared-memory buffers
+// that cp.async fills ahead of the slice being multiplied. Eight warps split the tile 2 (M) x 4 (N),
 // so each warp owns a (BM/2) x 32 piece of C:
 //
 //                       128 columns (BN)

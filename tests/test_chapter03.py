@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from moe_gemm.notebook import find_measurement
+
 CHAPTER = Path(__file__).resolve().parents[1] / "chapters" / "03"
 
 
@@ -153,7 +155,7 @@ def recorded():
 
 
 def _tf(data, run, variant, key):
-    record = run._find(data["records"], variant, key)
+    record = find_measurement(data["records"], variant, key)
     assert record is not None, (variant, key)
     return record
 
@@ -326,8 +328,8 @@ def test_findings_snippets_generate_from_the_recorded_results(recorded, tmp_path
         assert text.strip() and "Not measured" not in text and "No Nsight" not in text, name
         assert "Incomplete results" not in text, (name, text)
     run = _load("run")
-    best = run._find(data["records"], "k2/s3", "16k s=0")
-    peer = run._find(data["records"], run.PEER, "16k s=0")
+    best = find_measurement(data["records"], "k2/s3", "16k s=0")
+    peer = find_measurement(data["records"], run.PEER, "16k s=0")
     assert f"{best['useful_tflops']:.1f} TFLOP/s" in texts["findings_headline.md"]
     assert "meets the chapter's target" in texts["findings_headline.md"]
     assert f"{best['useful_tflops'] / peer['useful_tflops']:.2f}" in texts["findings_headline.md"]

@@ -55,8 +55,8 @@ def test_shared_memory_is_the_padded_stages(compiled):
     a_stage = variant.bm * (32 + 8) * 2
     b_stage = 32 * (128 + 8) * 2
     assert kernel.report.static_smem_bytes == 0  # every stage lives in dynamic shared memory
-    assert variant.smem_bytes == variant.stages * (a_stage + b_stage)
-    assert variant.resources(kernel.arch).smem_bytes == variant.smem_bytes
+    assert variant.dynamic_smem_bytes == variant.stages * (a_stage + b_stage)
+    assert variant.resources(kernel.arch).smem_bytes == variant.dynamic_smem_bytes
 
 
 # The blocks per SM each configuration was written for (__launch_bounds__ caps its registers).

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from moe_gemm.cli import chapter_parser, run_main
-from moe_gemm.notebook import PEER, Workload
+from moe_gemm.notebook import PEER, Workload, find_measurement
 from moe_gemm.report import markdown_table
 from moe_gemm.results import load_results, results_path
 from moe_gemm.style import COLORS, FIGURE_ROOT, new_figure, save_figure
@@ -71,12 +71,8 @@ NOT_MEASURED = ("*No H200 measurement is recorded yet: this {what} is generated 
                 "`chapters/01/results/h200.json`, which `python chapters/01/run.py` writes on a GPU.*\n")
 
 
-def _find(records: Sequence[dict[str, Any]], variant: str, workload: Workload) -> dict[str, Any] | None:
-    return next((r for r in records if r["variant"] == variant and workload.matches(r)), None)
-
-
 def _tflops(records: Sequence[dict[str, Any]], variant: str, workload: Workload) -> float:
-    record = _find(records, variant, workload)
+    record = find_measurement(records, variant, workload)
     return record["useful_tflops"] if record else float("nan")
 
 
@@ -216,10 +212,10 @@ def results_markdown(data: dict[str, Any]) -> str:
                "k0 / peer", "torch loop", "seed's B300 k0", "median ms (min-max)"]
     body = []
     for w in WORKLOADS:
-        r = _find(records, "k0", w)
+        r = find_measurement(records, "k0", w)
         if r is None:
             continue
-        peer, loop = _find(records, PEER, w), _find(records, LOOP, w)
+        peer, loop = find_measurement(records, PEER, w), find_measurement(records, LOOP, w)
         seed = _seed(w)
         body.append([
             w.label, f"{r['useful_tflops']:.1f}", f"{r['scheduled_tflops']:.1f}", f"{r['eta']:.3f}",
@@ -292,8 +288,8 @@ def findings(data: dict[str, Any]) -> dict[str, Any]:
     copy_tbps = _ceiling(data, "copy")
     work: dict[str, dict[str, Any]] = {}
     for name, w in FINDING_WORKLOADS.items():
-        r = _find(records, "k0", w) or {}
-        peer, loop = _find(records, PEER, w), _find(records, LOOP, w)
+        r = find_measurement(records, "k0", w) or {}
+        peer, loop = find_measurement(records, PEER, w), find_measurement(records, LOOP, w)
         useful, scheduled = r.get("useful_tflops", NAN), r.get("scheduled_tflops", NAN)
         predicted = PREDICTION["tflops"].get((w.tokens, w.skew, w.K), NAN)
         compulsory = 2 * (w.tokens * w.K + w.experts * w.K * w.N + w.tokens * w.N)  # bf16 A, B, C once

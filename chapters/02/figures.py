@@ -30,7 +30,7 @@ import numpy as np
 
 from moe_gemm import fragments
 from moe_gemm.cli import chapter_parser, run_main
-from moe_gemm.notebook import PEER, Workload
+from moe_gemm.notebook import PEER, Workload, find_measurement
 from moe_gemm.occupancy import HOPPER, registers_per_warp, residency
 from moe_gemm.report import markdown_table
 from moe_gemm.results import load_results, results_path
@@ -173,10 +173,6 @@ def static_outputs(root: Path) -> list[Path]:
 
 # --------------------------------------------------------------------------- from the results file
 
-def _find(records: Sequence[dict[str, Any]], variant: str, workload: Workload) -> dict[str, Any] | None:
-    return next((r for r in records if r["variant"] == variant and workload.matches(r)), None)
-
-
 def _ceilings(data: dict[str, Any]) -> tuple[float, float]:
     """Dense bf16 TFLOP/s and copy TB/s measured in the run, or the SPEC's H200 values if absent."""
     from moe_gemm.ceilings import ceiling_value
@@ -216,13 +212,13 @@ class Measured:
         self.profiles = {p["variant"]: p for p in data.get("profile", [])}
 
     def record(self, variant: str, workload: Workload = BALANCED) -> dict[str, Any]:
-        found = _find(self.records, variant, workload)
+        found = find_measurement(self.records, variant, workload)
         if found is None:
             raise Missing(f"no record of {variant} at {workload.label}")
         return found
 
     def has(self, variant: str, workload: Workload = BALANCED) -> bool:
-        return _find(self.records, variant, workload) is not None
+        return find_measurement(self.records, variant, workload) is not None
 
     def tflops(self, variant: str, workload: Workload = BALANCED) -> float:
         return self.record(variant, workload)["useful_tflops"]
@@ -303,7 +299,7 @@ def bm_sweep_figure(data: dict[str, Any]):
     for ax, w in zip(axes, WORKLOADS):
         for bm_index, bm in enumerate(BMS):
             for key, variant in ((2, f"k1/bm{bm}"), (3, f"k1/bm{bm}-s3"), ("fragdb", f"k1/bm{bm}-fragdb")):
-                rec = _find(records, variant, w)
+                rec = find_measurement(records, variant, w)
                 if rec is None:
                     continue
                 value = rec["useful_tflops"]
@@ -311,7 +307,7 @@ def bm_sweep_figure(data: dict[str, Any]):
                               edgecolor=BM_COLORS[bm], linewidth=0.8, hatch="///" if key == "fragdb" else None)
                 _bar_label(ax, bars, [value])
         top = max([r["useful_tflops"] for r in records if w.matches(r)] + [1.0])
-        peer = _find(records, PEER, w)
+        peer = find_measurement(records, PEER, w)
         limit = roofline_tflops(w.experts, w.tokens, w.K, w.N, peak_tflops=dense, bandwidth_tbps=copy)
         notes = [f"roofline {limit:.0f}"]
         if peer:
@@ -346,7 +342,7 @@ def tile_fill_figure(data: dict[str, Any]):
     for i, bm in enumerate(BMS):
         e = eta(expert_counts(SMALL.experts, SMALL.tokens, SMALL.skew), bm)
         for j, (variant, color) in enumerate(((f"k1/bm{bm}", LIGHT[bm]), (f"k1/bm{bm}-s3", BM_COLORS[bm]))):
-            rec, base = _find(records, variant, SMALL), _find(records, variant, BALANCED)
+            rec, base = find_measurement(records, variant, SMALL), find_measurement(records, variant, BALANCED)
             x = i + (j - 0.5) * 0.42
             if rec:
                 bars = ax.bar(x - 0.1, rec["useful_tflops"], 0.2, color=color, edgecolor=BM_COLORS[bm])
@@ -360,7 +356,7 @@ def tile_fill_figure(data: dict[str, Any]):
     limit = roofline_tflops(SMALL.experts, SMALL.tokens, SMALL.K, SMALL.N, peak_tflops=dense, bandwidth_tbps=copy)
     ax.axhline(limit, color=COLORS["ceiling"], linestyle="--", linewidth=1)
     ax.text(2.55, limit, f"memory roofline {limit:.0f}", ha="right", va="bottom", fontsize=7)
-    peer = _find(records, PEER, SMALL)
+    peer = find_measurement(records, PEER, SMALL)
     if peer:
         ax.axhline(peer["useful_tflops"], color=COLORS["peer"], linestyle=":", linewidth=1.3)
         ax.text(2.55, peer["useful_tflops"], f"torch._grouped_mm {peer['useful_tflops']:.0f}", ha="right",
@@ -477,7 +473,7 @@ def measurements_markdown(data: dict[str, Any]) -> str:
     body = []
     for r in records:
         w = Workload(r["tokens"], r["skew"], r["experts"], r["K"], r["N"])
-        peer = _find(data["records"], PEER, w)
+        peer = find_measurement(data["records"], PEER, w)
         limit = roofline_tflops(r["experts"], r["tokens"], r["K"], r["N"], peak_tflops=dense, bandwidth_tbps=copy)
         body.append([r["variant"], w.label, f"{r['median_ms']:.3f}", f"{r['useful_tflops']:.1f}",
                      f"{r['useful_tflops'] / peer['useful_tflops']:.2f}" if peer else "-",
@@ -494,12 +490,12 @@ def model_markdown(data: dict[str, Any]) -> str:
                "eta 2k", "estimate 2k", "measured 2k", "measured / estimate 2k"]
     body = []
     for variant in SWEEP:
-        base = _find(records, variant, BALANCED)
+        base = find_measurement(records, variant, BALANCED)
         if base is None:
             continue
         row: list[Any] = [variant, f"{base['useful_tflops']:.1f}"]
         for w in (SKEWED, SMALL):
-            rec = _find(records, variant, w)
+            rec = find_measurement(records, variant, w)
             e = eta(expert_counts(w.experts, w.tokens, w.skew), base["bm"])
             estimate = eta_estimate(base["useful_tflops"], e, base["eta"])
             row += [f"{e:.3f}", f"{estimate:.1f}", f"{rec['useful_tflops']:.1f}" if rec else "-",

@@ -1,21 +1,23 @@
 """Chapter 02: k1, the grouped GEMM on tensor cores through mma.sync, cp.async and ldmatrix.
 
-    python chapters/02/run.py               # checks, ceilings, the BM sweep and FRAG_DB beside torch._grouped_mm
+    python chapters/02/run.py               # checks, ceilings, BM sweep, stages and FRAG_DB beside torch._grouped_mm
     python chapters/02/run.py --quick       # fewer timed launches (5 warm-up, 20 timed)
     python chapters/02/run.py --no-peers    # without torch._grouped_mm (and the torch loop)
     python chapters/02/run.py --profile     # also Nsight Compute's scheduler counters for each k1 variant
 
 With an NVIDIA GPU of sm_80 or newer (the recorded numbers come from an H200) it:
 
-1. compiles every configuration (BM = 32, 64, 128, each with and without FRAG_DB) for the GPU
+1. compiles every configuration (BM = 32, 64, 128 with a two-stage ring, with and without
+   FRAG_DB, and with a three-stage ring) for the GPU
    and prints the compile report: registers, shared memory, spills, blocks per SM from the
    occupancy model and what limits them, and the SASS instructions the chapter is about;
 2. checks every configuration on the edge cases of SPEC section 6 (exact, integer-valued
    inputs) and on random data; a wrong answer stops the run with exit status 1;
 3. measures the ceilings this chapter is judged against: copy bandwidth, cuBLAS bf16, FP32 FFMA
    and bf16 mma.sync, each with a register-only or library kernel;
-4. times the BM sweep (k1/bm32, k1/bm64, k1/bm128) and the fragment double-buffering
-   experiment (k1/bm64-fragdb) beside torch._grouped_mm on the seed configuration (E=64,
+4. times the BM sweep (k1/bm32, k1/bm64, k1/bm128), the three-stage ring (k1/bm32-s3,
+   k1/bm64-s3, k1/bm128-s3) and the fragment double-buffering experiment (k1/bm64-fragdb)
+   beside torch._grouped_mm on the seed configuration (E=64,
    K=1024, N=2688) at 16,384 rows (s=0 and s=1.2) and 2,048 rows (s=0);
 5. prints the measurements, the eta-only estimate against the skewed measurement, and (with
    --profile) the W / L issue model against Nsight Compute's counters;
@@ -32,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.notebook import checks_table, find_measurement, run_checks
 from moe_gemm.report import Table
 
 CHAPTER = "02"
@@ -68,15 +71,6 @@ def sweep_variants() -> list:
     return [get(name) for name in SWEEP]
 
 
-def peer_variants() -> list:
-    try:
-        from moe_gemm.peers import available_peers
-    except ImportError as missing:
-        print(f"(no peers: {missing})", file=sys.stderr)
-        return []
-    return list(available_peers())
-
-
 # --------------------------------------------------------------------------- tables
 
 def compile_table(rows: list[dict[str, Any]]) -> Table:
@@ -90,26 +84,12 @@ def compile_table(rows: list[dict[str, Any]]) -> Table:
     return Table(headers, body, title=f"Compile report ({arch}, NVRTC): SASS columns are static instruction counts")
 
 
-def checks_table(checks: list[dict[str, Any]]) -> Table:
-    return Table(("variant", "case", "result"), tuple((c["variant"], c["case"], c["result"]) for c in checks),
-                 title="Checks (exact: integer-valued inputs, bit for bit; random: relative error <= 1e-2)")
-
-
 def ceilings_table(ceilings: list[dict[str, Any]]) -> Table:
     rows = []
     for c in ceilings:
         value = f"{c['tbps']:.2f} TB/s" if "tbps" in c else f"{c['tflops']:.1f} TFLOP/s"
         rows.append((c["variant"], value))
     return Table(("ceiling", "measured"), tuple(rows), title="Ceilings measured in this run")
-
-
-def workload_key(record: dict[str, Any]) -> str:
-    rows = f"{record['tokens'] // 1024}k" if record["tokens"] % 1024 == 0 else f"{record['tokens']:,}"
-    return f"{rows} s={record['skew']:g}"
-
-
-def find(records: Sequence[dict[str, Any]], variant: str, key: str) -> dict[str, Any] | None:
-    return next((r for r in records if r["variant"] == variant and workload_key(r) == key), None)
 
 
 def model_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -119,7 +99,7 @@ def model_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
     rows = []
     for name in SWEEP:
-        balanced = find(records, name, "16k s=0")
+        balanced = find_measurement(records, name, "16k s=0")
         if balanced is None:
             continue
         fit = residency(balanced["registers"], balanced["warps_per_block"], balanced["smem_bytes"])
@@ -128,7 +108,7 @@ def model_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                "warps_per_scheduler": fit.blocks * balanced["warps_per_block"] / 4,
                "balanced_tflops": balanced["useful_tflops"], "balanced_eta": balanced["eta"]}
         for label, key in (("skewed", "16k s=1.2"), ("small", "2k s=0")):
-            other = find(records, name, key)
+            other = find_measurement(records, name, key)
             if other is not None:
                 row[f"{label}_tflops"] = other["useful_tflops"]
                 row[f"{label}_eta"] = other["eta"]
@@ -176,27 +156,6 @@ def profile_table(profiles: list[dict[str, Any]], compile_rows: list[dict[str, A
 
 # --------------------------------------------------------------------------- GPU work
 
-def run_checks(variants) -> list[dict[str, Any]]:
-    """Every edge case exactly on integer-valued inputs, then random data against the tolerance."""
-    from moe_gemm.bench import progress, verify
-    from moe_gemm.edge_cases import EDGE_CASES
-    from moe_gemm.problem import make_problem, problem_from_counts
-
-    cases = [(case.name, problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=2), True)
-             for case in EDGE_CASES]
-    cases += [("random, 1,000 rows s=1.2, E=8, K=1024, N=384", make_problem(8, 1000, 1024, 384, 1.2, seed=2), False),
-              ("random, 2,048 rows s=0, seed shape", make_problem(64, 2048, 1024, 2688, 0.0, seed=2), False)]
-    results = []
-    for variant in variants:
-        progress(f"[checks] {variant.name}")
-        for name, problem, exact in cases:
-            check = verify(variant, problem, exact=exact)
-            results.append({"variant": variant.name, "case": name, "exact": exact, "passed": check.passed,
-                            "rel_error": check.rel_error, "mismatches": check.mismatches,
-                            "nonfinite": check.nonfinite, "result": check.describe()})
-    return results
-
-
 def run_profiles(variants) -> list[dict[str, Any]]:
     from moe_gemm import profile
     from moe_gemm.bench import progress
@@ -215,6 +174,7 @@ def run_profiles(variants) -> list[dict[str, Any]]:
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.ceilings import measure_ceilings
     from moe_gemm.notebook import SEED_WORKLOADS, records_table, run_variants, save_results
+    from moe_gemm.peers import available_peers
     from moe_gemm.variants.k1 import all_configs, compile_report
 
     timing = {"warmup": 5, "iterations": 20} if args.quick else {}
@@ -233,7 +193,7 @@ def run_on_gpu(args, gpu) -> int:
     print(ceilings_table(ceilings).text(), end="\n\n")
 
     sweep = sweep_variants()
-    variants = sweep + ([] if args.no_peers else peer_variants())
+    variants = sweep + ([] if args.no_peers else available_peers())
     records = run_variants(variants, SEED_WORKLOADS, **timing)
     print(records_table(records, title="Every measurement (useful TFLOP/s; vs peer = over torch._grouped_mm, "
                                        "same run)"), end="\n\n")

@@ -28,6 +28,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
 from matplotlib.lines import Line2D
 
+from moe_gemm.notebook import find_measurement, short_label
 from moe_gemm.cli import chapter_parser, run_main
 from moe_gemm.occupancy import HOPPER, registers_per_warp, residency
 from moe_gemm.report import Table, markdown_table
@@ -175,14 +176,14 @@ def ring_diagram(stages: int = 3, steps: int = 6):
 # --------------------------------------------------------------------------- measured figures
 
 def progression_figure(records: list[dict], run):
-    keys = list(dict.fromkeys(run.workload_key(r) for r in records))
+    keys = list(dict.fromkeys(short_label(r) for r in records))
     variants = list(dict.fromkeys(r["variant"] for r in records))
     fig, ax = new_figure(8.0, 4.2)
     width = 0.8 / len(keys)
     for i, key in enumerate(keys):
         values = []
         for variant in variants:
-            record = run._find(records, variant, key)
+            record = find_measurement(records, variant, key)
             values.append(record["useful_tflops"] if record else 0.0)
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(variants))]
         bars = ax.bar(xs, values, width * 0.95, label=key, color=[family_color(v) for v in variants],
@@ -290,7 +291,7 @@ def _profile(data: dict | None, variant: str | None) -> dict | None:
 
 
 def _fastest(records: list[dict], run, names: Sequence[str], key: str) -> dict:
-    return max((run._find(records, name, key) for name in names), key=lambda r: r["useful_tflops"])
+    return max((find_measurement(records, name, key) for name in names), key=lambda r: r["useful_tflops"])
 
 
 def ceilings(data: dict, ch02: dict | None) -> dict[str, tuple[float, str]]:
@@ -318,14 +319,14 @@ def headline_markdown(data: dict, ch02: dict | None, run) -> str:
     lines = [f"* **Target.** The fastest k2, `{best['variant']}`, runs the balanced 16,384-row workload at "
              f"**{_t(t)} TFLOP/s**: it {'meets' if t >= TARGET_K2 else 'misses'} the chapter's target of "
              f"≥ {TARGET_K2:.0f} ({_signed(t / TARGET_K2 - 1)})."]
-    s2 = run._find(records, "k2/s2", BALANCED)
+    s2 = find_measurement(records, "k2/s2", BALANCED)
     if s2 is not None and s2 is not best:
         side = "above" if s2["useful_tflops"] >= TARGET_K2 else "short of"
         lines[-1] += (f" The target was written for S = 2; `k2/s2` reaches {_t(s2['useful_tflops'])}, "
                       f"{_pct(abs(s2['useful_tflops'] / TARGET_K2 - 1))} {side} it.")
 
     k1_name = _k1_name(records)
-    k1 = run._find(records, k1_name, BALANCED) if k1_name else None
+    k1 = find_measurement(records, k1_name, BALANCED) if k1_name else None
     if k1 is not None:
         k1_warps = _blocks(k1) * k1["warps_per_block"]
         k2_warps = _blocks(best) * (best["warps_per_block"] - 1)
@@ -352,7 +353,7 @@ def headline_markdown(data: dict, ch02: dict | None, run) -> str:
                 f"instructions as k2, and k2 issues its own {faster:.2f}× as fast (instructions per ns of ncu's "
                 f"duration): {fewer * faster:.2f}× in all.")
 
-    peer = run._find(records, run.PEER, BALANCED)
+    peer = find_measurement(records, run.PEER, BALANCED)
     if peer is not None:
         lines.append(f"* **Against the peer.** `torch._grouped_mm` (CUTLASS, `wgmma`) in the same run: "
                      f"{_t(peer['useful_tflops'])} TFLOP/s; `{best['variant']}` reaches "
@@ -385,9 +386,9 @@ def stages_markdown(data: dict, run) -> str:
     names = _k2_names(records)
     if not {"k2/s2", "k2/s3", "k2/s4"} <= set(names):
         return "*The run recorded fewer than three STAGES; no comparison.*\n"
-    keys = [k for k in (BALANCED, SKEWED, SMALL) if all(run._find(records, n, k) for n in names)]
-    orders = {k: sorted(names, key=lambda n: -run._find(records, n, k)["useful_tflops"]) for k in keys}
-    values = "; ".join(f"{k}: {_joined([run._find(records, n, k)['useful_tflops'] for n in names], '.1f')}"
+    keys = [k for k in (BALANCED, SKEWED, SMALL) if all(find_measurement(records, n, k) for n in names)]
+    orders = {k: sorted(names, key=lambda n: -find_measurement(records, n, k)["useful_tflops"]) for k in keys}
+    values = "; ".join(f"{k}: {_joined([find_measurement(records, n, k)['useful_tflops'] for n in names], '.1f')}"
                        for k in keys)
     stages = _joined([_stage_of(n) for n in names])
     if len({tuple(o) for o in orders.values()}) == 1:
@@ -396,7 +397,7 @@ def stages_markdown(data: dict, run) -> str:
         head = "not the same at every workload: " + "; ".join(f"{k}: {' > '.join(o)}" for k, o in orders.items())
     lines = [f"* **Order.** Useful TFLOP/s for S = {stages}, {values}. The order is {head}."]
 
-    s2, s3, s4 = (run._find(records, f"k2/s{s}", BALANCED) for s in (2, 3, 4))
+    s2, s3, s4 = (find_measurement(records, f"k2/s{s}", BALANCED) for s in (2, 3, 4))
     p2, p3, p4 = (_profile(data, f"k2/s{s}") for s in (2, 3, 4))
     text = (f"* **S = 3 against S = 2**: {_signed(s3['useful_tflops'] / s2['useful_tflops'] - 1)} at 16k s=0, with "
             f"{'the same' if s2['registers'] == s3['registers'] else 'different'} registers ({s2['registers']}, "
@@ -437,7 +438,7 @@ def skew_markdown(data: dict, run) -> str:
                      f"measured/estimate {_joined(ratios, '.3f')} for S = {stages}, {verdict}. The seed's B300 "
                      f"k2/S2: {SEED_B300_SKEWED[0]} measured against {SEED_B300_SKEWED[1]} estimated, {seed:.3f}.")
         best = _fastest(records, run, names, SKEWED)
-        balanced = run._find(records, best["variant"], BALANCED)
+        balanced = find_measurement(records, best["variant"], BALANCED)
         if "tiles" in best and "tiles" in balanced:
             lines.append(f"* **Scheduled rate.** At s = 1.2 `{best['variant']}` runs its scheduled work "
                          f"({best['tiles']:,} tiles, eta {best['eta']:.3f}) at {_t(_scheduled(best))} TFLOP/s, "
@@ -450,16 +451,16 @@ def skew_markdown(data: dict, run) -> str:
                          f"blocks ({slots // _blocks(best)} SMs × {_blocks(best)}) are {waves[0]:.2f} and "
                          f"{waves[1]:.2f} waves; waves / ⌈waves⌉ is {fill[0]:.3f} and {fill[1]:.3f}, "
                          f"{_pct(abs(fill[1] / fill[0] - 1))} apart.")
-        peer = run._find(records, run.PEER, SKEWED)
+        peer = find_measurement(records, run.PEER, SKEWED)
         if peer is not None:
             lines.append(f"* **s = 1.2 against the peer**: `{best['variant']}` reaches "
                          f"{best['useful_tflops'] / peer['useful_tflops']:.2f} of `torch._grouped_mm` "
                          f"({_t(peer['useful_tflops'])} TFLOP/s), against "
-                         f"{balanced['useful_tflops'] / run._find(records, run.PEER, BALANCED)['useful_tflops']:.2f} "
+                         f"{balanced['useful_tflops'] / find_measurement(records, run.PEER, BALANCED)['useful_tflops']:.2f} "
                          f"at s = 0.")
     if all("small_estimate" in r for r in rows):
         small = _fastest(records, run, names, SMALL)
-        balanced = run._find(records, small["variant"], BALANCED)
+        balanced = find_measurement(records, small["variant"], BALANCED)
         roof = roofline_tflops(small["experts"], small["tokens"], small["K"], small["N"])
         nbytes = compulsory_bytes(small["experts"], small["tokens"], small["K"], small["N"])
         floor_us = nbytes / (H200_COPY_TBPS * 1e12) * 1e6
@@ -473,7 +474,7 @@ def skew_markdown(data: dict, run) -> str:
                      f"{_joined(ratios, '.3f')} for S = {stages}. The kernel's median is "
                      f"{small['median_ms'] * 1e3:.1f} µs; its {scheduled_gflop:.1f} scheduled GFLOP at its own "
                      f"balanced 16k rate would take {at_balanced_us:.1f} µs.")
-        peer = run._find(records, run.PEER, SMALL)
+        peer = find_measurement(records, run.PEER, SMALL)
         if peer is not None:
             seed = run.SEED_B300["k2/S2"].get(SMALL)
             text = (f"* **2,048 rows against the peer**: {small['useful_tflops'] / peer['useful_tflops']:.2f}× "
@@ -490,7 +491,7 @@ def residency_arithmetic_markdown(data: dict, run) -> str:
     records = data["records"]
     body, warps = [], set()
     for name in _k2_names(records):
-        r = run._find(records, name, BALANCED)
+        r = find_measurement(records, name, BALANCED)
         per_warp = registers_per_warp(r["registers"])
         per_block = per_warp * r["warps_per_block"]
         fit = residency(r["registers"], r["warps_per_block"], r["smem_bytes"])
@@ -513,8 +514,8 @@ def residency_markdown(data: dict, run) -> str:
         return "*No Nsight Compute counters recorded: run `python chapters/03/run.py --profile`.*\n"
     stages = _joined([_stage_of(n) for n in names])
     model = {n: residency(r["registers"], r["warps_per_block"], r["smem_bytes"])
-             for n in names for r in [run._find(records, n, BALANCED)]}
-    warps = {n: run._find(records, n, BALANCED)["warps_per_block"] for n in names}
+             for n in names for r in [find_measurement(records, n, BALANCED)]}
+    warps = {n: find_measurement(records, n, BALANCED)["warps_per_block"] for n in names}
     p = {n: _profile(data, n) for n in names}
     regs_ok = all(p[n]["occupancy_limit_registers"] == model[n].by_registers for n in names)
     smem_ok = all(p[n]["occupancy_limit_shared_mem"] == model[n].by_smem for n in names)

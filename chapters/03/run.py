@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.notebook import checks_table, find_measurement, run_checks, short_label
 from moe_gemm.occupancy import residency
 from moe_gemm.report import Table
 from moe_gemm.results import results_path
@@ -142,59 +143,22 @@ def compile_table(rows: list[dict[str, Any]]) -> Table:
                                       "SASS columns are static instruction counts)")
 
 
-# --------------------------------------------------------------------------- checks (GPU)
-
-def run_checks(variants) -> list[dict[str, Any]]:
-    """Every edge case exactly on integer-valued inputs, then random data against the tolerance."""
-    from moe_gemm.bench import progress, verify
-    from moe_gemm.edge_cases import EDGE_CASES
-    from moe_gemm.problem import make_problem, problem_from_counts
-
-    cases = [(case.name, problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=7), True)
-             for case in EDGE_CASES]
-    cases += [("random, 1,000 rows s=1.2, E=8, K=1024, N=384", make_problem(8, 1000, 1024, 384, 1.2, seed=7), False),
-              ("random, 2,048 rows s=0, seed shape", make_problem(64, 2048, 1024, 2688, 0.0, seed=7), False)]
-    results = []
-    for variant in variants:
-        progress(f"[checks] {variant.name}")
-        for name, problem, exact in cases:
-            check = verify(variant, problem, exact=exact)
-            results.append({"variant": variant.name, "case": name, "exact": exact, "passed": check.passed,
-                            "rel_error": check.rel_error, "mismatches": check.mismatches,
-                            "nonfinite": check.nonfinite, "result": check.describe()})
-    return results
-
-
-def checks_table(checks: list[dict[str, Any]]) -> Table:
-    return Table(("variant", "case", "result"), tuple((c["variant"], c["case"], c["result"]) for c in checks),
-                 title="Checks (exact: integer-valued inputs, bit for bit; random: relative error <= 1e-2)")
-
-
 # --------------------------------------------------------------------------- tables from records
-
-def workload_key(record: dict[str, Any]) -> str:
-    rows = f"{record['tokens'] // 1024}k" if record["tokens"] % 1024 == 0 else f"{record['tokens']:,}"
-    return f"{rows} s={record['skew']:g}"
-
-
-def _find(records, variant: str, key: str) -> dict[str, Any] | None:
-    return next((r for r in records if r["variant"] == variant and workload_key(r) == key), None)
-
 
 def progression_table(records: list[dict[str, Any]]) -> Table:
     """Useful TFLOP/s per variant and workload, with the speed-up over k0 and the ratio to the peer."""
-    keys = list(dict.fromkeys(workload_key(r) for r in records))
+    keys = list(dict.fromkeys(short_label(r) for r in records))
     variants = list(dict.fromkeys(r["variant"] for r in records))
     first = keys[0] if keys else ""
-    k0 = _find(records, "k0", first)
-    peer = _find(records, PEER, first)
+    k0 = find_measurement(records, "k0", first)
+    peer = find_measurement(records, PEER, first)
     rows = []
     for variant in variants:
         cells = []
         for key in keys:
-            record = _find(records, variant, key)
+            record = find_measurement(records, variant, key)
             cells.append("-" if record is None else f"{record['useful_tflops']:.1f}")
-        this = _find(records, variant, first)
+        this = find_measurement(records, variant, first)
         over_k0 = f"{this['useful_tflops'] / k0['useful_tflops']:.1f}x" if this and k0 else "-"
         vs_peer = f"{this['useful_tflops'] / peer['useful_tflops']:.2f}" if this and peer else "-"
         rows.append((variant, *cells, over_k0, vs_peer))
@@ -206,11 +170,11 @@ def stages_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per k2 STAGES: resources, the model's blocks per SM, the measurements and the eta-only estimates."""
     rows = []
     for record in records:
-        if not record["variant"].startswith("k2/") or workload_key(record) != "16k s=0":
+        if not record["variant"].startswith("k2/") or short_label(record) != "16k s=0":
             continue
         name = record["variant"]
         fit = residency(record["registers"], record["warps_per_block"], record["smem_bytes"])
-        skewed, small = _find(records, name, "16k s=1.2"), _find(records, name, "2k s=0")
+        skewed, small = find_measurement(records, name, "16k s=1.2"), find_measurement(records, name, "2k s=0")
         row = {"variant": name, "registers": record["registers"], "smem_bytes": record["smem_bytes"],
                "blocks_per_sm": fit.blocks, "limiter": limiters(fit), "balanced_tflops": record["useful_tflops"],
                "balanced_eta": record["eta"]}

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import io

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .bench import Variant, input_sets, measure, progress
+from .bench import Variant, input_sets, measure, progress, verify
+from .edge_cases import EDGE_CASES
 from .gpu import GpuInfo
-from .problem import Problem, make_problem
-from .report import format_table
+from .problem import Problem, make_problem, problem_from_counts
+from .report import Table, format_table
 from .results import load_results, provenance, results_path, write_results
 from .roofline import roofline_tflops
 
@@ -49,6 +50,50 @@ class Workload:
 
 
 SEED_WORKLOADS = (Workload(16384, 0.0), Workload(16384, 1.2), Workload(2048, 0.0))
+
+
+def short_label(record: dict[str, Any]) -> str:
+    """A record's workload as a table column: '16k s=0', '2k s=1.2', '1,000 s=0'."""
+    rows = f"{record['tokens'] // 1024}k" if record["tokens"] % 1024 == 0 else f"{record['tokens']:,}"
+    return f"{rows} s={record['skew']:g}"
+
+
+def find_measurement(records: Sequence[dict[str, Any]], variant: str,
+                     workload: Workload | str) -> dict[str, Any] | None:
+    """The record of ``variant`` on ``workload`` (a Workload, or a :func:`short_label` such as '16k s=0')."""
+    def same(record: dict[str, Any]) -> bool:
+        return workload.matches(record) if isinstance(workload, Workload) else short_label(record) == workload
+    return next((r for r in records if r["variant"] == variant and same(r)), None)
+
+
+# --------------------------------------------------------------------------- correctness before timing
+
+def check_cases(seed: int) -> list[tuple[str, Problem, bool]]:
+    """(name, problem, exact): every edge case on integer-valued inputs, then two random problems."""
+    cases = [(case.name, problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=seed), True)
+             for case in EDGE_CASES]
+    cases += [("random, 1,000 rows s=1.2, E=8, K=1024, N=384", make_problem(8, 1000, 1024, 384, 1.2, seed=seed), False),
+              ("random, 2,048 rows s=0, seed shape", make_problem(64, 2048, 1024, 2688, 0.0, seed=seed), False)]
+    return cases
+
+
+def run_checks(variants: Sequence[Variant], seed: int = 0) -> list[dict[str, Any]]:
+    """Every variant on every :func:`check_cases` problem: exact bit for bit, or within the tolerance."""
+    cases = check_cases(seed)
+    results = []
+    for variant in variants:
+        progress(f"[checks] {variant.name}")
+        for name, problem, exact in cases:
+            check = verify(variant, problem, exact=exact)
+            results.append({"variant": variant.name, "case": name, "exact": exact, "passed": check.passed,
+                            "rel_error": check.rel_error, "mismatches": check.mismatches,
+                            "nonfinite": check.nonfinite, "result": check.describe()})
+    return results
+
+
+def checks_table(checks: Sequence[dict[str, Any]]) -> Table:
+    return Table(("variant", "case", "result"), tuple((c["variant"], c["case"], c["result"]) for c in checks),
+                 title="Checks (exact: integer-valued inputs, bit for bit; random: relative error <= 1e-2)")
 
 
 def run_variants(variants: Sequence[Variant], workloads: Sequence[Workload], **timing: int) -> list[dict[str, Any]]:

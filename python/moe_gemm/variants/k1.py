@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ..bench import Prepared, Resources
-from ..build import CompiledKernel, compile_kernel, launch, prefer_shared_memory
+from ..bench import Prepared
+from ..build import launch, prefer_shared_memory
 from ..device import DeviceProblem, to_device
 from ..gpu import detect_gpu, require_capability
-from ..problem import BF16
 from ..tiles import tile_list
+from .compiled import CompiledVariant
 
 SOURCE = "k1_mma_sync.cu"
 KERNEL_FUNCTION = "k1_mma_sync"  # the __global__ template's name (for profiler filters)
@@ -66,11 +66,13 @@ def variant_name(bm: int, frag_db: bool, stages: int = 2) -> str:
     return f"k1/bm{bm}" + (f"-s{stages}" if stages != 2 else "") + ("-fragdb" if frag_db else "")
 
 
-class K1MmaSync:
+class K1MmaSync(CompiledVariant):
     """``K1MmaSync(bm, frag_db=False, stages=2)``: variant ``k1/bm<bm>[-s3][-fragdb]``."""
 
     bn, bk = BN, BK
     kernel_function = KERNEL_FUNCTION
+    source = SOURCE
+    warps_per_block = WARPS_PER_BLOCK
 
     def __init__(self, bm: int = 64, frag_db: bool = False, stages: int = 2) -> None:
         if isinstance(bm, bool) or bm not in BM_CHOICES:
@@ -92,24 +94,13 @@ class K1MmaSync:
         return kernel_name(self.bm, self.frag_db, self.stages)
 
     @property
-    def smem_bytes(self) -> int:
+    def dynamic_smem_bytes(self) -> int:
         """Dynamic shared memory per block: STAGES x (A: BM x 40, B: 32 x 136) bf16."""
         return self.stages * (self.bm * (BK + PAD) + BK * (BN + PAD)) * 2
 
-    def compile(self, arch: str | None = None) -> CompiledKernel:
-        """NVRTC-compile for ``arch`` (default: the running GPU's); spills are an error."""
-        return compile_kernel(SOURCE, self.kernel_name, arch=arch).require_no_spills()
-
-    def resources(self, arch: str | None = None) -> Resources:
-        report = self.compile(arch).report
-        return Resources(registers=report.registers, smem_bytes=report.static_smem_bytes + self.smem_bytes,
-                         spill_bytes=report.spill_bytes, warps_per_block=WARPS_PER_BLOCK)
-
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem
-        for name, array, shape in (("A", dev.a, problem.a.shape), ("B", dev.b, problem.b.shape)):
-            if array.dtype != BF16 or array.shape != shape:
-                raise ValueError(f"k1 needs {name} as bf16 {shape} on the device, got {array.dtype} {array.shape}")
+        self.require_bf16_inputs(dev)
         check_inputs(problem.K, problem.N, dev.a.ptr, dev.b.ptr)
         gpu = require_capability(detect_gpu(), MIN_CAPABILITY, f"{self.name} (cp.async, ldmatrix, bf16 mma.sync)")
         kernel = self.compile(gpu.arch)
@@ -129,7 +120,7 @@ class K1MmaSync:
         args: tuple[Any, ...] = (dev.a.ptr, dev.b.ptr, output.ptr, tiles.ptr, np.int32(problem.K), np.int32(problem.N))
 
         def run() -> None:
-            launch(kernel, grid, THREADS, self.smem_bytes, *args)
+            launch(kernel, grid, THREADS, self.dynamic_smem_bytes, *args)
 
         return Prepared(launch=run, output=output, bm=self.bm, bn=BN, resources=resources, keep_alive=[tiles, dev])
 

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from ..bench import Prepared, Resources
-from ..build import CompiledKernel, TensorMapArg, compile_kernel, launch, prefer_shared_memory
+from ..bench import Prepared
+from ..build import TensorMapArg, launch, prefer_shared_memory
 from ..device import DeviceProblem, to_device
 from ..gpu import detect_gpu, require_capability
-from ..problem import BF16
 from ..tensormap import GLOBAL_ALIGN, TiledMap, batched_matrix_map, matrix_map
 from ..tiles import tile_list
+from .compiled import CompiledVariant
 
 SOURCE = "k2_tma_ws.cu"
 KERNEL_FUNCTION = "k2_tma_ws"  # the __global__ template's name (for profiler filters)
@@ -35,7 +35,6 @@ THREADS = 32 * WARPS_PER_BLOCK
 STAGE_BYTES = (BM * BK + 2 * BK * PANEL_N) * 2  # 32,768: one A box and two B boxes
 SWIZZLE_ALIGN = 1024  # the kernel aligns its ring to 1 KB by hand, which may cost up to 1 KB
 MIN_CAPABILITY = (9, 0)
-ARCH = "sm_90a"
 
 
 def dynamic_smem_bytes(stages: int) -> int:
@@ -70,11 +69,13 @@ def tensor_maps(a_address: int, b_address: int, tokens: int, experts: int, K: in
 # --8<-- [end:tensor_maps]
 
 
-class K2TmaWs:
+class K2TmaWs(CompiledVariant):
     """``K2TmaWs(stages)``: the k2 kernel with a ring of 2, 3 or 4 stages (variant ``k2/s<stages>``)."""
 
     bm, bn, bk = BM, BN, BK
     kernel_function = KERNEL_FUNCTION
+    source = SOURCE
+    warps_per_block = WARPS_PER_BLOCK
 
     def __init__(self, stages: int = 2) -> None:
         if stages not in STAGE_CHOICES:
@@ -93,20 +94,9 @@ class K2TmaWs:
     def dynamic_smem_bytes(self) -> int:
         return dynamic_smem_bytes(self.stages)
 
-    def compile(self, arch: str = ARCH) -> CompiledKernel:
-        """NVRTC-compile this STAGES for ``arch`` (sm_90a or newer); spills are an error."""
-        return compile_kernel(SOURCE, self.kernel_name, arch=arch).require_no_spills()
-
-    def resources(self, arch: str = ARCH) -> Resources:
-        report = self.compile(arch).report
-        return Resources(registers=report.registers, smem_bytes=report.static_smem_bytes + self.dynamic_smem_bytes,
-                         spill_bytes=report.spill_bytes, warps_per_block=WARPS_PER_BLOCK)
-
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem
-        for name, array, shape in (("A", dev.a, problem.a.shape), ("B", dev.b, problem.b.shape)):
-            if array.dtype != BF16 or array.shape != shape:
-                raise ValueError(f"k2 needs {name} as bf16 {shape} on the device, got {array.dtype} {array.shape}")
+        self.require_bf16_inputs(dev)
         check_inputs(problem.K, problem.N, dev.a.ptr, dev.b.ptr)
         gpu = require_capability(detect_gpu(), MIN_CAPABILITY,
                                  f"{self.name} (TMA and mbarrier transaction counts)")
