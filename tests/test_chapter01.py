@@ -188,12 +188,12 @@ def test_per_expert_loop_time_barely_moves(f):
 
 
 def test_ffma_ceiling_caveat(f):
-    """'below SPEC's figure, and well below what its own instruction stream allows'; at face value it
-    would have k0 issuing on nearly every cycle."""
+    """'below SPEC's figure and below what its own instruction stream allows'; at face value it would
+    have k0 issuing on most cycles."""
     assert f["ffma_source"] == "measured in this run"
     assert f["ffma"] < f["spec_ffma"] < f["datasheet"]
-    assert f["ffma"] < 0.85 * f["ceiling_sass_tflops"]
-    assert f["issue_if_ceiling_true"] > 0.9
+    assert f["ffma"] < f["ceiling_sass_tflops"]
+    assert f["issue_if_ceiling_true"] > 0.8
     # 'The mma.sync ceiling uses the same launch ... and came out at the level SPEC reports' (632).
     assert f["mma_sync"] == pytest.approx(632.0, rel=0.05)
     assert f["work"]["balanced"]["of_ffma"] > f["work"]["balanced"]["of_datasheet"]

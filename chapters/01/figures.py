@@ -423,7 +423,7 @@ def findings_markdown(data: dict[str, Any]) -> str:
         f"{_pct(bal['of_ffma'])} of the FFMA ceiling ({f['ffma_source']}: {_f(f['ffma'])} TFLOP/s).\n"
         f"- At the maximum SM clock, {_f(1e3 * f['clock_ghz'], '.0f')} MHz (the clock during the timed "
         f"launches was not recorded; nvidia-smi read {_f(1e3 * f['sampled_clock_ghz'], '.0f')} MHz once when "
-        f"the run started), the scheduled rate is {_f(f['flop_per_sm_cycle'], '.0f')} FLOP per SM per cycle of "
+        f"the results were written, after the timed launches), the scheduled rate is {_f(f['flop_per_sm_cycle'], '.0f')} FLOP per SM per cycle of "
         f"the {FLOP_PER_SM_CYCLE} the FP32 lanes can do: an FFMA on {_pct(f['ffma_issue'])} of scheduler "
         f"cycles. With FFMAs {f['ffma_share']:.2f} of what k0's loop issues, the schedulers issued something "
         f"on about {_pct(f['issue'])} of cycles.\n"
