@@ -207,3 +207,343 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const CUtensorMap* map
                  :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
 // --8<-- [end:tma]
+
+// ============================================================================================
+// k3: wgmma, setmaxnreg and clusters (sm_90a)
+// ============================================================================================
+
+// --8<-- [start:wgmma_sync]
+// wgmma.mma_async runs in the background: the warpgroup issues it and moves on. Three
+// instructions order it against everything else.
+//   fence:  this warpgroup's prior register and shared-memory accesses are ordered before the
+//           wgmma that follows; needed before the first wgmma of a tile, and whenever other code
+//           has touched the accumulator registers since the last one (SASS: WARPGROUP.ARRIVE).
+//   commit: close the group of wgmma issued since the last commit.
+//   wait N: block until at most N committed groups are still running (SASS:
+//           WARPGROUP.DEPBAR.LE); only then may their accumulators be read or their shared-
+//           memory operands be overwritten.
+// PTX ISA 9.7.15.7 "Asynchronous wgmma Proxy Operations" (wgmma.fence, .commit_group, .wait_group)
+//   #asynchronous-warpgroup-level-matrix-instructions-wgmma-fence
+//   #asynchronous-warpgroup-level-matrix-instructions-wgmma-commit-group
+//   #asynchronous-warpgroup-level-matrix-instructions-wgmma-wait-group
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+// --8<-- [end:wgmma_sync]
+
+// --8<-- [start:descriptor]
+// A shared-memory matrix descriptor: the fixed fields (LBO, SBO, swizzle), built on the host by
+// moe_gemm.descriptors and passed in, ORed with the start-address field, bits 4..17 of the
+// operand's shared-memory address (14 bits: addresses below 256 KB). The mask is not optional: in
+// a cluster launch a shared::cta address carries bits above 17, and unmasked they spill into the
+// LBO field at bit 16 (invisible for swizzled K-major operands, whose LBO is unused; fatal for
+// MN-major ones).
+// PTX ISA "Matrix Descriptor Format"   #asynchronous-warpgroup-level-matrix-shared-memory-layout-matrix-descriptor
+__device__ __forceinline__ unsigned long long matrix_descriptor(unsigned long long fixed_fields, unsigned smem_addr) {
+    return fixed_fields | ((smem_addr & 0x3FFFF) >> 4);
+}
+// --8<-- [end:descriptor]
+
+// Inline asm spells every operand out: a wgmma of width N names N/2 accumulator registers per
+// thread. These macros write the "+f"(d[i]) list and the matching "%0, %1, ..." text once.
+#define PTX_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                  "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define PTX_F32(i) PTX_F8(i), PTX_F8(i + 8), PTX_F8(i + 16), PTX_F8(i + 24)
+#define PTX_R10(t) "%" #t "0, %" #t "1, %" #t "2, %" #t "3, %" #t "4, %" #t "5, %" #t "6, %" #t "7, %" #t "8, %" #t "9, "
+#define PTX_R32 PTX_R10() PTX_R10(1) PTX_R10(2) "%30, %31"
+#define PTX_R64 PTX_R10() PTX_R10(1) PTX_R10(2) PTX_R10(3) PTX_R10(4) PTX_R10(5) "%60, %61, %62, %63"
+#define PTX_R96 PTX_R10() PTX_R10(1) PTX_R10(2) PTX_R10(3) PTX_R10(4) PTX_R10(5) PTX_R10(6) PTX_R10(7) \
+                PTX_R10(8) "%90, %91, %92, %93, %94, %95"
+#define PTX_R128 PTX_R10() PTX_R10(1) PTX_R10(2) PTX_R10(3) PTX_R10(4) PTX_R10(5) PTX_R10(6) PTX_R10(7) \
+                 PTX_R10(8) PTX_R10(9) PTX_R10(10) PTX_R10(11) "%120, %121, %122, %123, %124, %125, %126, %127"
+// The instruction text; D, A, B, P, T are the operand numbers of the accumulator list, the two
+// descriptors, the accumulate flag and the B-transpose immediate.
+#define PTX_WGMMA(N, D, A, B, P, T)                                                               \
+    "{\n"                                                                                         \
+    "  .reg .pred accumulate;\n"                                                                  \
+    "  setp.ne.b32 accumulate, %" #P ", 0;\n"                                                     \
+    "  wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" D "}, %" #A ", %" #B ",\n"    \
+    "      accumulate, 1, 1, 0, %" #T ";\n"                                                       \
+    "}\n"
+
+// --8<-- [start:wgmma]
+// D[64 x N] (+)= A[64 x 16] * B[16 x N], bf16 in, fp32 accumulators in registers, both operands
+// read from shared memory through 64-bit matrix descriptors (SASS: HGMMA.64xNx16.F32.BF16).
+// Issued by all 128 threads of a warpgroup; warp w of the warpgroup holds rows 16w .. 16w+15 of
+// D and, with g = lane/4 and t = lane%4, thread element d[4j + 2h + c] is
+//   D[16w + 8h + g][8j + 2t + c]      (j < N/8, h and c in {0, 1})
+// the mma.sync m16n8 pattern repeated across N. `accumulate` false means D = A * B: the first
+// k16 step of a tile needs no zeroed registers. A is K-major (imm-trans-a = 0); TRANS_B says B
+// is MN-major in shared memory (B [K, N] row-major, N contiguous), which bf16 allows.
+// PTX ISA 9.7.15.5.2 "wgmma.mma_async"   #asynchronous-warpgroup-level-matrix-instructions-wgmma-mma-async
+// PTX ISA "Register Fragments and Shared Memory Matrix Layouts"
+//   #asynchronous-warpgroup-level-matrix-register-fragment-wgmma-64nnk16 (the accumulator layout)
+//   #asynchronous-warpgroup-level-matrix-shared-memory-layout-matrix-descriptor (the descriptor)
+template <int N, bool TRANS_B>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], unsigned long long desc_a,
+                                           unsigned long long desc_b, bool accumulate) {
+    static_assert(N == 64 || N == 128 || N == 192 || N == 256, "wgmma widths used here: 64, 128, 192, 256");
+    const int acc = accumulate;
+    if constexpr (N == 64)
+        asm volatile(PTX_WGMMA(64, PTX_R32, 32, 33, 34, 35)
+                     : PTX_F32(0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(int(TRANS_B)));
+    if constexpr (N == 128)
+        asm volatile(PTX_WGMMA(128, PTX_R64, 64, 65, 66, 67)
+                     : PTX_F32(0), PTX_F32(32) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(int(TRANS_B)));
+    if constexpr (N == 192)
+        asm volatile(PTX_WGMMA(192, PTX_R96, 96, 97, 98, 99)
+                     : PTX_F32(0), PTX_F32(32), PTX_F32(64) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(int(TRANS_B)));
+    if constexpr (N == 256)
+        asm volatile(PTX_WGMMA(256, PTX_R128, 128, 129, 130, 131)
+                     : PTX_F32(0), PTX_F32(32), PTX_F32(64), PTX_F32(96)
+                     : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(int(TRANS_B)));
+}
+// --8<-- [end:wgmma]
+
+// --8<-- [start:setmaxnreg]
+// Move registers between warpgroups at run time. The kernel starts every warp at the cap its
+// __launch_bounds__(THREADS, 1) gives (65,536 / THREADS, rounded down to a multiple of 8); the
+// producer warpgroup then gives most of its share back (dec) and the consumer warpgroups take it
+// (inc), which blocks until the pool has enough. COUNT is a multiple of 8 in [24, 256]. Executed
+// by all threads of a warpgroup (SASS: USETMAXREG.DEALLOC / USETMAXREG.TRY_ALLOC).
+// PTX ISA "Miscellaneous Instructions: setmaxnreg"   #miscellaneous-instructions-setmaxnreg
+template <int COUNT>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    static_assert(COUNT % 8 == 0 && COUNT >= 24 && COUNT <= 256, "setmaxnreg: multiple of 8 in [24, 256]");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(COUNT));
+}
+
+template <int COUNT>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    static_assert(COUNT % 8 == 0 && COUNT >= 24 && COUNT <= 256, "setmaxnreg: multiple of 8 in [24, 256]");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(COUNT));
+}
+// --8<-- [end:setmaxnreg]
+
+// --8<-- [start:cluster]
+// Thread block clusters: the blocks of a cluster run at the same time on one GPC and can reach
+// each other's shared memory (the shared::cluster window).
+
+// This block's rank in its cluster.
+// PTX ISA "Special Registers: %cluster_ctarank"   #special-registers-cluster-ctarank
+__device__ __forceinline__ unsigned cluster_ctarank() {
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+
+// Every thread of every block of the cluster arrives, then waits for all of them: a
+// __syncthreads() across the cluster, with release/acquire ordering of shared memory.
+// PTX ISA "Parallel Synchronization and Communication Instructions: barrier.cluster"
+//   #parallel-synchronization-and-communication-instructions-barrier-cluster
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The shared::cluster address of the variable at `addr` (a shared::cta address) in block `rank`.
+// PTX ISA "Data Movement and Conversion Instructions: mapa"
+//   #data-movement-and-conversion-instructions-mapa
+__device__ __forceinline__ unsigned map_to_rank(unsigned addr, unsigned rank) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+    return remote;
+}
+
+// Arrive on an mbarrier in any block of the cluster (a mapa address). The default semantics,
+// release at CTA scope, are what CUTLASS's ClusterBarrier::arrive uses for the same hand-over: the
+// arriving consumer's reads of the stage were made by wgmma and are complete (wgmma.wait_group
+// returned) before the arrive is issued, so no later write, the peer's multicast included, can
+// overtake them. Asking for .release.cluster instead costs a MEMBAR per arrival in SASS.
+// PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier.arrive"
+//   #parallel-synchronization-and-communication-instructions-mbarrier-arrive
+__device__ __forceinline__ void mbarrier_arrive_cluster(unsigned cluster_bar) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(cluster_bar) : "memory");
+}
+
+// tma_load_3d, delivered to the same shared-memory offset in every block of `cta_mask` (bit i:
+// cluster rank i), each destination's mbarrier at the same offset receiving the complete-tx of
+// the bytes it got. One L2 read feeds several blocks (SASS: UTMALDG.3D.MULTICAST).
+// PTX ISA "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.multicast::cluster)
+//   #data-movement-and-conversion-instructions-cp-async-bulk-tensor
+__device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                                      unsigned bar, unsigned short cta_mask) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+                 :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask) : "memory");
+}
+// --8<-- [end:cluster]
+
+// --8<-- [start:tma_store]
+// The store path of an epilogue through shared memory: registers -> shared (stmatrix) -> global
+// (TMA), so the consumer warps hand the tile to the copy engine and go back to multiplying.
+
+// Four 8x8 matrices of 16-bit elements to shared memory, the mirror of ldmatrix_x4: lane l gives
+// the address of row l%8 of matrix l/8 and holds, in r[j], elements (row l/4, columns 2(l%4) and
+// 2(l%4)+1) of matrix j: exactly an mma/wgmma accumulator fragment once packed to bf16x2
+// (SASS: STSM.16.M88.4).
+// PTX ISA "Warp-level matrix store instruction: stmatrix"   #warp-level-matrix-instructions-stmatrix
+__device__ __forceinline__ void stmatrix_x4(unsigned smem_row, const unsigned (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(smem_row), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
+// Shared memory written by ordinary stores (stmatrix included) is read next by TMA, which is the
+// async proxy: each writing thread fences before the barrier that lets the copy be issued.
+// PTX ISA "Parallel Synchronization and Communication Instructions: membar / fence" (.proxy.async)
+//   #parallel-synchronization-and-communication-instructions-membar
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// A barrier for `threads` threads (a multiple of 32) on hardware barrier `id` (1..15; 0 is
+// __syncthreads): one warpgroup meets without stopping the rest of the block.
+// PTX ISA "Parallel Synchronization and Communication Instructions: bar.sync"
+//   #parallel-synchronization-and-communication-instructions-bar
+__device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
+// One box of a 2-D tensor, shared -> global (SASS: UTMASTG.2D). Elements outside the tensor are
+// not written, so a box may hang over its edges. Completion is tracked by bulk async-groups of the
+// issuing thread: commit closes a group, wait_group.read N returns once at most N groups still
+// read shared memory (the buffer may then be reused), wait_group N once at most N are unfinished.
+// PTX ISA "cp.async.bulk.tensor" (.global.shared::cta), "cp.async.bulk.commit_group",
+// "cp.async.bulk.wait_group"
+//   #data-movement-and-conversion-instructions-cp-async-bulk-tensor
+//   #data-movement-and-conversion-instructions-cp-async-bulk-wait-group
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, int c0, int c1, unsigned src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];\n"
+                 :: "l"(map), "r"(c0), "r"(c1), "r"(src) : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+template <int PENDING>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
+template <int PENDING>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(PENDING) : "memory");
+}
+// --8<-- [end:tma_store]
+
+// ============================================================================================
+// k4: tcgen05 and tensor memory (sm_100a / sm_103a) go below this line.
+// ============================================================================================
+//
+// Blackwell's fifth-generation tensor core. One thread issues an MMA that reads A and B from
+// shared memory through 64-bit descriptors and accumulates into *tensor memory* (TMEM), a
+// per-SM array of 128 lanes x 512 columns of 32-bit cells (256 KB) beside the register file.
+// A TMEM address is (lane << 16) | column. The MMA runs asynchronously: tcgen05.commit reports
+// its completion on an mbarrier, and warps read the result back with tcgen05.ld.
+// PTX ISA "TensorCore 5th Generation Family Instructions"   #tcgen05-instructions
+// PTX ISA "Tensor Memory" (the 128 x 512 array, addresses)  #tcgen05-memory-layout
+
+// --8<-- [start:tmem_alloc]
+// Reserve COLUMNS columns (all 128 lanes) of this SM's tensor memory and write their base
+// address to shared memory at `smem_dst`; the warp blocks until that many columns are free.
+// COLUMNS is a power of two in [32, 512]. The instruction is warp-wide (.sync.aligned): one
+// warp allocates, and the same warp deallocates before the block exits (SASS: UTCATOMSWS).
+// relinquish_alloc_permit promises that this block will allocate no more, which lets a block
+// waiting for columns on the same SM be served as soon as these are freed.
+// PTX ISA "tcgen05.alloc, tcgen05.dealloc, tcgen05.relinquish_alloc_permit"
+//   #tcgen05-instructions-tcgen05-alloc-dealloc-relinquish-alloc-permit
+template <int COLUMNS>
+__device__ __forceinline__ void tmem_alloc(unsigned smem_dst) {
+    static_assert(COLUMNS >= 32 && COLUMNS <= 512 && (COLUMNS & (COLUMNS - 1)) == 0,
+                  "tcgen05.alloc: a power of two number of columns in [32, 512]");
+    asm volatile("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%0], %1;\n"
+                 :: "r"(smem_dst), "n"(COLUMNS) : "memory");
+}
+
+__device__ __forceinline__ void tmem_relinquish_alloc_permit() {
+    asm volatile("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;\n" ::: "memory");
+}
+
+template <int COLUMNS>
+__device__ __forceinline__ void tmem_dealloc(unsigned tmem_base) {
+    asm volatile("tcgen05.dealloc.cta_group::1.sync.aligned.b32 %0, %1;\n" :: "r"(tmem_base), "n"(COLUMNS) : "memory");
+}
+// --8<-- [end:tmem_alloc]
+
+// --8<-- [start:tcgen05_fence]
+// tcgen05 operations are asynchronous, so an ordinary thread synchronisation (bar.sync, an
+// mbarrier wait) does not by itself order them. These fences pin them to one: before_thread_sync
+// keeps this thread's earlier tcgen05 operations before the synchronisation that follows, and
+// after_thread_sync keeps its later tcgen05 operations after the synchronisation that precedes.
+// PTX ISA "tcgen05.fence"   #tcgen05-special-sync-operations-fence
+// PTX ISA "Memory Consistency Model for 5th generation of TensorCore operations"
+//   #tcgen05-memory-consistency-model
+__device__ __forceinline__ void tcgen05_fence_before_thread_sync() {
+    asm volatile("tcgen05.fence::before_thread_sync;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void tcgen05_fence_after_thread_sync() {
+    asm volatile("tcgen05.fence::after_thread_sync;\n" ::: "memory");
+}
+// --8<-- [end:tcgen05_fence]
+
+// --8<-- [start:tcgen05_mma]
+// D[M x N] (+)= A[M x 16] * B[16 x N] with D in tensor memory at `d_tmem`, bf16 A and B read
+// from shared memory through the descriptors `desc_a` and `desc_b`, and M, N, the formats and
+// both operands' major-ness in the 32-bit instruction descriptor `idesc` (SASS: UTCHMMA).
+// Issued by ONE thread, not a warp; it returns at once. `accumulate` false means D = A * B.
+// PTX ISA "tcgen05.mma"   #tcgen05-mma-instructions-mma
+// PTX ISA "Instruction descriptor"   #tcgen05-instruction-descriptor
+// PTX ISA "Shared Memory Descriptor"   #tcgen05-shared-memory-descriptor
+__device__ __forceinline__ void tcgen05_mma_bf16(unsigned d_tmem, unsigned long long desc_a,
+                                                 unsigned long long desc_b, unsigned idesc, bool accumulate) {
+    asm volatile("{\n"
+                 "  .reg .pred accumulate;\n"
+                 "  setp.ne.b32 accumulate, %4, 0;\n"
+                 "  tcgen05.mma.cta_group::1.kind::f16 [%0], %1, %2, %3, accumulate;\n"
+                 "}\n"
+                 :: "r"(d_tmem), "l"(desc_a), "l"(desc_b), "r"(idesc), "r"(int(accumulate)) : "memory");
+}
+
+// Arrive once on the mbarrier `bar` when every tcgen05.mma this thread has issued so far has
+// completed, i.e. has finished reading its shared-memory operands and writing tensor memory
+// (SASS: UTCBAR). The commit itself returns at once. It carries the effect of
+// tcgen05.fence::before_thread_sync, so a waiter that then fences after_thread_sync may reuse
+// the shared memory or read the accumulator.
+// PTX ISA "tcgen05.commit"   #tcgen-async-sync-operations-commit
+__device__ __forceinline__ void tcgen05_commit(unsigned bar) {
+    asm volatile("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];\n"
+                 :: "r"(bar) : "memory");
+}
+// --8<-- [end:tcgen05_mma]
+
+// --8<-- [start:tmem_load]
+// Thirty-two consecutive 32-bit columns of 32 TMEM lanes into registers, one lane per thread:
+// thread t of the warp receives lane (lane of `taddr`) + t, columns (column of `taddr`) + 0..31,
+// in r[0..31] (shape .32x32b, .x32; SASS: LDTM.x32). A warp may only touch the 32 lanes of its
+// own quarter, 32 * (warp id % 4) and up. tcgen05.ld is asynchronous; tcgen05.wait::ld blocks
+// until its registers are written. Both sit in one asm statement because the compiler takes an
+// asm's outputs to be ready when the statement ends: with the wait outside, it could schedule a
+// use of r[] between the two.
+// PTX ISA "tcgen05.ld"   #tcgen05-instructions-tcgen05-ld
+// PTX ISA "Matrix fragments for shape .32x32b"   #tcgen05-matrix-fragments-shape-3232b
+// PTX ISA "tcgen05.wait"   #tcgen05-instructions-tcgen05-wait
+#define PTX_TMEM_F8(i) "=f"(r[i]), "=f"(r[i + 1]), "=f"(r[i + 2]), "=f"(r[i + 3]), \
+                       "=f"(r[i + 4]), "=f"(r[i + 5]), "=f"(r[i + 6]), "=f"(r[i + 7])
+__device__ __forceinline__ void tmem_load_32x32b_x32(float (&r)[32], unsigned taddr) {
+    asm volatile("tcgen05.ld.sync.aligned.32x32b.x32.b32 {" PTX_R32 "}, [%32];\n"
+                 "tcgen05.wait::ld.sync.aligned;\n"
+                 : PTX_TMEM_F8(0), PTX_TMEM_F8(8), PTX_TMEM_F8(16), PTX_TMEM_F8(24)
+                 : "r"(taddr) : "memory");
+}
+// --8<-- [end:tmem_load]

@@ -13,9 +13,18 @@ from moe_gemm.sanitize_target import find_compute_sanitizer, sanitizer_command
 
 pytestmark = pytest.mark.gpu
 
-# The family and the compute capability it needs: k1 is mma.sync (sm_80), k2 adds TMA (sm_90).
-FAMILIES = {"k1": (8, 0), "k2": (9, 0)}
+# The family and the compute capability it needs: k1 is mma.sync (sm_80), k2 adds TMA (sm_90),
+# k3 wgmma (sm_90a). k3 is checked on moe_gemm.variants.k3.SANITIZED, one rung per code path.
+FAMILIES = {"k1": (8, 0), "k2": (9, 0), "k3": (9, 0)}
 CLEAN = ("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards")
+
+
+def selectors(family: str) -> list[str]:
+    if family == "k3":
+        from moe_gemm.variants.k3 import SANITIZED
+
+        return list(SANITIZED)
+    return [family]
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -26,7 +35,7 @@ def test_compute_sanitizer_is_clean(family: str, tool: str) -> None:
         pytest.skip(f"{family} needs sm_{FAMILIES[family][0]}{FAMILIES[family][1]} or newer")
     if find_compute_sanitizer() is None:
         pytest.skip("compute-sanitizer not found (PATH, /usr/local/cuda*/bin or $COMPUTE_SANITIZER)")
-    proc = subprocess.run(sanitizer_command(tool, [family]), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(sanitizer_command(tool, selectors(family)), capture_output=True, text=True, timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert any(line in output for line in CLEAN), output[-4000:]

@@ -47,6 +47,7 @@ class Prepared:
     bn: int | None = None
     resources: Resources | None = None
     keep_alive: list[Any] = field(default_factory=list)  # device buffers the launch reads
+    launch_info: dict[str, Any] = field(default_factory=dict)  # e.g. the grid a persistent kernel chose; recorded
 
 
 class Variant(Protocol):
@@ -102,6 +103,7 @@ def measure(variant: Variant, sets: list[DeviceProblem], *, check: Check | None 
             "tiles": tile_count(problem.counts, problem.N, first.bm, first.bn),
             "scheduled_tflops": result.tflops(scheduled_flops(problem.counts, problem.K, problem.N, first.bm, first.bn)),
         })
+    record.update(first.launch_info)
     if first.resources is not None:
         r = first.resources
         record.update({"registers": r.registers, "smem_bytes": r.smem_bytes, "spill_bytes": r.spill_bytes,

@@ -297,6 +297,30 @@ def prefer_shared_memory(compiled: CompiledKernel, percent: int = 100) -> None:
     check_driver(driver.cuKernelSetAttribute(attribute, percent, kernel.handle, cuda_device().device_id))
 
 
+def max_active_clusters(compiled: CompiledKernel, block: int, smem_bytes: int, cluster: int) -> int | None:
+    """How many clusters of ``cluster`` blocks the driver says can be resident at once (a persistent
+    cluster grid larger than that would run its last clusters after the first ones finish); None
+    where the driver cannot say. Clusters live inside one GPC, so this can be less than
+    SMs / cluster when a GPC has an odd number of usable SMs."""
+    from cuda.bindings import driver
+
+    from .device import check_driver, stream_handle
+
+    kernel = _loaded(compiled.cubin, compiled.symbol)
+    if smem_bytes > DEFAULT_SMEM_LIMIT:
+        _allow_dynamic_smem(kernel, smem_bytes)
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+    config.sharedMemBytes = smem_bytes
+    config.hStream = driver.CUstream(stream_handle())
+    config.numAttrs = 0  # the kernel's __cluster_dims__ gives the size
+    try:
+        return int(check_driver(driver.cuOccupancyMaxActiveClusters(driver.CUfunction(int(kernel.handle)), config)))
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
 def _driver_launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, args: tuple) -> None:
     """cuLaunchKernel with kernelParams built by hand: one pointer per argument's bytes."""
     from cuda.bindings import driver

@@ -29,6 +29,7 @@ from .gpu import detect_gpu, require_capability
 from .problem import BF16
 
 PEER_GROUPED_MM = "peer/torch_grouped_mm"
+PEER_GROUPED_MM_KMAJOR = "peer/torch_grouped_mm-kmajor"  # the same call, B column-major (K contiguous)
 PEER_LOOP = "peer/torch_loop"
 GROUPED_MM_MIN_CAPABILITY = (9, 0)  # torch._grouped_mm's bf16 CUTLASS kernels are sm_90+
 GROUPED_MM_MAX_GROUPS = 1023  # "fewer than 1024 groups"
@@ -125,12 +126,20 @@ def check_grouped_mm_inputs(experts: int, K: int, N: int, a_address: int = 0, b_
 
 
 class TorchGroupedMM:
-    """``peer/torch_grouped_mm``: one torch._grouped_mm over the harness buffers."""
+    """``peer/torch_grouped_mm``: one torch._grouped_mm over the harness buffers.
 
-    name = PEER_GROUPED_MM
+    ``k_major=True`` (``peer/torch_grouped_mm-kmajor``) hands it B column-major instead, a
+    [E, K, N] view of a K-contiguous copy made once in prepare (the offline weight-layout step
+    that k3's ``-kmajor`` variants also assume): torch accepts both layouts and dispatches a
+    different CUTLASS kernel for each, so a fair comparison takes the faster.
+    """
+
+    def __init__(self, k_major: bool = False) -> None:
+        self.k_major = k_major
+        self.name = PEER_GROUPED_MM_KMAJOR if k_major else PEER_GROUPED_MM
 
     def __repr__(self) -> str:
-        return "TorchGroupedMM()"
+        return f"TorchGroupedMM(k_major={self.k_major})"
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem
@@ -144,6 +153,9 @@ class TorchGroupedMM:
         if problem.tokens == 0:  # M_tot = 0: nothing to multiply, an empty C
             return Prepared(launch=lambda: None, output=output, keep_alive=[dev])
         a, b = torch_view(dev.a), torch_view(dev.b)
+        if self.k_major:
+            with torch.cuda.stream(stream):
+                b = b.transpose(1, 2).contiguous().transpose(1, 2)  # strides (K*N, 1, K)
         ends = to_device(problem.offsets[1:].astype(np.int32))  # offs: each group's cumulative end row
         offs = torch_view(ends)
 
@@ -211,4 +223,5 @@ def available_peers() -> list[Any]:
 
 
 # Names the by-name entry points resolve (variants/registry.py maps the 'peer' family here).
-VARIANTS = {PEER_GROUPED_MM: TorchGroupedMM, PEER_LOOP: TorchLoop}
+VARIANTS = {PEER_GROUPED_MM: TorchGroupedMM, PEER_GROUPED_MM_KMAJOR: lambda: TorchGroupedMM(k_major=True),
+            PEER_LOOP: TorchLoop}

@@ -48,7 +48,7 @@ CORE_METRICS = {
 ESSENTIAL = ("warps_per_scheduler", "cycles_per_issue", "issue_active")
 STALL_REASONS = ("barrier", "short_scoreboard", "long_scoreboard", "wait", "math_pipe_throttle", "mio_throttle",
                  "lg_throttle", "not_selected", "selected", "dispatch_stall", "no_instruction", "branch_resolving",
-                 "membar", "drain", "sleeping", "misc", "tex_throttle", "imc_miss")
+                 "membar", "drain", "sleeping", "misc", "tex_throttle", "imc_miss", "gmma")
 OCCUPANCY_METRICS = {
     "registers_per_thread": "launch__registers_per_thread",
     "occupancy_limit_registers": "launch__occupancy_limit_registers",
@@ -61,6 +61,12 @@ OCCUPANCY_METRICS = {
 EXTRA_METRICS = {
     **OCCUPANCY_METRICS,
     "tensor_pipe_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    # wgmma (HGMMA) runs on the same tensor pipe; this counter names it explicitly on Hopper
+    "gmma_pipe_pct": "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "dram_throughput_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_bytes_read": "dram__bytes_read.sum",
+    "dram_bytes_write": "dram__bytes_write.sum",
+    "l2_hit_pct": "lts__t_sector_hit_rate.pct",
     **{f"stall_{reason}": f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
        for reason in STALL_REASONS},
 }

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .routing import expert_offsets
-from .validate import require_int, require_tile_size
+from .validate import require_int, require_tile_size, require_tile_width
 
 TILE_FIELDS = ("expert", "row0", "rows", "col0")
 
@@ -46,7 +46,7 @@ def m_tiles_per_expert(counts: np.ndarray, bm: int) -> np.ndarray:
 def tile_count(counts: np.ndarray, N: int, bm: int, bn: int) -> int:  # noqa: N803
     """sum_e ceil(m_e / BM) * ceil(N / BN): the number of descriptors, i.e. blocks."""
     require_int("N", N, minimum=1)
-    require_tile_size("BN", bn)
+    require_tile_width("BN", bn)
     return int(m_tiles_per_expert(counts, bm).sum()) * int(ceil_div(N, bn))
 
 
@@ -58,7 +58,7 @@ def tile_list(counts: np.ndarray, N: int, bm: int, bn: int) -> np.ndarray:  # no
     the same rows of A and walk across B[expert].
     """
     counts = _checked_counts(counts)
-    n_tiles = int(ceil_div(require_int("N", N, minimum=1), require_tile_size("BN", bn)))
+    n_tiles = int(ceil_div(require_int("N", N, minimum=1), require_tile_width("BN", bn)))
     offsets = np.concatenate([[0], np.cumsum(counts)])
     per_expert = m_tiles_per_expert(counts, bm)
     expert = np.repeat(np.arange(counts.size), per_expert)
@@ -95,5 +95,5 @@ def eta_estimate(balanced_tflops: float, eta_skewed: float, eta_balanced: float 
 
 def scheduled_flops(counts: np.ndarray, K: int, N: int, bm: int, bn: int) -> int:  # noqa: N803
     """2 * (BM * M tiles) * K * (BN * N tiles): the math the blocks really issue, padding included."""
-    n_tiles = int(ceil_div(N, require_tile_size("BN", bn)))
+    n_tiles = int(ceil_div(N, require_tile_width("BN", bn)))
     return 2 * bm * int(m_tiles_per_expert(counts, bm).sum()) * K * bn * n_tiles

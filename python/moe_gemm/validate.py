@@ -30,3 +30,12 @@ def require_tile_size(name: str, value: object) -> int:
     if value & (value - 1):
         raise ValueError(f"{name} must be a power of two >= 16, got {value}")
     return value
+
+
+def require_tile_width(name: str, value: object) -> int:
+    """Tile widths (BN) are multiples of 16, at least 16: wgmma's N runs in steps of 8 up to 256, and
+    BN = 192 tiles N = 2688 with no padding where 256 would pad 4.5 %."""
+    value = require_int(name, value, minimum=16)
+    if value % 16:
+        raise ValueError(f"{name} must be a multiple of 16, got {value}")
+    return value

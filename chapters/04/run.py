@@ -1,0 +1,283 @@
+"""Chapter 04: k3, Hopper wgmma: warpgroups multiplying straight out of a TMA ring.
+
+    python chapters/04/run.py               # checks, then the ladder beside k2 and torch._grouped_mm
+    python chapters/04/run.py --quick       # fewer timed launches (5 warm-up, 20 timed)
+    python chapters/04/run.py --profile     # also Nsight Compute on the two fastest rungs
+    python chapters/04/run.py --only k3/tmastore-bn192 k3/1wg-bn128   # a part of the ladder
+
+With an sm_90a GPU (the recorded numbers come from an H200) it checks every rung of the k3 ladder
+(kernels/k3_wgmma.cu) on the edge cases (exact, integer-valued inputs) and on random data, then
+times the rungs that pass beside chapter 03's k2/s3 and torch._grouped_mm, the latter given B in
+both layouts it accepts, at five workloads of the seed configuration (E=64, K=1024, N=2688):
+16,384 and 65,536 rows at s=0 and s=1.2, and 2,048 rows. It prints the ladder, the targets against
+the faster peer of the same run, and writes chapters/04/results/<gpu>.json.
+
+Without one it compiles every rung for sm_90a, prints the compile report (registers, shared
+memory, spills, blocks per SM, and the SASS instructions this chapter is about), then the
+recorded H200 results, and exits 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.report import Table
+
+CHAPTER = "04"
+ARCH = "sm_90a"
+OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "STSM", "SYNCS", "USETMAXREG", "UCGABAR")
+OPCODE_LABELS = {"UCGABAR": "CLUSTER BAR"}
+K2_BEST = "k2/s3"  # chapter 03's fastest
+PEERS = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")
+# useful-TFLOP/s ratio to the faster torch._grouped_mm layout, same run, that the best k3 must reach
+TARGETS = {(16384, 0.0): 1.05, (16384, 1.2): 1.0, (2048, 0.0): 1.1, (65536, 0.0): 1.05, (65536, 1.2): 1.0}
+
+
+def parse_args(argv: Sequence[str] | None):
+    parser = chapter_parser(__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="5 warm-up and 20 timed launches per measurement instead of 10 and 50")
+    parser.add_argument("--no-peers", action="store_true", help="leave out torch._grouped_mm")
+    parser.add_argument("--profile", action="store_true",
+                        help="also run Nsight Compute on the two fastest rungs at 16,384 rows (tensor pipe, "
+                             "DRAM throughput, L2 hit rate); needs ncu on PATH")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="time only these k3 variants (default: all)")
+    return parser.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- variants and workloads
+
+def ladder(only: Sequence[str] | None = None) -> list:
+    from moe_gemm.variants.k3 import LADDER, K3Wgmma
+
+    names = list(only) if only else list(LADDER)
+    return [K3Wgmma(name) for name in names]
+
+
+def workloads():
+    from moe_gemm.notebook import Workload
+
+    return [Workload(tokens, skew) for tokens, skew in TARGETS]
+
+
+def peers() -> list:
+    from moe_gemm.peers import TorchGroupedMM, torch_available
+
+    return [TorchGroupedMM(), TorchGroupedMM(k_major=True)] if torch_available() else []
+
+
+# --------------------------------------------------------------------------- tables
+
+def show(table: Table, legend: str) -> None:
+    print(table.text())
+    print(f"  {legend}\n")
+
+
+def _find(records: Sequence[dict[str, Any]], variant: str, key: tuple[int, float]) -> dict[str, Any] | None:
+    return next((r for r in records if r["variant"] == variant and (r["tokens"], r["skew"]) == key
+                 and (r["experts"], r["K"], r["N"]) == (64, 1024, 2688)), None)
+
+
+def best_peer(records: Sequence[dict[str, Any]], key: tuple[int, float]) -> dict[str, Any] | None:
+    """The faster torch._grouped_mm layout on this workload, in this run."""
+    found = [r for name in PEERS if (r := _find(records, name, key)) is not None]
+    return max(found, key=lambda r: r["useful_tflops"]) if found else None
+
+
+def ladder_table(records: Sequence[dict[str, Any]]) -> Table:
+    keys = list(TARGETS)
+    names = list(dict.fromkeys(r["variant"] for r in records if "/" in r["variant"]
+                               and not r["variant"].startswith("ceiling/")))
+    rows = []
+    for name in names:
+        cells = []
+        for key in keys:
+            record, peer = _find(records, name, key), best_peer(records, key)
+            if record is None:
+                cells.append("-")
+            elif peer is None:
+                cells.append(f"{record['useful_tflops']:.1f}")
+            else:
+                cells.append(f"{record['useful_tflops']:.1f} ({record['useful_tflops'] / peer['useful_tflops']:.2f})")
+        rows.append((name, *cells))
+    headers = ("variant", *(f"{t // 1024}k s={s:g}" for t, s in keys))
+    return Table(headers, tuple(rows), title="The ladder: useful TFLOP/s (ratio to the faster torch._grouped_mm)")
+
+
+def target_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload: the fastest k3, the faster peer, their ratio, and the target it must reach."""
+    rows = []
+    for key, target in TARGETS.items():
+        k3 = [r for r in records if r["variant"].startswith("k3/") and (r["tokens"], r["skew"]) == key]
+        peer = best_peer(records, key)
+        if not k3 or peer is None:
+            continue
+        best = max(k3, key=lambda r: r["useful_tflops"])
+        ratio = best["useful_tflops"] / peer["useful_tflops"]
+        rows.append({"tokens": key[0], "skew": key[1], "variant": best["variant"], "tflops": best["useful_tflops"],
+                     "peer": peer["variant"], "peer_tflops": peer["useful_tflops"], "ratio": ratio,
+                     "target": target, "met": ratio >= target})
+    return rows
+
+
+def targets_table(rows: Sequence[dict[str, Any]]) -> Table:
+    body = tuple((f"{r['tokens']:,} rows, s={r['skew']:g}", r["variant"], f"{r['tflops']:.1f}",
+                  f"{r['peer_tflops']:.1f}", f"{r['ratio']:.3f}", f"{r['target']:.2f}", "yes" if r["met"] else "NO")
+                 for r in rows)
+    return Table(("workload", "fastest k3", "TFLOP/s", "peer TFLOP/s", "ratio", "target", "met"), body,
+                 title="Targets: the fastest k3 against the faster torch._grouped_mm layout, same run")
+
+
+# --------------------------------------------------------------------------- no GPU
+
+def compile_report(arch: str = ARCH, only: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    from moe_gemm.compile_report import compile_rows
+
+    return compile_rows(ladder(only), arch, OPCODES)
+
+
+def show_compile_report(rows: list[dict[str, Any]]) -> None:
+    from moe_gemm.compile_report import compile_table
+
+    show(compile_table(rows, OPCODES, OPCODE_LABELS),
+         "regs: per thread at launch (setmaxnreg then gives consumers 232, the producer 40); smem: ring + C staging "
+         "+ barriers; blocks/SM: the occupancy model's; the rest: static SASS counts (HGMMA = wgmma, UTMALDG / "
+         "UTMASTG = TMA load / store, STSM = stmatrix, SYNCS = mbarrier, CLUSTER BAR = barrier.cluster).")
+
+
+def run_without_gpu(args, reason: str) -> int:
+    ignored = [flag for flag, on in (("--profile", args.profile), ("--quick", args.quick),
+                                     ("--no-peers", args.no_peers)) if on]
+    print(f"k3 is not run here because {reason}; compiling every rung for {ARCH} instead.")
+    if ignored:
+        print(f"({', '.join(ignored)} ignored: they change what is timed, and nothing is timed without a GPU.)")
+    print()
+    show_compile_report(compile_report(ARCH, args.only))
+    from moe_gemm.notebook import show_recorded
+
+    if show_recorded(CHAPTER) != 0:
+        print(f"(no recorded results for chapter {CHAPTER} yet)")
+    return 0
+
+
+# --------------------------------------------------------------------------- with a GPU
+
+def measure_ceilings() -> list[dict[str, Any]]:
+    """The roofline's two ceilings, measured in this run: device copy and cuBLAS bf16."""
+    from moe_gemm.ceilings import COPY_BYTES, DENSE_SIZE, copy_tbps, dense_bf16_tflops
+
+    records = [{"variant": "ceiling/copy", "tbps": copy_tbps(), "bytes": 2 * COPY_BYTES}]
+    dense = dense_bf16_tflops()
+    if dense is not None:
+        records.append({"variant": "ceiling/dense_bf16", "tflops": dense, "size": DENSE_SIZE})
+    return records
+
+
+def transpose_timing() -> dict[str, Any] | None:
+    """The offline weight-layout step the -kmajor rungs assume: B [E, K, N] -> B^T [E, N, K] on the GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    from moe_gemm.device import cuda_device, stream_handle
+    from moe_gemm.timing import time_launches
+
+    cuda_device()
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream_handle())):
+        b = torch.randn(64, 1024, 2688, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(64, 2688, 1024, device="cuda", dtype=torch.bfloat16)
+        result = time_launches(lambda _: out.copy_(b.transpose(1, 2)), warmup=5, iterations=20)
+    return {"variant": "offline/transpose_b", "experts": 64, "K": 1024, "N": 2688, "median_ms": result.median_ms,
+            "min_ms": result.min_ms, "max_ms": result.max_ms, "bytes": 2 * b.numel() * 2}
+
+
+def profile_fastest(records: Sequence[dict[str, Any]], count: int = 2) -> list[dict[str, Any]]:
+    from moe_gemm import profile
+    from moe_gemm.bench import progress
+
+    k3 = sorted((r for r in records if r["variant"].startswith("k3/") and (r["tokens"], r["skew"]) == (16384, 0.0)),
+                key=lambda r: -r["useful_tflops"])[:count]
+    rows = []
+    for record in k3:
+        progress(f"[profile] {record['variant']} under ncu")
+        rows.append(profile.profile_variant(record["variant"], 16384, 0.0))
+    return rows
+
+
+def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
+    def get(row, key, spec):
+        value = row.get(key)
+        return "-" if value is None else format(value, spec)
+
+    body = tuple((r["variant"], get(r, "gmma_pipe_pct", ".1f"), get(r, "tensor_pipe_pct", ".1f"),
+                  get(r, "dram_throughput_pct", ".1f"), get(r, "l2_hit_pct", ".1f"),
+                  get(r, "achieved_warps_per_sm", ".1f"), get(r, "stall_gmma", ".2f"),
+                  get(r, "stall_long_scoreboard", ".2f"), get(r, "stall_barrier", ".2f")) for r in rows)
+    return Table(("variant", "HGMMA pipe %", "tensor pipe %", "DRAM %", "L2 hit %", "warps/SM", "stall gmma",
+                  "stall long sb", "stall barrier"), body,
+                 title="Nsight Compute, 16,384 rows, s=0 (one profiled launch each)")
+
+
+def run_on_gpu(args, gpu) -> int:
+    from moe_gemm.bench import progress
+    from moe_gemm.compile_report import compile_table
+    from moe_gemm.notebook import checks_table, records_table, run_checks, run_variants, save_results
+    from moe_gemm.variants.registry import get
+
+    timing = {"warmup": 5, "iterations": 20} if args.quick else {}
+    print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
+    report = compile_report(gpu.arch, args.only)
+    show(compile_table(report, OPCODES, OPCODE_LABELS), "static SASS counts; blocks/SM from the occupancy model")
+
+    variants = ladder(args.only)
+    checks = run_checks(variants)
+    show(checks_table(checks), "exact: integer-valued inputs, bit for bit; random: relative error <= 1e-2")
+    failed = sorted({c["variant"] for c in checks if not c["passed"]})
+    if failed:
+        print(f"checks FAILED for {', '.join(failed)}: those are not timed.", file=sys.stderr)
+    passing = [v for v in variants if v.name not in failed]
+
+    progress("[ceilings] device copy and cuBLAS bf16")
+    ceilings = measure_ceilings()
+    timed = passing + [get(K2_BEST)] + ([] if args.no_peers else peers())
+    records = run_variants(timed, workloads(), **timing)
+    print(records_table(records, title="Every measurement"), end="\n\n")
+    show(ladder_table(records), "each cell: useful TFLOP/s (2 M_tot K N / median time) and, in brackets, its ratio "
+                                "to the faster of the two torch._grouped_mm layouts on the same inputs")
+    targets = target_rows(records)
+    show(targets_table(targets), "ratio: fastest k3 over the faster peer; target: what chapter 04 set out to reach")
+
+    extra: dict[str, Any] = {"checks": checks, "compile_report": report, "targets": targets,
+                             "ladder": {v.name: vars(v.config) for v in variants}}
+    transpose = transpose_timing()
+    if transpose is not None:
+        extra["offline_transpose"] = transpose
+        print(f"offline layout step, B [E, K, N] -> B^T [E, N, K] at the seed shape: {transpose['median_ms']:.3f} ms "
+              f"(median; a one-time cost per weight update, not per forward pass)\n")
+    if args.profile:
+        extra["profile"] = profile_fastest(records)
+        show(profile_table(extra["profile"]), "HGMMA pipe %: tensor pipe busy with wgmma, of peak; DRAM %: of peak "
+                                              "bandwidth; stalls: cycles per issued instruction")
+    path = save_results(CHAPTER, records + ceilings, gpu, **extra)
+    print(f"results written to {path}")
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from moe_gemm.gpu import detect_gpu
+
+    gpu = detect_gpu()
+    if gpu is None:
+        return run_without_gpu(args, "there is no NVIDIA GPU on this machine")
+    if gpu.compute_capability != (9, 0):
+        major, minor = gpu.compute_capability
+        return run_without_gpu(args, f"{gpu.name} is sm_{major}{minor} and wgmma runs only on sm_90a")
+    return run_on_gpu(args, gpu)
+
+
+if __name__ == "__main__":
+    run_main(main)
