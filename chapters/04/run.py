@@ -153,7 +153,8 @@ def run_without_gpu(args, reason: str) -> int:
                                      ("--no-peers", args.no_peers)) if on]
     print(f"k3 is not run here because {reason}; compiling every rung for {ARCH} instead.")
     if ignored:
-        print(f"({', '.join(ignored)} ignored: they change what is timed, and nothing is timed without a GPU.)")
+        print(f"({', '.join(ignored)} ignored: {'they change' if len(ignored) > 1 else 'it changes'} what is timed, "
+              "and nothing is timed without a GPU.)")
     print()
     show_compile_report(compile_report(ARCH, args.only))
     from moe_gemm.notebook import show_recorded
@@ -261,7 +262,7 @@ def run_on_gpu(args, gpu) -> int:
         extra["profile"] = profile_fastest(records)
         show(profile_table(extra["profile"]), "HGMMA pipe %: tensor pipe busy with wgmma, of peak; DRAM %: of peak "
                                               "bandwidth; stalls: cycles per issued instruction")
-    path = save_results(CHAPTER, records + ceilings, gpu, **extra)
+    path = save_results(CHAPTER, records, gpu, ceilings=ceilings, **extra)
     print(f"results written to {path}")
     return 1 if failed else 0
 
