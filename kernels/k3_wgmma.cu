@@ -33,15 +33,8 @@ constexpr unsigned BOX_BYTES = BOX * BK * 2;   // 8,192
 constexpr unsigned SWIZZLE_ALIGN = 1024;       // the 128-byte swizzle repeats every 8 x 128 B
 constexpr int WARPGROUP = 128;
 
-// The constant fields of one operand's wgmma descriptor (LBO, SBO, swizzle) and the address
-// steps between its sub-tiles, built on the host by moe_gemm.descriptors.operand_plan so that the
-// descriptors the GPU runs are the ones CI interprets. Sub-tile (64-block j, k16 step kk) of a
-// tile at shared address `tile` has the descriptor matrix_descriptor(bits, tile + j*mn64 + kk*k16).
-struct OperandPlan {
-    unsigned long long bits;
-    unsigned k16_bytes;
-    unsigned mn64_bytes;
-};
+// The descriptors' constant fields come from the host as an OperandPlan (ptx.cuh): LBO, SBO and
+// the swizzle of A and of B, and the address steps between their 64-blocks and k16 steps.
 
 template <int BM, int BN, int CONSUMERS, int STAGES, int CLUSTER, bool B_K_MAJOR, bool TMA_STORE>
 struct Config {
@@ -349,7 +342,7 @@ __device__ __forceinline__ void k3_body(const CUtensorMap* tmap_a, const CUtenso
     const __grid_constant__ CUtensorMap tmap_c,  /* C [M_tot, N]: dims {N, M_tot}, box {64, 64} (TMA store) */ \
     unsigned short* __restrict__ C,              /* [M_tot, N] bf16                                       */ \
     const int4* __restrict__ tiles,              /* (expert, row0, rows, col0), CLUSTER per unit of work  */ \
-    int num_tiles, int K, int N, const k3::OperandPlan plan_a, const k3::OperandPlan plan_b
+    int num_tiles, int K, int N, const OperandPlan plan_a, const OperandPlan plan_b
 
 template <int BM, int BN, int CONSUMERS, int STAGES, bool B_K_MAJOR, bool TMA_STORE>
 __global__ void __launch_bounds__(k3::Config<BM, BN, CONSUMERS, STAGES, 1, B_K_MAJOR, TMA_STORE>::THREADS,

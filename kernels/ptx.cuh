@@ -241,8 +241,19 @@ __device__ __forceinline__ void wgmma_wait() {
 // --8<-- [end:wgmma_sync]
 
 // --8<-- [start:descriptor]
-// A shared-memory matrix descriptor: the fixed fields (LBO, SBO, swizzle), built on the host by
-// moe_gemm.descriptors and passed in, ORed with the start-address field, bits 4..17 of the
+// How a kernel addresses one operand tile and builds its descriptors: the constant fields of the
+// descriptor (LBO, SBO, swizzle; for tcgen05 also the fixed version bits) and the start-address
+// steps between sub-tiles, built on the host (moe_gemm.descriptors.operand_plan for wgmma,
+// moe_gemm.tcgen05 for tcgen05) so that the descriptors the GPU runs are the ones CI interprets.
+// Sub-tile (64-row or 64-column block j, k16 step kk) of a tile at shared address `tile` has the
+// descriptor matrix_descriptor(bits, tile + j * mn64_bytes + kk * k16_bytes).
+struct OperandPlan {
+    unsigned long long bits;
+    unsigned k16_bytes;
+    unsigned mn64_bytes;
+};
+
+// A shared-memory matrix descriptor: the fixed fields, ORed with the start-address field, bits 4..17 of the
 // operand's shared-memory address (14 bits: addresses below 256 KB). The mask is not optional: in
 // a cluster launch a shared::cta address carries bits above 17, and unmasked they spill into the
 // LBO field at bit 16 (invisible for swizzled K-major operands, whose LBO is unused; fatal for
@@ -458,8 +469,10 @@ __device__ __forceinline__ void bulk_wait() {
 // address to shared memory at `smem_dst`; the warp blocks until that many columns are free.
 // COLUMNS is a power of two in [32, 512]. The instruction is warp-wide (.sync.aligned): one
 // warp allocates, and the same warp deallocates before the block exits (SASS: UTCATOMSWS).
-// relinquish_alloc_permit promises that this block will allocate no more, which lets a block
-// waiting for columns on the same SM be served as soon as these are freed.
+// relinquish_alloc_permit declares that this block will allocate no more; CUTLASS's sm100 kernels
+// issue it right after their one allocation (release_allocation_lock in
+// include/cute/arch/tmem_allocator_sm100.hpp, called from e.g.
+// include/cutlass/gemm/kernel/sm100_gemm_array_tma_warpspecialized.hpp).
 // PTX ISA "tcgen05.alloc, tcgen05.dealloc, tcgen05.relinquish_alloc_permit"
 //   #tcgen05-instructions-tcgen05-alloc-dealloc-relinquish-alloc-permit
 template <int COLUMNS>

@@ -2,7 +2,8 @@
 
     python chapters/04/run.py               # checks, then the ladder beside k2 and torch._grouped_mm
     python chapters/04/run.py --quick       # fewer timed launches (5 warm-up, 20 timed)
-    python chapters/04/run.py --profile     # also Nsight Compute on the two fastest rungs
+    python chapters/04/run.py --profile     # also Nsight Compute on the two fastest rungs and two others
+    python chapters/04/run.py --repeats 2   # time the fastest rungs and the peer again in 2 fresh processes
     python chapters/04/run.py --only k3/tmastore-bn192 k3/1wg-bn128   # a part of the ladder
 
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every rung of the k3 ladder
@@ -19,11 +20,14 @@ recorded H200 results, and exits 0.
 
 from __future__ import annotations
 
+import argparse
+import json
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.cli import chapter_parser, nonnegative_int, run_main
 from moe_gemm.report import Table
 
 CHAPTER = "04"
@@ -32,6 +36,10 @@ OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "STSM", "SYNCS", "USETMAXREG", "UCGABA
 OPCODE_LABELS = {"UCGABAR": "CLUSTER BAR"}
 K2_BEST = "k2/s3"  # chapter 03's fastest
 PEERS = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")
+# Nsight Compute looks at the fastest two rungs and at these two, which differ from the fastest
+# BN = 192 rung by one step each: the register-direct epilogue, and B multicast.
+PROFILE_ALSO = ("k3/persistent-bn192", "k3/multicast-tmastore-bn192")
+REPEAT_WORKLOADS = ((16384, 0.0), (65536, 0.0))
 # useful-TFLOP/s ratio to the faster torch._grouped_mm layout, same run, that the best k3 must reach
 TARGETS = {(16384, 0.0): 1.05, (16384, 1.2): 1.0, (2048, 0.0): 1.1, (65536, 0.0): 1.05, (65536, 1.2): 1.0}
 
@@ -45,6 +53,10 @@ def parse_args(argv: Sequence[str] | None):
                         help="also run Nsight Compute on the two fastest rungs at 16,384 rows (tensor pipe, "
                              "DRAM throughput, L2 hit rate); needs ncu on PATH")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="time only these k3 variants (default: all)")
+    parser.add_argument("--repeats", type=nonnegative_int("--repeats"), default=0, metavar="N",
+                        help="after the run, time the three fastest rungs and both peer layouts at 16,384 and "
+                             "65,536 rows (s=0) again in N fresh processes: the run-to-run spread (default 0)")
+    parser.add_argument("--repeat-child", metavar="NAMES", help=argparse.SUPPRESS)  # one repeat, JSON out
     return parser.parse_args(argv)
 
 
@@ -150,7 +162,7 @@ def show_compile_report(rows: list[dict[str, Any]]) -> None:
 
 def run_without_gpu(args, reason: str) -> int:
     ignored = [flag for flag, on in (("--profile", args.profile), ("--quick", args.quick),
-                                     ("--no-peers", args.no_peers)) if on]
+                                     ("--no-peers", args.no_peers), ("--repeats", args.repeats)) if on]
     print(f"k3 is not run here because {reason}; compiling every rung for {ARCH} instead.")
     if ignored:
         print(f"({', '.join(ignored)} ignored: {'they change' if len(ignored) > 1 else 'it changes'} what is timed, "
@@ -195,17 +207,46 @@ def transpose_timing() -> dict[str, Any] | None:
             "min_ms": result.min_ms, "max_ms": result.max_ms, "bytes": 2 * b.numel() * 2}
 
 
-def profile_fastest(records: Sequence[dict[str, Any]], count: int = 2) -> list[dict[str, Any]]:
+def fastest_rungs(records: Sequence[dict[str, Any]], count: int) -> list[str]:
+    k3 = sorted((r for r in records if r["variant"].startswith("k3/") and (r["tokens"], r["skew"]) == (16384, 0.0)),
+                key=lambda r: -r["useful_tflops"])
+    return [r["variant"] for r in k3[:count]]
+
+
+def profile_rungs(names: Sequence[str]) -> list[dict[str, Any]]:
     from moe_gemm import profile
     from moe_gemm.bench import progress
 
-    k3 = sorted((r for r in records if r["variant"].startswith("k3/") and (r["tokens"], r["skew"]) == (16384, 0.0)),
-                key=lambda r: -r["useful_tflops"])[:count]
     rows = []
-    for record in k3:
-        progress(f"[profile] {record['variant']} under ncu")
-        rows.append(profile.profile_variant(record["variant"], 16384, 0.0))
+    for name in dict.fromkeys(names):
+        progress(f"[profile] {name} under ncu")
+        rows.append(profile.profile_variant(name, 16384, 0.0))
     return rows
+
+
+def repeat_child(names: str) -> int:
+    """One repeat: the named variants and both peers at REPEAT_WORKLOADS, records as JSON on stdout."""
+    from moe_gemm.notebook import Workload, run_variants
+    from moe_gemm.variants.registry import get
+
+    variants = [get(name) for name in names.split(",")] + peers()
+    records = run_variants(variants, [Workload(t, s) for t, s in REPEAT_WORKLOADS])
+    print(json.dumps(records))
+    return 0
+
+
+def repeats(names: Sequence[str], count: int) -> list[dict[str, Any]]:
+    """``count`` more timings of ``names`` and the peers, each in a fresh process (new allocations,
+    new CUDA context): what one run's numbers would look like if it were made again."""
+    from moe_gemm.bench import progress
+
+    runs = []
+    for repeat in range(1, count + 1):
+        progress(f"[repeat {repeat}/{count}] {', '.join(names)} and the peers, in a fresh process")
+        proc = subprocess.run([sys.executable, __file__, "--repeat-child", ",".join(names)], capture_output=True,
+                              text=True, check=True)
+        runs.append({"repeat": repeat, "records": json.loads(proc.stdout.strip().splitlines()[-1])})
+    return runs
 
 
 def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
@@ -220,6 +261,25 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
     return Table(("variant", "HGMMA pipe %", "tensor pipe %", "DRAM %", "L2 hit %", "warps/SM", "stall gmma",
                   "stall long sb", "stall barrier"), body,
                  title="Nsight Compute, 16,384 rows, s=0 (one profiled launch each)")
+
+
+def spread_table(records: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> Table:
+    """Per workload and variant: useful TFLOP/s and ratio to the faster peer, min-max over all runs."""
+    every = [list(records)] + [run["records"] for run in runs]
+    rows = []
+    for key in REPEAT_WORKLOADS:
+        names = [r["variant"] for r in runs[0]["records"] if (r["tokens"], r["skew"]) == key]
+        for name in names:
+            tflops, ratios = [], []
+            for recs in every:
+                record, peer = _find(recs, name, key), best_peer(recs, key)
+                if record is not None and peer is not None:
+                    tflops.append(record["useful_tflops"])
+                    ratios.append(record["useful_tflops"] / peer["useful_tflops"])
+            rows.append((f"{key[0]:,} rows, s={key[1]:g}", name, len(tflops), f"{min(tflops):.1f}-{max(tflops):.1f}",
+                         f"{min(ratios):.3f}-{max(ratios):.3f}"))
+    return Table(("workload", "variant", "runs", "TFLOP/s", "ratio"), tuple(rows),
+                 title="Run-to-run spread: the same kernels timed in fresh processes")
 
 
 def run_on_gpu(args, gpu) -> int:
@@ -259,9 +319,13 @@ def run_on_gpu(args, gpu) -> int:
         print(f"offline layout step, B [E, K, N] -> B^T [E, N, K] at the seed shape: {transpose['median_ms']:.3f} ms "
               f"(median; a one-time cost per weight update, not per forward pass)\n")
     if args.profile:
-        extra["profile"] = profile_fastest(records)
+        extra["profile"] = profile_rungs([*fastest_rungs(records, 2), *PROFILE_ALSO])
         show(profile_table(extra["profile"]), "HGMMA pipe %: tensor pipe busy with wgmma, of peak; DRAM %: of peak "
                                               "bandwidth; stalls: cycles per issued instruction")
+    if args.repeats:
+        extra["repeats"] = repeats(fastest_rungs(records, 3), args.repeats)
+        show(spread_table(records, extra["repeats"]), "min-max over this run and the repeats of the median time "
+                                                      "of each; ratio: to the faster peer of the same process")
     path = save_results(CHAPTER, records, gpu, ceilings=ceilings, **extra)
     print(f"results written to {path}")
     return 1 if failed else 0
@@ -269,6 +333,8 @@ def run_on_gpu(args, gpu) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.repeat_child:
+        return repeat_child(args.repeat_child)
     from moe_gemm.gpu import detect_gpu
 
     gpu = detect_gpu()
