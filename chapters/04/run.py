@@ -263,22 +263,30 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
                  title="Nsight Compute, 16,384 rows, s=0 (one profiled launch each)")
 
 
-def spread_table(records: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> Table:
-    """Per workload and variant: useful TFLOP/s and ratio to the faster peer, min-max over all runs."""
+def spread_rows(records: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload and repeated variant: useful TFLOP/s and the ratio to the faster peer of the same
+    process, min and max over the main run and the repeats."""
     every = [list(records)] + [run["records"] for run in runs]
     rows = []
     for key in REPEAT_WORKLOADS:
-        names = [r["variant"] for r in runs[0]["records"] if (r["tokens"], r["skew"]) == key]
-        for name in names:
+        for name in (r["variant"] for r in runs[0]["records"] if (r["tokens"], r["skew"]) == key):
             tflops, ratios = [], []
             for recs in every:
                 record, peer = _find(recs, name, key), best_peer(recs, key)
                 if record is not None and peer is not None:
                     tflops.append(record["useful_tflops"])
                     ratios.append(record["useful_tflops"] / peer["useful_tflops"])
-            rows.append((f"{key[0]:,} rows, s={key[1]:g}", name, len(tflops), f"{min(tflops):.1f}-{max(tflops):.1f}",
-                         f"{min(ratios):.3f}-{max(ratios):.3f}"))
-    return Table(("workload", "variant", "runs", "TFLOP/s", "ratio"), tuple(rows),
+            rows.append({"tokens": key[0], "skew": key[1], "variant": name, "runs": len(tflops),
+                         "min_tflops": min(tflops), "max_tflops": max(tflops),
+                         "min_ratio": min(ratios), "max_ratio": max(ratios)})
+    return rows
+
+
+def spread_table(rows: Sequence[dict[str, Any]]) -> Table:
+    body = tuple((f"{r['tokens']:,} rows, s={r['skew']:g}", r["variant"], r["runs"],
+                  f"{r['min_tflops']:.1f}-{r['max_tflops']:.1f}", f"{r['min_ratio']:.3f}-{r['max_ratio']:.3f}")
+                 for r in rows)
+    return Table(("workload", "variant", "runs", "TFLOP/s", "ratio"), body,
                  title="Run-to-run spread: the same kernels timed in fresh processes")
 
 
@@ -324,8 +332,9 @@ def run_on_gpu(args, gpu) -> int:
                                               "bandwidth; stalls: cycles per issued instruction")
     if args.repeats:
         extra["repeats"] = repeats(fastest_rungs(records, 3), args.repeats)
-        show(spread_table(records, extra["repeats"]), "min-max over this run and the repeats of the median time "
-                                                      "of each; ratio: to the faster peer of the same process")
+        extra["spread"] = spread_rows(records, extra["repeats"])
+        show(spread_table(extra["spread"]), "min-max over this run and the repeats of the median time of each; "
+                                            "ratio: to the faster peer of the same process")
     path = save_results(CHAPTER, records, gpu, ceilings=ceilings, **extra)
     print(f"results written to {path}")
     return 1 if failed else 0

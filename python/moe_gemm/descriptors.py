@@ -61,6 +61,7 @@ WGMMA_SWIZZLE_CODE = {0: 0, 128: 1, 64: 2, 32: 3}
 # --------------------------------------------------------------------------- the swizzle
 
 
+# --8<-- [start:swizzle]
 def swizzle(address: int | np.ndarray, span: int) -> int | np.ndarray:
     """The physical byte address of logical ``address`` under a ``span``-byte swizzle.
 
@@ -74,6 +75,7 @@ def swizzle(address: int | np.ndarray, span: int) -> int | np.ndarray:
     bits = (span // CHUNK_BYTES).bit_length() - 1  # 1, 2, 3
     mask = (1 << bits) - 1
     return address ^ (((address >> 7) & mask) << 4)
+# --8<-- [end:swizzle]
 
 
 def atom_bytes(span: int) -> int:
@@ -150,6 +152,7 @@ def decode_wgmma(descriptor: int) -> MatrixLayout:
 # --------------------------------------------------------------------------- the interpreter
 
 
+# --8<-- [start:interpreter]
 def canonical_offset(mn: np.ndarray, k: np.ndarray, layout: MatrixLayout, major: Major) -> np.ndarray:
     """Byte offset from ``layout.start``, before swizzling, of element (mn, k): the module's table."""
     s = layout.span
@@ -182,6 +185,7 @@ def read_operand(smem: np.ndarray, layout: MatrixLayout, major: Major, mn_extent
         raise ValueError(f"the descriptor reads past the end of the {smem.size}-byte shared memory image")
     words = smem[physical].astype(np.uint16) | (smem[physical + 1].astype(np.uint16) << 8)
     return words.view(BF16)
+# --8<-- [end:interpreter]
 
 
 # --------------------------------------------------------------------------- what the kernels use
@@ -213,6 +217,7 @@ class OperandPlan:
         return self.bits | _field(address)
 
 
+# --8<-- [start:operand_plan]
 def operand_plan(major: Major, bk: int = 64, span: int = 128) -> OperandPlan:
     """The plan for a 128-byte-swizzled bf16 tile as TMA writes it, ``bk`` of K deep.
 
@@ -234,3 +239,4 @@ def operand_plan(major: Major, bk: int = 64, span: int = 128) -> OperandPlan:
         layout = MatrixLayout(start=0, lbo=panel, sbo=atom, span=span)
         return OperandPlan("MN", encode_wgmma(layout), k16_bytes=16 * span, mn64_bytes=panel)
     raise ValueError(f"major must be 'K' or 'MN', got {major!r}")
+# --8<-- [end:operand_plan]

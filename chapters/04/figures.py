@@ -1,0 +1,189 @@
+"""Chapter 04's figures, drawn from chapters/04/results/h200.json.
+
+    python chapters/04/figures.py          # writes site_docs/figures/04/*.png
+
+* ladder.png: every rung (and k2/s3) at the five workloads: useful TFLOP/s, and its ratio to the
+  faster torch._grouped_mm layout of the same run as the cell's colour;
+* roofline.png: every measurement as a percentage of the roofline at its workload, on the run's
+  own ceilings (cuBLAS bf16 8192^3 and the device copy);
+* epilogue.png: the profiled launch of each rung Nsight Compute looked at, split into the time the
+  tensor pipe was busy with wgmma and the time it idled.
+
+and, with no GPU needed, compile_report.md: NVRTC's resource report and SASS counts of every rung
+for sm_90a, the table chapters/04/run.py prints, generated when the site is built so that it
+always describes the current kernels. When the results file is absent no figure is drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.problem import useful_flops
+from moe_gemm.results import results_path
+from moe_gemm.roofline import compulsory_bytes
+from moe_gemm.style import COLORS, FIGURE_ROOT, new_figure, save_figure
+
+CHAPTER = "04"
+EXPERTS, K, N = 64, 1024, 2688
+WORKLOADS = ((16384, 0.0), (16384, 1.2), (2048, 0.0), (65536, 0.0), (65536, 1.2))
+PEERS = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")
+# The rungs in ladder order, one colour per step of the ladder.
+STEPS = (("1wg", "(a) one consumer warpgroup", "#c5b0d5"), ("2wg", "(b) two warpgroups", "#9467bd"),
+         ("persistent", "(c) persistent", "#6a3d9a"), ("multicast-tmastore", "(d)+(e) multicast + TMA store",
+                                                        "#e7969c"),
+         ("multicast", "(d) B multicast", "#ad494a"), ("tmastore", "(e) TMA-store epilogue", "#17becf"))
+
+
+def load_results(path: Path | None = None) -> dict[str, Any] | None:
+    path = path or results_path(CHAPTER, "h200")
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def step_of(variant: str) -> tuple[str, str]:
+    """(label, colour) of the ladder step a k3 rung belongs to."""
+    rung = variant.split("/", 1)[1]
+    for prefix, label, color in STEPS:
+        if rung.startswith(prefix):
+            return label, color
+    raise ValueError(f"{variant} is on no step of the ladder")
+
+
+def _find(records: Sequence[dict[str, Any]], variant: str, key: tuple[int, float]) -> dict[str, Any] | None:
+    return next((r for r in records if r["variant"] == variant and (r["tokens"], r["skew"]) == key), None)
+
+
+def best_peer(records: Sequence[dict[str, Any]], key: tuple[int, float]) -> dict[str, Any]:
+    return max((r for name in PEERS if (r := _find(records, name, key))), key=lambda r: r["useful_tflops"])
+
+
+def ceilings(data: dict[str, Any]) -> tuple[float, float]:
+    """(dense bf16 TFLOP/s, copy TB/s) measured in the run."""
+    by_name = {c["variant"]: c for c in data["ceilings"]}
+    return by_name["ceiling/dense_bf16"]["tflops"], by_name["ceiling/copy"]["tbps"]
+
+
+def ladder_figure(data: dict[str, Any]):
+    """Rungs x workloads: each cell's colour is the ratio to the faster peer, its text the TFLOP/s."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    records = data["records"]
+    rungs = list(data["ladder"]) + ["k2/s3"]
+    ratios = [[_find(records, name, key)["useful_tflops"] / best_peer(records, key)["useful_tflops"]
+               for key in WORKLOADS] for name in rungs]
+    fig, ax = new_figure(7.6, 8.6)
+    image = ax.imshow(ratios, cmap="RdBu", norm=TwoSlopeNorm(vcenter=1.0, vmin=0.6, vmax=1.4), aspect="auto")
+    for i, name in enumerate(rungs):
+        for j, key in enumerate(WORKLOADS):
+            tflops = _find(records, name, key)["useful_tflops"]
+            ax.text(j, i, f"{tflops:.0f}\n{ratios[i][j]:.2f}x", ha="center", va="center", fontsize=10,
+                    color="white" if abs(ratios[i][j] - 1) > 0.25 else "black")
+    ax.set_xticks(range(len(WORKLOADS)), [f"{t // 1024}k, s={s:g}" for t, s in WORKLOADS])
+    ax.xaxis.tick_top()
+    ax.set_yticks(range(len(rungs)), [name.removeprefix("k3/") for name in rungs])
+    ax.grid(False)
+    colorbar = fig.colorbar(image, ax=ax, shrink=0.6, pad=0.02)
+    colorbar.set_label("useful TFLOP/s over the faster torch._grouped_mm layout")
+    return fig
+
+
+def roofline_limit(data: dict[str, Any], key: tuple[int, float]) -> float:
+    """The roofline in useful TFLOP/s at this workload, on the run's own ceilings."""
+    dense, copy = ceilings(data)
+    flops, nbytes = useful_flops(key[0], K, N), compulsory_bytes(EXPERTS, key[0], K, N)
+    return flops / max(flops / (dense * 1e12), nbytes / (copy * 1e12)) / 1e12
+
+
+def roofline_figure(data: dict[str, Any]):
+    """Every measurement as a percentage of the roofline at its workload (one column per workload)."""
+    records = data["records"]
+    dense, copy = ceilings(data)
+    fig, ax = new_figure(8.0, 4.8)
+    for j, key in enumerate(WORKLOADS):
+        limit = roofline_limit(data, key)
+        k3 = sorted((r for r in records if r["variant"].startswith("k3/") and (r["tokens"], r["skew"]) == key),
+                    key=lambda r: r["useful_tflops"])
+        for i, record in enumerate(k3):
+            x = j - 0.3 + 0.6 * i / max(1, len(k3) - 1)
+            ax.scatter(x, 100 * record["useful_tflops"] / limit, s=26, color=step_of(record["variant"])[1], zorder=3)
+        for name, color in (("k2/s3", COLORS["k2"]), ("peer", COLORS["peer"])):
+            record = best_peer(records, key) if name == "peer" else _find(records, name, key)
+            ax.scatter(j, 100 * record["useful_tflops"] / limit, s=90, marker="D", facecolors="none",
+                       edgecolors=color, linewidths=2, zorder=4)
+        ax.text(j, 4, f"limit\n{limit:.0f}", ha="center", fontsize=10)
+    ax.axhline(100, color=COLORS["ceiling"], linewidth=1.2)
+    ax.set_xticks(range(len(WORKLOADS)), [f"{t // 1024}k, s={s:g}" for t, s in WORKLOADS])
+    ax.set_ylabel("% of the roofline")
+    ax.set_ylim(0, 115)
+    ax.grid(axis="x", visible=False)
+    for _, label, color in STEPS:
+        ax.scatter([], [], s=26, color=color, label=label)
+    ax.scatter([], [], s=90, marker="D", facecolors="none", edgecolors=COLORS["peer"], linewidths=2,
+               label="torch._grouped_mm (faster layout)")
+    ax.scatter([], [], s=90, marker="D", facecolors="none", edgecolors=COLORS["k2"], linewidths=2, label="k2/s3")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=10)
+    ax.set_title(f"roofline: {dense:.0f} TFLOP/s (cuBLAS bf16) and {copy:.2f} TB/s (copy), both this run", fontsize=11)
+    return fig
+
+
+def epilogue_figure(data: dict[str, Any]):
+    """Kernel time split by what the tensor pipe was doing, for every profiled rung."""
+    profile = {p["variant"]: p for p in data["profile"]}
+    names = sorted(profile, key=lambda name: -profile[name]["duration_ns"])
+    fig, ax = new_figure(8.0, 1.2 + 0.55 * len(names))
+    for i, name in enumerate(names):
+        total = profile[name]["duration_ns"] / 1e3
+        busy = total * profile[name]["gmma_pipe_pct"] / 100
+        ax.barh(i, busy, color="#9467bd", label="tensor pipe busy with wgmma" if i == 0 else None)
+        ax.barh(i, total - busy, left=busy, color="#d9d9d9", label="tensor pipe idle" if i == 0 else None)
+        ax.text(total + 2, i, f"{total:.0f} µs", va="center", fontsize=11)
+    ax.set_yticks(range(len(names)), [name.removeprefix("k3/") for name in names])
+    ax.invert_yaxis()
+    ax.set_xlabel("kernel time at 16,384 rows, s = 0 (µs, one profiled launch)")
+    ax.set_xlim(0, max(p["duration_ns"] for p in profile.values()) / 1e3 * 1.15)
+    ax.grid(axis="y", visible=False)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=10, ncol=2)
+    return fig
+
+
+def compile_markdown() -> str:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chapter04_run", Path(__file__).with_name("run.py"))
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    from moe_gemm.compile_report import compile_table
+
+    table = compile_table(run.compile_report(run.ARCH), run.OPCODES, run.OPCODE_LABELS)
+    return table.markdown()
+
+
+def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
+    report = root / CHAPTER / "compile_report.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(compile_markdown())
+    data = load_results()
+    if data is None:
+        return [report]
+    return [report, save_figure(ladder_figure(data), CHAPTER, "ladder", root),
+            save_figure(roofline_figure(data), CHAPTER, "roofline", root),
+            save_figure(epilogue_figure(data), CHAPTER, "epilogue", root)]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    return chapter_parser(__doc__).parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parse_args(argv)
+    for path in write_outputs():
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
