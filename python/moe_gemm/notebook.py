@@ -149,7 +149,7 @@ COLUMNS: dict[str, Column] = {
     "variant": Column("variant", "", lambda r, rs, b: r["variant"]),
     "workload": Column("workload", "", lambda r, rs, b: Workload(r["tokens"], r["skew"], r["experts"], r["K"],
                                                                   r["N"]).label),
-    "ms": Column("median ms", "median ms of the timed launches",
+    "ms": Column("median ms", "median ms: of the timed launches",
                  lambda r, rs, b: f"{r['median_ms']:.3f}"),
     "ms_range": Column("min-max ms", "min-max: fastest and slowest timed launch",
                        lambda r, rs, b: f"{r['min_ms']:.3f}-{r['max_ms']:.3f}"),
@@ -169,8 +169,9 @@ COLUMNS: dict[str, Column] = {
     "blocks": Column("blocks/SM", "blocks/SM: the occupancy model's, from registers and shared memory",
                      lambda r, rs, b: _fmt(r.get("blocks_per_sm"), "d")),
 }
-DEFAULT_COLUMNS = ("variant", "workload", "ms", "tflops", "vs_peer", "roofline", "eta", "tiles", "registers",
-                   "smem", "blocks")
+DEFAULT_COLUMNS = ("variant", "workload", "ms", "ms_range", "tflops", "vs_peer", "roofline", "eta", "tiles",
+                   "registers", "smem", "blocks")
+HOST_BOUND = "peer/torch_loop"  # one call per expert from Python: its time is the launch loop's
 
 
 def column_header(name: str, basis: RooflineBasis) -> str:
@@ -178,11 +179,13 @@ def column_header(name: str, basis: RooflineBasis) -> str:
     return f"{header} ({basis.label})" if name == "roofline" else header
 
 
-def records_legend(columns: Sequence[str], basis: RooflineBasis) -> str:
+def records_legend(columns: Sequence[str], basis: RooflineBasis, host_bound: bool = False) -> str:
     """One line naming what each column means and where the roofline's ceilings come from."""
     parts = [COLUMNS[c].legend for c in columns if COLUMNS[c].legend]
     if "roofline" in columns:
         parts.append(f"ceilings {basis.source}")
+    if host_bound:
+        parts.append(f"{HOST_BOUND} is host-bound (one call per expert from Python) and noisy from run to run")
     return "; ".join(parts) + "."
 
 
@@ -200,7 +203,7 @@ def records_table(records: Sequence[dict[str, Any]], title: str | None = None,
     lookup = records if peers_from is None else peers_from
     rows = tuple(tuple(COLUMNS[c].cell(r, lookup, basis) for c in columns) for r in records)
     return Table(tuple(column_header(c, basis) for c in columns), rows, title=title,
-                 legend=records_legend(columns, basis))
+                 legend=records_legend(columns, basis, any(r["variant"] == HOST_BOUND for r in records)))
 
 
 def save_results(chapter: str, records: list[dict[str, Any]], gpu: GpuInfo, **extra: Any) -> str:
