@@ -1,10 +1,11 @@
 """Chapter 02's driver and figure script without a GPU: the no-GPU path of run.py, its tables on
-made-up records, the ncu CSV parser, the sanitizer entry point, and figures.py with and without a
-results file. Every number below is synthetic test data, never written where the site reads."""
+made-up records, the ncu CSV parser, the sanitizer entry point, figures.py with and without a
+results file, and the claims site_docs/02-mma-sync.md makes about the recorded results."""
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -64,9 +65,11 @@ def test_no_gpu_path_prints_the_compile_report_and_exits_0(run02, monkeypatch, c
     import moe_gemm.gpu
 
     monkeypatch.setattr(moe_gemm.gpu, "detect_gpu", lambda: None)
-    assert run02.main([]) == 0
+    assert run02.main(["--profile", "--no-peers"]) == 0
     out = capsys.readouterr().out
-    assert "k1 is not run here: no NVIDIA GPU here" in out
+    assert out.startswith("No NVIDIA GPU was found, so k1 is compiled for sm_90a and not run.\n")
+    assert "--no-peers and --profile were ignored: nothing is timed or profiled without a GPU." in out
+    assert "regs: per thread (ptxas); blocks/SM: the occupancy model's" in out  # the compile report's legend
     for name in ("k1/bm32", "k1/bm64", "k1/bm128", "k1/bm64-fragdb", "k1/bm128-fragdb"):
         assert name in out
     assert "HMMA" in out and "LDGSTS" in out and "blocks/SM" in out
@@ -81,6 +84,16 @@ def test_model_rows_compare_the_eta_estimate_with_the_measurement(run02):
     assert bm128["blocks_per_sm"] == 4 and bm128["warps_per_scheduler"] == 8
     text = run02.model_table(list(rows.values())).text()
     assert "eta-only est." in text and "k1/bm64-fragdb" in text
+    assert text.splitlines()[-1].startswith("warps/sched.: resident warps per scheduler by the model")
+
+
+def test_old_gpu_sentence(run02):
+    from types import SimpleNamespace
+
+    gpu = SimpleNamespace(name="Tesla V100", compute_capability=(7, 0))
+    assert run02.not_run_sentence(gpu, "sm_90a") == (
+        "k1 needs sm_80 or newer (cp.async, ldmatrix, bf16 mma.sync) and Tesla V100 is sm_70, so k1 is compiled "
+        "for sm_90a and not run.")
 
 
 def test_profile_table_puts_the_model_beside_ncu(run02):
@@ -144,14 +157,13 @@ def test_sanitize_target_refuses_unknown_names():
 
 # ---- figures.py -------------------------------------------------------------------------------------
 
-def test_figures_without_results_draw_nothing_and_say_so(figures02, tmp_path, monkeypatch):
+def test_figures_without_results_write_the_compilers_tables_only(figures02, tmp_path, monkeypatch):
     monkeypatch.setattr(figures02, "results_path", lambda chapter, gpu: tmp_path / "absent.json")
     assert figures02.main(["--out", str(tmp_path)]) == 0
     out = tmp_path / "02"
     assert not list(out.glob("*.png"))
-    for name in ("bm_sweep_figure", "tile_fill_figure", "issue_model_figure", "stalls_figure", "measurements",
-                 "model", "ceilings", "profile", "stages", "provenance", *figures02.FINDINGS):
-        assert "Not measured yet" in (out / f"{name}.md").read_text(), name
+    assert {p.stem for p in out.glob("*.md")} == {"compile_report", "register_arithmetic", "main_loop", "layout_a",
+                                                  "layout_b", "layout_c", "ldmatrix_addresses"}
     compile_report = (out / "compile_report.md").read_text()
     assert "k1/bm64" in compile_report and "| 0 |" in compile_report  # zero spill bytes
     assert "L0.c0" in (out / "layout_c.md").read_text()
@@ -169,20 +181,11 @@ def test_figures_from_a_results_file(figures02, tmp_path, monkeypatch):
                                                         "compile_report": compile_report})
     monkeypatch.setattr(figures02, "results_path", lambda chapter, gpu: results)
     out_root = tmp_path / "figures"
+    (out_root / "02").mkdir(parents=True)
+    (out_root / "02" / "stalls.png").write_bytes(b"stale")
     assert figures02.main(["--out", str(out_root)]) == 0
-    out = out_root / "02"
-    assert {p.name for p in out.glob("*.png")} == {"bm_sweep.png", "tile_fill.png", "issue_model.png"}
-    assert "figures/02/bm_sweep.png" in (out / "bm_sweep_figure.md").read_text()
-    measurements = (out / "measurements.md").read_text()
-    assert "k1/bm64-fragdb" in measurements and "0.50" in measurements  # 100 / 200 against the peer
-    assert "600.0 TFLOP/s" in (out / "ceilings.md").read_text()
-    assert "synthetic test GPU" in (out / "provenance.md").read_text()
-    assert "0.450" in (out / "profile.md").read_text()
-    # No stall reasons in these synthetic profiles: no stall figure, and the findings that need
-    # what the file lacks say so instead of printing a number.
-    assert "Not profiled yet" in (out / "stalls_figure.md").read_text()
-    assert "Not available from this results file" in (out / "findings_stages_bm128.md").read_text()
-    assert "Not in this results file" in (out / "stages.md").read_text()
+    # No stall reasons in these synthetic profiles: no stall figure, and no stale one left behind.
+    assert {p.name for p in (out_root / "02").glob("*.png")} == {"bm_sweep.png", "tile_fill.png", "issue_model.png"}
 
 
 def test_figures_main_runs_as_the_docs_hook_calls_it(figures02, tmp_path, monkeypatch):
@@ -232,15 +235,66 @@ def test_main_loop_is_the_backward_branch_span_with_the_barriers(figures02):
 # rewritten, rather than the page silently contradicting its own tables.
 
 RESULTS = REPO / "chapters/02/results/h200.json"
+PAGE = REPO / "site_docs/02-mma-sync.md"
+PEER = "peer/torch_grouped_mm"
+SWEEP = ("k1/bm32", "k1/bm32-s3", "k1/bm64", "k1/bm64-s3", "k1/bm64-fragdb", "k1/bm128", "k1/bm128-s3")
+BALANCED, SKEWED, SMALL = Workload(16384, 0.0), Workload(16384, 1.2), Workload(2048, 0.0)
+TARGET = 250.0
+
+
+class Recorded:
+    """Look-ups into chapter 02's results file and the issue model's terms, for the claims below."""
+
+    def __init__(self, data):
+        self.data = data
+        self.profiles = {p["variant"]: p for p in data["profile"]}
+
+    def record(self, variant, workload=BALANCED):
+        from moe_gemm.notebook import find_measurement
+
+        found = find_measurement(self.data["records"], variant, workload)
+        assert found is not None, (variant, workload)
+        return found
+
+    def tflops(self, variant, workload=BALANCED):
+        return self.record(variant, workload)["useful_tflops"]
+
+    def ceiling(self, name):
+        from moe_gemm.ceilings import ceiling_value
+
+        return ceiling_value(self.data["ceilings"], name)
+
+    def per_mma(self, variant):
+        r = self.record(variant)
+        return self.profiles[variant]["instructions"] / (r["tiles"] * r["bm"] * r["bn"] * r["K"] * 2 / 4096)
+
+    def counter_time(self, variant):
+        p = self.profiles[variant]
+        return p["instructions"] * p["cycles_per_issue"] / p["warps_per_scheduler"]
+
+    def model_w(self, variant):
+        row = next(r for r in self.data["compile_report"] if r["variant"] == variant)
+        return row["blocks_per_sm"] * row["warps_per_block"] / 4
+
+    def issue_active(self, variant):
+        return self.profiles[variant]["issue_active_pct"] / 100
+
+
+def _wave_efficiency(tiles, slots):
+    return (tiles / slots) / math.ceil(tiles / slots)
 
 
 @pytest.fixture(scope="module")
-def recorded(figures02):
+def recorded():
     from moe_gemm.results import load_results
 
     assert RESULTS.is_file(), "chapters/02/results/h200.json is committed with the chapter"
-    data = load_results(RESULTS)
-    return figures02.Measured(data)
+    return Recorded(load_results(RESULTS))
+
+
+@pytest.fixture(scope="module")
+def page():
+    return PAGE.read_text()
 
 
 def _gain(m, new, old):
@@ -248,25 +302,35 @@ def _gain(m, new, old):
     return m.tflops(new) / m.tflops(old) - 1
 
 
-def test_headline_target_met_by_one_variant_only(recorded, figures02):
+def test_headline_target_met_by_one_variant_only(recorded, page):
     m = recorded
-    fast = [v for v in m.present(figures02.SWEEP) if m.tflops(v) >= figures02.TARGET_TFLOPS]
-    assert fast == ["k1/bm128-s3"]  # "One variant meets the target, the three-stage ring at BM = 128"
-    assert 0.4 <= m.tflops("k1/bm128-s3") / m.tflops(figures02.PEER) <= 0.6  # "about half of CUTLASS"
+    assert [v for v in SWEEP if m.tflops(v) >= TARGET] == ["k1/bm128-s3"]
+    assert "the target is met, by that variant only" in page
+    assert 0.4 <= m.tflops("k1/bm128-s3") / m.tflops(PEER) <= 0.6  # "about half of CUTLASS"
+    assert "k1 is still about half of CUTLASS" in page
+
+
+def test_2048_rows_invert_the_order_and_bm32_s3_is_fastest(recorded, page):
+    m = recorded
+    assert m.tflops("k1/bm32", SMALL) > m.tflops("k1/bm128", SMALL)
+    assert max(SWEEP, key=lambda v: m.tflops(v, SMALL)) == "k1/bm32-s3"
+    assert m.tflops("k1/bm32-s3", SMALL) > m.tflops(PEER, SMALL)
+    assert "The fastest k1 there is\n`k1/bm32-s3`" in page
 
 
 def test_tensor_pipe_is_mostly_idle_and_tracks_the_mma_sync_ceiling(recorded):
     m = recorded
     mma = m.ceiling("mma_sync")
     for variant, p in m.profiles.items():
-        assert p["tensor_pipe_pct"] < 50, variant  # "the tensor pipe, which is idle most of the time"
-        assert abs(p["tensor_pipe_pct"] - 100 * m.tflops(variant) / mma) < 3, variant
+        assert p["tensor_pipe_pct"] < 50, variant  # "under half for all of them"
+        assert abs(p["tensor_pipe_pct"] - 100 * m.tflops(variant) / mma) < 3, variant  # "a couple of points"
 
 
-def test_bm128_beats_bm64_beats_bm32_at_16k_for_both_depths(recorded):
+def test_bm128_beats_bm64_beats_bm32_at_16k_for_both_depths(recorded, page):
     m = recorded
     for suffix in ("", "-s3"):  # prediction 1 (BM = 64 fastest) did not hold
         assert m.tflops(f"k1/bm128{suffix}") > m.tflops(f"k1/bm64{suffix}") > m.tflops(f"k1/bm32{suffix}")
+    assert "Prediction 1, $B_M = 64$ fastest, did not hold: $B_M = 128$ is fastest at either depth." in page
 
 
 def test_bm128_halves_l_and_long_scoreboard_is_most_of_the_difference(recorded):
@@ -277,43 +341,38 @@ def test_bm128_halves_l_and_long_scoreboard_is_most_of_the_difference(recorded):
     assert recorded.per_mma("k1/bm128") < recorded.per_mma("k1/bm64")  # "BM = 128 wins on I"
 
 
-def test_eta_estimate_is_pessimistic_and_more_so_with_more_padding(recorded, figures02):
-    from moe_gemm.tiles import eta_estimate
-
+def test_eta_estimate_is_pessimistic_and_more_so_with_more_padding(recorded, page):
     m = recorded
-    ratio = {}
-    for v in m.present(figures02.SWEEP):
-        base, skewed = m.record(v), m.record(v, figures02.SKEWED)
-        ratio[v] = skewed["useful_tflops"] / eta_estimate(base["useful_tflops"], skewed["eta"], base["eta"])
-    assert min(ratio.values()) >= 1.0
+    ratio = {v: m.tflops(v, SKEWED) / (m.tflops(v) * m.record(v, SKEWED)["eta"] / m.record(v)["eta"]) for v in SWEEP}
+    assert min(ratio.values()) >= 1.0  # "the measurement beats the estimate for every variant"
+    assert min(ratio, key=ratio.get) == "k1/bm32-s3" and max(ratio, key=ratio.get) == "k1/bm128"
+    assert "for `k1/bm32-s3` up to" in page
     assert ratio["k1/bm32"] < ratio["k1/bm64"] < ratio["k1/bm128"]
     for v in ("k1/bm64", "k1/bm128", "k1/bm64-s3", "k1/bm128-s3"):  # "the skewed grid even runs faster"
-        assert m.record(v, figures02.SKEWED)["scheduled_tflops"] > m.record(v)["scheduled_tflops"], v
+        assert m.record(v, SKEWED)["scheduled_tflops"] > m.record(v)["scheduled_tflops"], v
 
 
-def test_the_tail_of_the_grid_does_not_explain_the_skew_gap(recorded, figures02):
+def test_the_tail_of_the_grid_does_not_explain_the_skew_gap(recorded):
     m = recorded
     tail = {}
     for v in ("k1/bm64", "k1/bm128"):
         slots = m.data["provenance"]["sm_count"] * m.record(v)["blocks_per_sm"]
-        tail[v] = (figures02._wave_efficiency(m.record(v, figures02.SKEWED)["tiles"], slots)
-                   / figures02._wave_efficiency(m.record(v)["tiles"], slots) - 1)
-    skewed = m.record("k1/bm128", figures02.SKEWED)
+        skewed, balanced = m.record(v, SKEWED)["tiles"], m.record(v)["tiles"]
+        tail[v] = _wave_efficiency(skewed, slots) / _wave_efficiency(balanced, slots) - 1
+    skewed = m.record("k1/bm128", SKEWED)
     excess = skewed["useful_tflops"] / (m.tflops("k1/bm128") * skewed["eta"]) - 1
     assert tail["k1/bm128"] < tail["k1/bm64"]  # "moves the wrong way across BM"
     assert tail["k1/bm128"] < excess / 10  # "an order of magnitude too small at BM = 128"
-    small, base = m.record("k1/bm128", figures02.SMALL), m.record("k1/bm128")
+    small, base = m.record("k1/bm128", SMALL), m.record("k1/bm128")
     assert small["scheduled_tflops"] > base["scheduled_tflops"]  # partial tiles cost less than full ones
 
 
-def test_tile_fill_at_2048_rows(recorded, figures02):
-    from moe_gemm.tiles import eta_estimate
-
-    m, w = recorded, figures02.SMALL
+def test_tile_fill_at_2048_rows(recorded):
+    m, w = recorded, SMALL
     assert m.tflops("k1/bm32", w) > m.tflops("k1/bm128", w)  # prediction 3
     assert m.tflops("k1/bm32-s3", w) > m.tflops("k1/bm128-s3", w)
     assert m.tflops("k1/bm64", w) >= 0.97 * m.tflops("k1/bm32", w)  # "BM = 64 ... runs no slower"
-    ratio = {v: m.tflops(v, w) / eta_estimate(m.tflops(v), m.record(v, w)["eta"], m.record(v)["eta"])
+    ratio = {v: m.tflops(v, w) / (m.tflops(v) * m.record(v, w)["eta"] / m.record(v)["eta"])
              for v in ("k1/bm32", "k1/bm64", "k1/bm128")}
     assert ratio["k1/bm32"] < 1 and ratio["k1/bm64"] < 1  # the estimate overshoots
     assert 1.0 < ratio["k1/bm128"] < 1.15  # "lands close, slightly under"
@@ -321,17 +380,17 @@ def test_tile_fill_at_2048_rows(recorded, figures02):
         assert m.tflops(f"k1/bm{bm}-s3", w) > m.tflops(f"k1/bm{bm}", w), bm
 
 
-def test_issue_model_w_and_the_w_over_l_identity(recorded, figures02):
+def test_issue_model_w_and_the_w_over_l_identity(recorded):
     m = recorded
     for v, p in m.profiles.items():
         assert 0.95 <= p["warps_per_scheduler"] / m.model_w(v) <= 1.0, v  # "all but a few percent"
-        assert abs(p["issue_model"] - figures02._issue_active(p)) < 1e-3, v  # "within rounding"
+        assert abs(p["issue_model"] - m.issue_active(v)) < 1e-3, v  # "within rounding"
 
 
-def test_the_busiest_scheduler_is_not_the_fastest_kernel(recorded, figures02):
+def test_the_busiest_scheduler_is_not_the_fastest_kernel(recorded):
     m = recorded
-    by_issue = sorted(m.profiles, key=lambda v: figures02._issue_active(m.profiles[v]))
-    by_speed = sorted(m.present(figures02.SWEEP), key=lambda v: -m.tflops(v))
+    by_issue = sorted(m.profiles, key=m.issue_active)
+    by_speed = sorted(SWEEP, key=lambda v: -m.tflops(v))
     assert by_issue[-1] == "k1/bm64-fragdb" and m.tflops("k1/bm64-fragdb") < m.tflops("k1/bm64")
     assert set(by_issue[:2]) == set(by_speed[:2]) == {"k1/bm128", "k1/bm128-s3"}
     i32, i128 = m.profiles["k1/bm32"]["instructions"], m.profiles["k1/bm128"]["instructions"]
@@ -354,11 +413,12 @@ def test_stages_bm64_long_scoreboard_fell_mio_rose_gain_a_few_percent(recorded):
     assert p3["instructions"] / p2["instructions"] > 1.05  # "the instruction count rose"
 
 
-def test_stages_bm128_beat_the_prediction_mostly_through_instructions(recorded, figures02):
+def test_stages_bm128_beat_the_prediction_mostly_through_instructions(recorded, page):
     m = recorded
     p2, p3 = m.profiles["k1/bm128"], m.profiles["k1/bm128-s3"]
     gain = _gain(m, "k1/bm128-s3", "k1/bm128")
-    assert gain * 100 > figures02.PREDICTED_GAIN_BM128_S3[1]  # above the predicted +4 to +8 %
+    assert "should run into the MIO limit later and gain more: $+4$ to $+8$ %" in page
+    assert gain * 100 > 8 and "That is above the predicted $+4$ to $+8$ %" in page
     assert p2["stall_long_scoreboard"] / p2["cycles_per_issue"] < 0.35  # "already a small part of L"
     assert 0.4 <= p3["stall_long_scoreboard"] / p2["stall_long_scoreboard"] <= 0.6  # "removed about half"
     assert p3["stall_mio_throttle"] > p2["stall_mio_throttle"]
@@ -385,33 +445,17 @@ def test_fragdb_cleared_the_l_bar_and_lost_on_instructions(recorded):
     w_drop = 1 - f["warps_per_scheduler"] / p["warps_per_scheduler"]
     l_drop = 1 - f["cycles_per_issue"] / p["cycles_per_issue"]
     assert 5.5 <= f["warps_per_scheduler"] <= 6.0  # "about six warps per scheduler"
-    assert l_drop > w_drop and f["issue_model"] > p["issue_model"]
+    assert l_drop > w_drop and f["issue_model"] > p["issue_model"]  # "more than needed"
     assert f["instructions"] / p["instructions"] - 1 > f["issue_model"] / p["issue_model"] - 1 > 0
     for reason in ("stall_short_scoreboard", "stall_barrier", "stall_long_scoreboard"):
         assert f[reason] < p[reason], reason
     assert m.tflops("k1/bm64-fragdb") < m.tflops("k1/bm64")
-    small = Workload(2048, 0.0)
-    assert m.tflops("k1/bm64-fragdb", small) < m.tflops("k1/bm64", small)
-
-
-def test_findings_snippets_generate_from_the_recorded_results(figures02, recorded):
-    for name, make in figures02.FINDINGS.items():
-        text = make(recorded.data)
-        assert text.strip() and "Not available" not in text, name
-    headline = figures02.findings_headline(recorded.data)
-    assert "`k1/bm128-s3`" in headline and "the target is met" in headline and "BM = 32 beats BM = 128" in headline
-    assert "did not hold: BM = 128 is fastest at either depth" in figures02.findings_sweep(recorded.data)
-    assert "is above the predicted +4 to +8 %" in figures02.findings_stages_bm128(recorded.data)
-    assert "more than needed" in figures02.findings_fragdb(recorded.data)
-    assert "pessimistic for every variant" in figures02.findings_model(recorded.data)
+    assert m.tflops("k1/bm64-fragdb", SMALL) < m.tflops("k1/bm64", SMALL)
 
 
 def test_the_recorded_results_draw_every_figure(figures02, recorded, tmp_path):
     written = figures02.measured_outputs(tmp_path, recorded.data)
-    assert {p.name for p in written if p.suffix == ".png"} == {"bm_sweep.png", "tile_fill.png", "issue_model.png",
-                                                               "stalls.png"}
-    stages = (tmp_path / "02" / "stages.md").read_text()
-    assert stages.count("→") >= 3 * 6  # three BMs, each with its two-to-three-stage arrows
+    assert {p.name for p in written} == {"bm_sweep.png", "tile_fill.png", "issue_model.png", "stalls.png"}
 
 
 def test_main_loop_sass_claims(figures02):

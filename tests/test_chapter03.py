@@ -54,9 +54,11 @@ def synthetic_records() -> list[dict]:
 
 
 def test_no_gpu_prints_the_compile_report_and_exits_0(no_gpu, capsys) -> None:
-    assert _load("run").main([]) == 0
+    assert _load("run").main(["--quick"]) == 0
     out = capsys.readouterr().out
-    assert "no NVIDIA GPU" in out and "sm_90a" in out
+    assert out.startswith("No NVIDIA GPU was found, so k2 is compiled for sm_90a and not run.\n")
+    assert "--quick was ignored: nothing is timed or profiled without an sm_90 GPU." in out
+    assert "UTMALDG (TMA), SYNCS (mbarrier)" in out  # the compile report's legend
     for text in ("k2/s2", "k2/s3", "k2/s4", "UTMALDG", "SYNCS", "HMMA", "blocks/SM"):
         assert text in out, text
 
@@ -89,14 +91,14 @@ def test_tables_from_records() -> None:
     assert "eta-only" in text and "2 (registers)" in text
 
 
-def test_figures_without_results_say_so(tmp_path, monkeypatch, capsys) -> None:
+def test_figures_without_results_draw_no_measured_figure(tmp_path, monkeypatch, capsys) -> None:
     figures = _load("figures")
     monkeypatch.setattr(figures, "load_results", lambda: None)
     assert figures.main(["--out", str(tmp_path)]) == 0
     folder = tmp_path / "03"
     assert (folder / "ring.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (folder / "progression.png").exists() and not (folder / "stages.png").exists()
-    assert "Not measured yet" in (folder / "progression.md").read_text()
+    assert {p.name for p in folder.glob("*.md")} == {"compile_report.md", "waste.md"}
     assert "UTMALDG" in (folder / "compile_report.md").read_text()
     waste = (folder / "waste.md").read_text()
     assert "3,444" in waste and "0.780" in waste and "75.0%" in waste
@@ -113,9 +115,6 @@ def test_figures_from_results(tmp_path, monkeypatch) -> None:
     folder = tmp_path / "03"
     for name in ("progression", "stages"):
         assert (folder / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert f"figures/03/{name}.png" in (folder / f"{name}_figure.md").read_text()
-    assert "| k2/s3 |" in (folder / "stages.md").read_text()
-    assert "17.50" in (folder / "profile.md").read_text()
 
 
 def test_bad_flag_exits_2_with_one_line() -> None:
@@ -256,8 +255,7 @@ def test_claim_skewed_beats_the_eta_only_estimate_and_waves_do_not_explain_it(re
     import math
 
     data, _, run = recorded
-    figures = _load("figures")
-    seed = figures.SEED_B300_SKEWED[0] / figures.SEED_B300_SKEWED[1]
+    seed = 357.0 / 343.3  # the seed's B300 k2/S2 at s = 1.2: measured, and its eta-only estimate
     rows = {r["variant"]: r for r in data["stages"]}
     ratios = [rows[v]["skewed_tflops"] / rows[v]["skewed_estimate"] for v in STAGES]
     assert min(ratios) > seed > 1  # "every depth beats its estimate ... and by a little more"
@@ -316,34 +314,21 @@ def test_claim_the_limit_is_issue_not_the_tensor_pipe(recorded):
         assert max(stalls, key=stalls.get) == "stall_short_scoreboard", v
 
 
-def test_findings_snippets_generate_from_the_recorded_results(recorded, tmp_path, monkeypatch):
-    data, ch02, _ = recorded
-    figures = _load("figures")
-    monkeypatch.setattr(figures, "load_results", lambda: data)
-    monkeypatch.setattr(figures, "load_chapter02", lambda: ch02)
-    assert figures.main(["--out", str(tmp_path)]) == 0
-    folder = tmp_path / "03"
-    texts = {name: (folder / name).read_text() for name in figures.FINDINGS}
-    for name, text in texts.items():
-        assert text.strip() and "Not measured" not in text and "No Nsight" not in text, name
-        assert "Incomplete results" not in text, (name, text)
-    run = _load("run")
-    best = find_measurement(data["records"], "k2/s3", "16k s=0")
-    peer = find_measurement(data["records"], run.PEER, "16k s=0")
-    assert f"{best['useful_tflops']:.1f} TFLOP/s" in texts["findings_headline.md"]
-    assert "meets the chapter's target" in texts["findings_headline.md"]
-    assert f"{best['useful_tflops'] / peer['useful_tflops']:.2f}" in texts["findings_headline.md"]
-    assert "`k2/s3` > `k2/s2` > `k2/s4`" in texts["findings_stages.md"]
-    assert "all above 1" in texts["findings_skew.md"] and "357.0" in texts["findings_skew.md"]
-    assert "equal to the model's blocks" in texts["findings_residency.md"]
-    assert "27,648" in texts["residency_arithmetic.md"]
-    assert f"{_prof(data, 'k2/s3')['tensor_pipe_pct']:.1f}" in texts["findings_limit.md"]
+def test_claim_skewed_run_is_closer_to_the_peer(recorded):
+    """'Against the peer the skewed run does better than the balanced one'."""
+    data, _, run = recorded
+    ratio = {key: _tf(data, run, "k2/s3", key)["useful_tflops"] / _tf(data, run, run.PEER, key)["useful_tflops"]
+             for key in ("16k s=0", "16k s=1.2")}
+    assert ratio["16k s=1.2"] > ratio["16k s=0"]
 
 
-def test_findings_snippets_are_on_the_page():
+def test_claim_s2_misses_the_target_it_was_written_for(recorded):
+    data, _, run = recorded
+    assert 0.95 * 380 < _tf(data, run, "k2/s2", "16k s=0")["useful_tflops"] < 380.0
+
+
+def test_page_carries_its_prose_and_no_generated_snippets():
     page = (REPO / "site_docs/03-tma-warp-specialization.md").read_text()
-    figures = _load("figures")
-    for name in figures.FINDINGS:
-        assert f'--8<-- "site_docs/figures/03/{name}"' in page, name
-    assert "<!-- MEASURED" not in page
+    assert "findings_" not in page and "<!-- MEASURED" not in page
     assert "on either side of each hand-over" not in page  # k1 has one __syncthreads per K slice
+    assert "The order is the same at every workload: `k2/s3` > `k2/s2` > `k2/s4`." in page

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm.cli import add_problem_arguments, chapter_parser, run_main, tile_size
+from moe_gemm.cli import add_problem_arguments, chapter_parser, ignored_flags, run_main, tile_size
 
 
 def _parser():
@@ -68,3 +68,14 @@ def test_run_main_passes_the_status_through(status, code: int) -> None:
     with pytest.raises(SystemExit) as exit_info:
         run_main(lambda argv: status, [])
     assert exit_info.value.code == code
+
+
+def test_ignored_flags_name_what_was_given_and_why() -> None:
+    parser = chapter_parser("test parser")
+    for flag in ("--quick", "--no-peers", "--profile"):
+        parser.add_argument(flag, action="store_true")
+    args = parser.parse_args(["--profile", "--no-peers"])
+    assert ignored_flags(args, ("--quick", "--no-peers", "--profile"), "no GPU here") == (
+        "--no-peers and --profile were ignored: no GPU here.")
+    assert ignored_flags(parser.parse_args(["--quick"]), ("--quick",), "x") == "--quick was ignored: x."
+    assert ignored_flags(parser.parse_args([]), ("--quick", "--profile"), "x") is None

@@ -1,4 +1,4 @@
-"""k0 and the torch peers on the GPU: every edge case of SPEC section 6 exactly, random data within
+"""k0 and the torch peers on the GPU: every edge case of moe_gemm.edge_cases exactly, random data within
 tolerance, the bf16 conversions on the device, the compiled kernel's resources and SASS, the NaN
 poison of an unwritten tile, launches ordered on the harness stream, and the inputs each variant
 must refuse before any launch. Skipped cleanly where there is no GPU."""

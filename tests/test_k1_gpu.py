@@ -1,4 +1,4 @@
-"""k1 on the GPU: every edge case of SPEC section 6 exactly for every configuration, random data
+"""k1 on the GPU: every edge case of moe_gemm.edge_cases exactly for every configuration, random data
 within tolerance, and the inputs the kernel cannot take refused before any launch. Skipped
 cleanly where there is no GPU."""
 

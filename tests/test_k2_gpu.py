@@ -1,4 +1,4 @@
-"""k2 on the GPU: every edge case of SPEC section 6 exactly, random data within tolerance, and the
+"""k2 on the GPU: every edge case of moe_gemm.edge_cases exactly, random data within tolerance, and the
 inputs TMA cannot take refused before any launch. Skipped cleanly where there is no GPU; on a GPU
 older than sm_90 the variant must refuse with a ValueError, which is checked too."""
 

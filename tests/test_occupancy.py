@@ -1,4 +1,4 @@
-"""The occupancy and issue model against the seed's B300 checks (SPEC section 4)."""
+"""The occupancy and issue model against the seed's B300 checks (its register and issue-rate arithmetic, recomputed)."""
 
 from __future__ import annotations
 

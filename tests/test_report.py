@@ -54,7 +54,23 @@ def test_markdown_table() -> None:
                   "| k2/s2 | 440.1 |\n")
 
 
-def test_table_object() -> None:
-    table = Table(("a", "b"), ((1, 0.5),), "T")
-    assert table.text().splitlines()[0] == "T"
-    assert table.markdown().splitlines()[2] == "| 1 | 0.500 |"
+def test_table_object_prints_its_legend_under_itself() -> None:
+    table = Table(("a", "b"), ((1, 0.5),), "T", legend="a: rows; b: a share.")
+    lines = table.text().splitlines()
+    assert lines[0] == "T" and lines[-1] == "a: rows; b: a share."
+    assert table.text(indent=2).splitlines()[-1] == "  a: rows; b: a share."
+    md = table.markdown().splitlines()
+    assert md[2] == "| 1 | 0.500 |" and md[-1] == "*a: rows; b: a share.*"
+
+
+@pytest.mark.parametrize("legend", ("", "  ", "two\nlines"))
+def test_a_table_needs_a_one_line_legend(legend: str) -> None:
+    with pytest.raises(ValueError, match="one non-empty line"):
+        Table(("a",), ((1,),), legend=legend)
+    with pytest.raises(TypeError, match="legend"):
+        Table(("a",), ((1,),))  # type: ignore[call-arg]
+
+
+def test_dashes_do_not_change_a_columns_alignment() -> None:
+    lines = format_table(("eta",), [(0.5,), ("-",), (1.0,)]).splitlines()
+    assert lines[2:] == ["0.500", "    -", "1.000"]

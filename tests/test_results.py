@@ -11,8 +11,8 @@ from moe_gemm import results
 from moe_gemm.results import (PROVENANCE_KEYS, RECORD_KEYS, find_record, load_results, provenance, results_path,
                               write_results)
 
-SPEC_PROVENANCE_KEYS = {"gpu", "compute_capability", "driver", "cuda", "packages", "git_commit", "date", "command"}
-SPEC_RECORD_KEYS = {"variant", "experts", "K", "N", "tokens", "skew", "median_ms", "min_ms", "max_ms",
+SCHEMA_PROVENANCE_KEYS = {"gpu", "compute_capability", "driver", "cuda", "packages", "git_commit", "date", "command"}
+SCHEMA_RECORD_KEYS = {"variant", "experts", "K", "N", "tokens", "skew", "median_ms", "min_ms", "max_ms",
                     "useful_tflops", "scheduled_tflops", "eta", "tiles", "registers", "smem_bytes",
                     "spill_bytes", "blocks_per_sm", "rel_error"}
 
@@ -28,8 +28,8 @@ def _record(variant: str = "k1/bm64", skew: float = 1.2) -> dict:
 
 
 def test_schema_keys_match_the_spec() -> None:
-    assert set(PROVENANCE_KEYS) == SPEC_PROVENANCE_KEYS
-    assert SPEC_RECORD_KEYS <= set(RECORD_KEYS)
+    assert set(PROVENANCE_KEYS) == SCHEMA_PROVENANCE_KEYS
+    assert SCHEMA_RECORD_KEYS <= set(RECORD_KEYS)
 
 
 def test_round_trip(tmp_path) -> None:
@@ -97,7 +97,7 @@ def test_load_rejects_other_json(tmp_path) -> None:
 def test_provenance_without_a_gpu(monkeypatch) -> None:
     monkeypatch.setattr(results, "detect_gpu", lambda: None)
     prov = provenance(command=["python", "chapters/00/run.py", "--skew", "1.2"])
-    assert SPEC_PROVENANCE_KEYS <= set(prov)
+    assert SCHEMA_PROVENANCE_KEYS <= set(prov)
     assert prov["gpu"] == "none"
     assert prov["command"] == "python chapters/00/run.py --skew 1.2"
     assert "numpy" in prov["packages"] and "python" in prov["packages"]

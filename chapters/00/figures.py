@@ -126,13 +126,17 @@ def occupancy_checks() -> Table:
     rows.append(("third 9-warp block", regs, 9, registers_per_warp(regs), registers_per_warp(regs) * 9,
                  residency(regs, 9).by_registers))
     return Table(("kernel (seed, B300)", "R regs/thread", "warps/block", "regs/warp", "regs/block",
-                  "blocks by registers"), tuple(rows))
+                  "blocks by registers"), tuple(rows),
+                 legend="regs/warp = ceil(32 R / 256) x 256; blocks by registers = floor(65,536 / regs/block); "
+                        "the last row is the most registers a third 9-warp block allows.")
 
 
 def issue_check() -> Table:
     w, cycles = 3.90, 8.49  # the seed's k1/BM=128 profile: warps per scheduler, cycles per issue
     return Table(("W warps/scheduler", "L cycles/issue", "issue rate W/L", "SM IPC 4W/L"),
-                 ((f"{w:.2f}", f"{cycles:.2f}", issue_rate(w, cycles), f"{sm_ipc(w, cycles):.2f}"),))
+                 ((f"{w:.2f}", f"{cycles:.2f}", issue_rate(w, cycles), f"{sm_ipc(w, cycles):.2f}"),),
+                 legend="W and L from the seed's Nsight Compute profile of its k1 at BM = 128 on B300; the "
+                        "issue rate is per scheduler, IPC for the SM's four.")
 
 
 def tables() -> dict[str, Table]:

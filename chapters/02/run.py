@@ -11,7 +11,7 @@ With an NVIDIA GPU of sm_80 or newer (the recorded numbers come from an H200) it
    FRAG_DB, and with a three-stage ring) for the GPU
    and prints the compile report: registers, shared memory, spills, blocks per SM from the
    occupancy model and what limits them, and the SASS instructions the chapter is about;
-2. checks every configuration on the edge cases of SPEC section 6 (exact, integer-valued
+2. checks every configuration on the edge cases of moe_gemm.edge_cases (exact, integer-valued
    inputs) and on random data; a wrong answer stops the run with exit status 1;
 3. measures the ceilings this chapter is judged against: copy bandwidth, cuBLAS bf16, FP32 FFMA
    and bf16 mma.sync, each with a register-only or library kernel;
@@ -33,7 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.cli import chapter_parser, ignored_flags, run_main
 from moe_gemm.notebook import checks_table, find_measurement, run_checks
 from moe_gemm.report import Table
 
@@ -81,7 +81,9 @@ def compile_table(rows: list[dict[str, Any]]) -> Table:
                   r["spill_bytes"], r["blocks_per_sm"], r["limiter"], *(r["sass"][op] for op in opcodes))
                  for r in rows)
     arch = rows[0]["arch"] if rows else ARCH
-    return Table(headers, body, title=f"Compile report ({arch}, NVRTC): SASS columns are static instruction counts")
+    return Table(headers, body, title=f"Compile report ({arch}, NVRTC)",
+                 legend="regs: per thread (ptxas); blocks/SM: the occupancy model's; HMMA, LDSM (.T: transposed), "
+                        "LDGSTS (cp.async), BAR: static SASS counts.")
 
 
 def ceilings_table(ceilings: list[dict[str, Any]]) -> Table:
@@ -89,7 +91,9 @@ def ceilings_table(ceilings: list[dict[str, Any]]) -> Table:
     for c in ceilings:
         value = f"{c['tbps']:.2f} TB/s" if "tbps" in c else f"{c['tflops']:.1f} TFLOP/s"
         rows.append((c["variant"], value))
-    return Table(("ceiling", "measured"), tuple(rows), title="Ceilings measured in this run")
+    return Table(("ceiling", "measured"), tuple(rows), title="Ceilings measured in this run",
+                 legend="copy: device-to-device, bytes read + written; dense_bf16: cuBLAS 8192^3; ffma and "
+                        "mma_sync: register-only kernels on every SM.")
 
 
 def model_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -130,8 +134,9 @@ def model_table(rows: list[dict[str, Any]]) -> Table:
                      cell(r, "skewed_tflops"), ratio, cell(r, "small_eta", ".3f"), cell(r, "small_tflops")))
     headers = ("variant", "regs", "smem KB", "blocks/SM (limit)", "warps/sched.", "16k s=0", "eta 16k s=1.2",
                "eta-only est.", "16k s=1.2", "measured/est.", "eta 2k", "2k s=0")
-    return Table(headers, tuple(body), title="The model beside the measurements (useful TFLOP/s); eta-only "
-                                              "estimate = T(16k, s=0) x eta(s=1.2) / eta(s=0)")
+    return Table(headers, tuple(body), title="The model beside the measurements (useful TFLOP/s)",
+                 legend="warps/sched.: resident warps per scheduler by the model; eta-only est. = T(16k, s=0) x "
+                        "eta(s=1.2) / eta(s=0); measured/est. above 1: the estimate is pessimistic.")
 
 
 def profile_table(profiles: list[dict[str, Any]], compile_rows: list[dict[str, Any]]) -> Table:
@@ -150,8 +155,9 @@ def profile_table(profiles: list[dict[str, Any]], compile_rows: list[dict[str, A
                      fmt(p.get("ipc"), ".2f"), fmt(None if p.get("instructions") is None else p["instructions"] / 1e6,
                                                   ".1f")))
     headers = ("variant", "W model", "W ncu", "L ncu", "W/L", "issue-active ncu", "4W/L", "IPC ncu", "M instr.")
-    return Table(headers, tuple(body), title="Issue model against Nsight Compute (16k rows, s=0): W warps per "
-                                              "scheduler, L warp cycles per issued instruction")
+    return Table(headers, tuple(body), title="Issue model against Nsight Compute (16k rows, s=0)",
+                 legend="W: warps per scheduler; L: warp cycles per issued instruction; W/L: the model's issue "
+                        "rate against ncu's issue-active; 4W/L against IPC; M instr.: millions issued.")
 
 
 # --------------------------------------------------------------------------- GPU work
@@ -175,6 +181,7 @@ def run_on_gpu(args, gpu) -> int:
     from moe_gemm.ceilings import measure_ceilings
     from moe_gemm.notebook import SEED_WORKLOADS, records_table, run_variants, save_results
     from moe_gemm.peers import available_peers
+    from moe_gemm.roofline import roofline_basis
     from moe_gemm.variants.k1 import all_configs, compile_report
 
     timing = {"warmup": 5, "iterations": 20} if args.quick else {}
@@ -195,8 +202,8 @@ def run_on_gpu(args, gpu) -> int:
     sweep = sweep_variants()
     variants = sweep + ([] if args.no_peers else available_peers())
     records = run_variants(variants, SEED_WORKLOADS, **timing)
-    print(records_table(records, title="Every measurement (useful TFLOP/s; vs peer = over torch._grouped_mm, "
-                                       "same run)"), end="\n\n")
+    print(records_table(records, title="Every measurement", basis=roofline_basis({"ceilings": ceilings})).text(),
+          end="\n\n")
     print(model_table(model_rows(records)).text(), end="\n\n")
 
     extra: dict[str, Any] = {"ceilings": ceilings, "checks": checks, "compile_report": report,
@@ -213,16 +220,25 @@ def run_on_gpu(args, gpu) -> int:
 
 # --------------------------------------------------------------------------- main
 
+def not_run_sentence(gpu, arch: str) -> str:
+    """Why k1 does not run on this machine, and what the run does instead."""
+    if gpu is None:
+        return f"No NVIDIA GPU was found, so k1 is compiled for {arch} and not run."
+    cc = f"sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
+    return (f"k1 needs sm_80 or newer (cp.async, ldmatrix, bf16 mma.sync) and {gpu.name} is {cc}, so k1 is "
+            f"compiled for {arch} and not run.")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from moe_gemm.gpu import detect_gpu
 
     gpu = detect_gpu()
     if gpu is None or gpu.compute_capability < (8, 0):
-        reason = "no NVIDIA GPU here" if gpu is None else (
-            f"{gpu.name} is sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}; k1 needs sm_80 or newer "
-            "(cp.async, ldmatrix, bf16 mma.sync)")
-        print(f"k1 is not run here: {reason}. Compiling for {ARCH} instead.\n")
+        print(not_run_sentence(gpu, ARCH) + "\n")
+        note = ignored_flags(args, ("--quick", "--no-peers", "--profile"), "nothing is timed or profiled without a GPU")
+        if note:
+            print(note + "\n")
         from moe_gemm.notebook import show_recorded
         from moe_gemm.variants.k1 import compile_report
 

@@ -6,7 +6,7 @@
     python chapters/03/run.py --profile     # also Nsight Compute's occupancy counters for k2
 
 With an sm_90 GPU (the recorded numbers come from an H200) it first checks every STAGES
-configuration of k2 on the edge cases of SPEC section 6 (exact, integer-valued inputs) and on
+configuration of k2 on the edge cases of moe_gemm.edge_cases (exact, integer-valued inputs) and on
 random data, then times the best variant of each chapter so far, k0, k1 and k2 with STAGES = 2, 3
 and 4, beside torch._grouped_mm (CUTLASS) at the seed configuration (E=64, K=1024, N=2688;
 16,384 rows at s=0 and s=1.2, and 2,048 rows), prints the progression and the STAGES table with
@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.cli import chapter_parser, ignored_flags, run_main
 from moe_gemm.notebook import checks_table, find_measurement, run_checks, short_label
 from moe_gemm.occupancy import residency
 from moe_gemm.report import Table
@@ -139,8 +139,9 @@ def compile_table(rows: list[dict[str, Any]]) -> Table:
                *(OPCODE_LABELS.get(op, op) for op in OPCODES))
     body = tuple((r["variant"], r["registers"], f"{r['smem_bytes'] / 1024:.1f}", r["spill_bytes"], r["warps_per_block"],
                   r["blocks_per_sm"], r["limiter"], *(r["sass"][op] for op in OPCODES)) for r in rows)
-    return Table(headers, body, title=f"Compile report ({rows[0]['arch'] if rows else ARCH}, NVRTC; "
-                                      "SASS columns are static instruction counts)")
+    return Table(headers, body, title=f"Compile report ({rows[0]['arch'] if rows else ARCH}, NVRTC)",
+                 legend="regs: per thread (ptxas); warps: per block; blocks/SM: the occupancy model's; UTMALDG "
+                        "(TMA), SYNCS (mbarrier), HMMA, LDSM, LDGSTS (cp.async), BAR: static SASS counts.")
 
 
 # --------------------------------------------------------------------------- tables from records
@@ -163,7 +164,9 @@ def progression_table(records: list[dict[str, Any]]) -> Table:
         vs_peer = f"{this['useful_tflops'] / peer['useful_tflops']:.2f}" if this and peer else "-"
         rows.append((variant, *cells, over_k0, vs_peer))
     headers = ("variant", *(f"{k} TFLOP/s" for k in keys), f"x k0 ({first})", f"vs peer ({first})")
-    return Table(headers, tuple(rows), title="Progression: useful TFLOP/s (median of the timed launches)")
+    return Table(headers, tuple(rows), title="Progression: useful TFLOP/s (median of the timed launches)",
+                 legend=f"x k0: speed-up over k0 at {first}; vs peer: over torch._grouped_mm on the same inputs "
+                        "in the same run.")
 
 
 def stages_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -200,8 +203,9 @@ def stages_table(rows: list[dict[str, Any]]) -> Table:
                      cell(r, "small_tflops"), cell(r, "small_estimate")))
     headers = ("variant", "regs", "smem KB", "blocks/SM (limit)", "16k s=0", "16k s=1.2", "eta-only est.",
                "measured/est.", "2k s=0", "eta-only est. 2k")
-    return Table(headers, tuple(body), title="STAGES: resources, residency and useful TFLOP/s; estimates are "
-                                              "T(16k, s=0) x eta / eta(16k, s=0)")
+    return Table(headers, tuple(body), title="STAGES: resources, residency and useful TFLOP/s",
+                 legend="blocks/SM: the occupancy model's, and what limits it; eta-only est. = T(16k, s=0) x eta / "
+                        "eta(16k, s=0); measured/est. above 1: the estimate is pessimistic.")
 
 
 # --------------------------------------------------------------------------- main
@@ -212,10 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     gpu = detect_gpu()
     if gpu is None or gpu.compute_capability < (9, 0):
-        reason = "no NVIDIA GPU here" if gpu is None else (
-            f"{gpu.name} is sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}; k2 needs sm_90 or newer "
-            "(TMA and mbarrier transaction counts)")
-        print(f"k2 is not run here: {reason}. Compiling for {ARCH} instead.\n")
+        print(not_run_sentence(gpu, ARCH) + "\n")
+        note = ignored_flags(args, ("--quick", "--no-peers", "--profile"), "nothing is timed or profiled without an "
+                                                                           "sm_90 GPU")
+        if note:
+            print(note + "\n")
         print(compile_table(compile_report()).text(), end="\n\n")
         from moe_gemm.notebook import show_recorded
 
@@ -223,6 +228,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"(no recorded results for chapter {CHAPTER} yet)")
         return 0
     return run_on_gpu(args, gpu)
+
+
+def not_run_sentence(gpu, arch: str) -> str:
+    """Why k2 does not run on this machine, and what the run does instead."""
+    if gpu is None:
+        return f"No NVIDIA GPU was found, so k2 is compiled for {arch} and not run."
+    cc = f"sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
+    return (f"k2 needs sm_90 or newer (TMA and mbarrier transaction counts) and {gpu.name} is {cc}, so k2 is "
+            f"compiled for {arch} and not run.")
 
 
 def run_on_gpu(args, gpu) -> int:
@@ -243,7 +257,7 @@ def run_on_gpu(args, gpu) -> int:
 
     variants = progression_variants(with_peers=not args.no_peers)
     records = run_variants(variants, SEED_WORKLOADS, **timing)
-    print(records_table(records, title="Every measurement"), end="\n\n")
+    print(records_table(records, title="Every measurement").text(), end="\n\n")
     print(progression_table(records).text(), end="\n\n")
     stages = stages_rows(records)
     print(stages_table(stages).text(), end="\n\n")
@@ -292,7 +306,9 @@ def occupancy_table(profile: list[dict[str, Any]], report: list[dict[str, Any]])
                      get(row, "issue_model", ".3f"), get(row, "tensor_pipe_pct", ".1f")))
     headers = ("variant", "regs", "regs (ncu)", "blocks by regs", "(ncu)", "blocks by smem", "(ncu)",
                "warps/SM (model)", "achieved warps/SM (ncu)", "W", "L", "issue active", "W/L", "tensor pipe %")
-    return Table(headers, tuple(body), title="Occupancy model against Nsight Compute, 16,384 rows, s=0")
+    return Table(headers, tuple(body), title="Occupancy model against Nsight Compute, 16,384 rows, s=0",
+                 legend="(ncu): Nsight Compute's value beside the model's; W: warps per scheduler; L: warp cycles "
+                        "per issued instruction; W/L: the model's issue rate against ncu's issue active.")
 
 
 if __name__ == "__main__":

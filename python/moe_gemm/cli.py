@@ -54,16 +54,34 @@ def chapter_parser(description: str | None) -> ChapterParser:
 
 
 def add_problem_arguments(parser: argparse.ArgumentParser, *, tokens: int = 16384, experts: int = 64,
-                          skew: float = 0.0, K: int = 1024, N: int = 2688) -> None:  # noqa: N803
-    """--tokens, --experts, --skew, -K, -N with the seed configuration as defaults."""
+                          skew: float | None = 0.0, skew_default_help: str | None = None,
+                          K: int = 1024, N: int = 2688) -> None:  # noqa: N803
+    """--tokens, --experts, --skew, -K, -N with the seed configuration as defaults.
+
+    ``skew=None`` leaves --skew unset unless given, for a chapter whose default shows several
+    skews; ``skew_default_help`` then says which.
+    """
     parser.add_argument("--tokens", type=nonnegative_int("--tokens"), default=tokens,
-                        help=f"routed rows M_tot (default {tokens})")
+                        help=f"routed rows M_tot (default {tokens:,})")
     parser.add_argument("--experts", type=positive_int("--experts"), default=experts,
                         help=f"number of experts E (default {experts})")
     parser.add_argument("--skew", type=nonnegative_float("--skew"), default=skew,
-                        help=f"routing skew s: expert e gets rows in proportion to (e+1)^-s (default {skew})")
+                        help="routing skew s: expert e gets rows in proportion to (e+1)^-s "
+                             f"(default {skew_default_help or skew})")
     parser.add_argument("-K", type=positive_int("-K"), default=K, help=f"reduction dimension (default {K})")
     parser.add_argument("-N", type=positive_int("-N"), default=N, help=f"output columns (default {N})")
+
+
+def ignored_flags(args: argparse.Namespace, flags: Sequence[str], reason: str) -> str | None:
+    """One line naming the given flags that cannot act here and why, or None if none was given.
+
+    ``flags`` are option strings ('--profile'); their argparse destinations are looked up on ``args``.
+    """
+    given = [flag for flag in flags if getattr(args, flag.lstrip("-").replace("-", "_"), False)]
+    if not given:
+        return None
+    verb = "was" if len(given) == 1 else "were"
+    return f"{' and '.join(given)} {verb} ignored: {reason}."
 
 
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> None:

@@ -1,4 +1,6 @@
-"""The routings every kernel must get right (SPEC section 6), small enough for any GPU test.
+"""The routings every kernel must get right, small enough for any GPU test: empty experts, experts
+smaller than a tile or not a multiple of it, one expert with every row, E = 1, N not a multiple of
+the tile, and no rows at all.
 
 Each case is a list of per-expert row counts. K = 128 and N = 200 keep them tiny while
 exercising the awkward paths: N = 200 is not a multiple of 64 or 128 (a partial last N tile)

@@ -6,7 +6,7 @@ by the same code as the kernels, in the same run, on the same uploaded inputs: t
 ``torch.cuda.ExternalStream`` over it), where the timing events are recorded.
 
 * ``peer/torch_grouped_mm``: ``torch._grouped_mm(A, B, offs=<int32 cumulative row ends>,
-  out_dtype=bfloat16)``, on sm_90 CUTLASS's grouped GEMM. Its rules (SPEC section 9): K and N
+  out_dtype=bfloat16)``, on sm_90 CUTLASS's grouped GEMM. Its rules, as torch 2.11 checks them: K and N
   multiples of 8 (16-byte strides), fewer than 1024 groups, sm_90 or newer; rows past
   ``offs[-1]`` would be left unwritten, which never happens here (``offs[-1] = M_tot``).
 * ``peer/torch_loop``: one ``torch.matmul`` (cuBLAS) per non-empty expert, written straight into

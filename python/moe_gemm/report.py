@@ -11,7 +11,7 @@ from __future__ import annotations
 import numbers
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Cell = str | int | float
 
@@ -43,9 +43,11 @@ def _layout(headers: Sequence[str], rows: Sequence[Sequence[Cell]],
         if len(row) != len(headers):
             raise ValueError(f"row {i} has {len(row)} cells but there are {len(headers)} headers")
     text = [[format_cell(value, float_format) for value in row] for row in rows]
+    # "-" marks an undefined value (no peer, no rows); it takes no part in deciding the alignment.
+    blank = ("", "-")
     numeric = [
-        all(_is_numeric(row[c], text[r][c]) for r, row in enumerate(rows) if text[r][c] != "")
-        and any(text[r][c] != "" for r in range(len(rows)))
+        all(_is_numeric(row[c], text[r][c]) for r, row in enumerate(rows) if text[r][c] not in blank)
+        and any(text[r][c] not in blank for r in range(len(rows)))
         for c in range(len(headers))
     ]
     return text, numeric
@@ -84,15 +86,25 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], *,
 
 @dataclass(frozen=True)
 class Table:
-    """Headers, rows and an optional title: printed by run.py, written as markdown for the docs."""
+    """Headers, rows, an optional title and a one-line legend of the columns.
+
+    The legend is required: a reader of run.py's output has no page beside it to say what "eta"
+    or "vs peer" means, so every table says it under itself.
+    """
 
     headers: tuple[str, ...]
     rows: tuple[tuple[Cell, ...], ...]
     title: str | None = None
     float_format: str = "{:.3f}"
+    legend: str = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        if not self.legend.strip() or "\n" in self.legend:
+            raise ValueError(f"a table's legend is one non-empty line, got {self.legend!r}")
 
     def text(self, indent: int = 0) -> str:
-        return format_table(self.headers, self.rows, self.title, float_format=self.float_format, indent=indent)
+        table = format_table(self.headers, self.rows, self.title, float_format=self.float_format, indent=indent)
+        return f"{table}\n{' ' * indent}{self.legend}"
 
     def markdown(self) -> str:
-        return markdown_table(self.headers, self.rows, float_format=self.float_format)
+        return markdown_table(self.headers, self.rows, float_format=self.float_format) + f"\n*{self.legend}*\n"

@@ -1,4 +1,10 @@
-"""One figure style for every chapter: the same fonts, colours and file format everywhere."""
+"""One figure style for every chapter: the same fonts, colours and file format everywhere.
+
+A figure is read at the size the page shows it, not at its file's size: the page's content column
+(about :data:`DISPLAY_WIDTH_PX` wide on a 1400 px screen) scales a wider PNG down, text and all.
+:func:`save_figure` therefore refuses a figure whose smallest text would show smaller than
+:data:`MIN_TEXT_PX` at that width; a click still opens the file full size (glightbox).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,16 @@ import matplotlib
 
 matplotlib.use("Agg")  # figures are files; no display is needed or wanted
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
 
 from .results import REPO_ROOT  # noqa: E402
 
 FIGURE_ROOT = REPO_ROOT / "site_docs" / "figures"
+DPI = 130
+# The article's width on a 1400 px screen with both sidebars shown (site_docs/stylesheets/extra.css);
+# tests/test_docs.py measures it in Chromium and checks this value against it.
+DISPLAY_WIDTH_PX = 850
+MIN_TEXT_PX = 11.0  # the body text is 16 px; figure labels may be smaller, not much
 
 # One colour per kernel family, kept across chapters so a reader can follow k1 from page to page.
 COLORS = {
@@ -34,9 +46,15 @@ def family_color(variant: str) -> str:
 def apply_style() -> None:
     plt.rcParams.update({
         "figure.dpi": 110,
-        "savefig.dpi": 130,
-        "font.size": 10,
-        "axes.titlesize": 11,
+        "savefig.dpi": DPI,
+        "font.size": 12,
+        "axes.titlesize": 13,
+        "axes.labelsize": 12,
+        "xtick.labelsize": 11,
+        "ytick.labelsize": 11,
+        "legend.fontsize": 11,
+        "legend.title_fontsize": 11,
+        "figure.titlesize": 14,
         "axes.grid": True,
         "grid.alpha": 0.3,
         "axes.spines.top": False,
@@ -51,8 +69,22 @@ def new_figure(width: float = 7.0, height: float = 3.6, **kwargs):
     return plt.subplots(figsize=(width, height), **kwargs)
 
 
+def displayed_text_px(fig, display_width_px: float = DISPLAY_WIDTH_PX) -> dict[str, float]:
+    """Each visible text of ``fig`` and its height in screen pixels once the page scales the PNG to fit."""
+    width_px = fig.get_figwidth() * DPI
+    scale = min(1.0, display_width_px / width_px)
+    return {t.get_text(): t.get_fontsize() * DPI / 72 * scale
+            for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()}
+
+
 def save_figure(fig, chapter: str, name: str, root: Path = FIGURE_ROOT) -> Path:
-    """Save as site_docs/figures/<chapter>/<name>.png and close the figure."""
+    """Save as site_docs/figures/<chapter>/<name>.png and close the figure; refuse unreadable text."""
+    small = {text: px for text, px in displayed_text_px(fig).items() if px < MIN_TEXT_PX}
+    if small:
+        plt.close(fig)
+        worst = sorted(small.items(), key=lambda kv: kv[1])[:3]
+        raise ValueError(f"figure {chapter}/{name}: text would show below {MIN_TEXT_PX:g} px at the page's width "
+                         f"({DISPLAY_WIDTH_PX} px): " + "; ".join(f"{t[:40]!r} {px:.1f} px" for t, px in worst))
     path = root / chapter / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

@@ -19,7 +19,7 @@ from .tiles import eta, eta_estimate, m_tiles_per_expert, scheduled_flops, tile_
 
 Workload = tuple[int, float]  # (tokens, skew)
 
-SEED_SKEWS = (0.0, 0.4, 0.8, 1.2, 1.6)  # the sweep of SPEC section 3
+SEED_SKEWS = (0.0, 0.4, 0.8, 1.2, 1.6)  # the skews the seed's worklog sweeps
 # The one balanced rate we can quote without a GPU: k2/S2 (BM=128) at 16,384 rows on the seed's B300.
 SEED_B300_K2_TFLOPS = 440.1
 SEED_B300_K2_LABEL = "the seed's B300 k2/S2 number"
@@ -30,15 +30,22 @@ def skew_label(skew: float) -> str:
     return f"{skew:g}"
 
 
+def _eta_cell(counts: np.ndarray, bm: int) -> float | str:
+    """eta, or '-' where no row is routed: 0 / 0 real over scheduled rows is not a utilisation."""
+    return eta(counts, bm) if np.sum(counts) else "-"
+
+
 def routing_table(experts: int, workloads: Sequence[Workload]) -> Table:
     """Largest, smallest and empty experts, and max/mean imbalance, per workload."""
     rows = []
     for tokens, skew in workloads:
         summary = routing_summary(expert_counts(experts, tokens, skew))
         rows.append((tokens, skew_label(skew), summary["largest"], summary["smallest"], summary["empty"],
-                     f"{summary['imbalance']:.2f}"))
+                     f"{summary['imbalance']:.2f}" if tokens else "-"))
     return Table(("rows M_tot", "skew s", "largest m_e", "smallest m_e", "empty experts", "max/mean"),
-                 tuple(rows), f"Routing over E = {experts} experts")
+                 tuple(rows), f"Routing over E = {experts:,} experts",
+                 legend="m_e proportional to (e+1)^-s, floored, leftover rows to the heaviest experts; "
+                        "max/mean: largest expert over the mean.")
 
 
 def tile_count_table(experts: int, N: int, workloads: Sequence[Workload],  # noqa: N803
@@ -50,24 +57,30 @@ def tile_count_table(experts: int, N: int, workloads: Sequence[Workload],  # noq
         for bm, bn in shapes:
             m_tiles = int(m_tiles_per_expert(counts, bm).sum())
             rows.append((tokens, skew_label(skew), f"{bm}x{bn}", m_tiles, -(-N // bn),
-                         tile_count(counts, N, bm, bn), eta(counts, bm)))
+                         tile_count(counts, N, bm, bn), _eta_cell(counts, bm)))
     return Table(("rows M_tot", "skew s", "tile BMxBN", "M tiles", "N tiles", "tiles", "eta"),
-                 tuple(rows), f"Flat tile list, E = {experts}, N = {N}")
+                 tuple(rows), f"Flat tile list, E = {experts:,}, N = {N:,}",
+                 legend="tiles = sum_e ceil(m_e / BM) * ceil(N / BN), one block each, none crossing an expert "
+                        "boundary; eta: real rows / scheduled rows.")
 
 
-def eta_detail_table(counts: np.ndarray, K: int, N: int, bms: Sequence[int], bn: int = 128) -> Table:  # noqa: N803
+def eta_detail_table(counts: np.ndarray, K: int, N: int, bms: Sequence[int], bn: int = 128,  # noqa: N803
+                     title: str | None = None) -> Table:
     """One routing, several BM: scheduled rows, eta, wasted share and scheduled vs useful GFLOP."""
     counts = np.asarray(counts)
     tokens = int(counts.sum())
+    title = title or f"Row utilisation eta for {tokens:,} rows"
     useful = useful_flops(tokens, K, N)
     rows = []
     for bm in bms:
         m_tiles = int(m_tiles_per_expert(counts, bm).sum())
-        value = eta(counts, bm)
-        rows.append((bm, m_tiles, m_tiles * bm, value, f"{100 * (1 - value):.1f}%",
-                     f"{useful / 1e9:.1f}", f"{scheduled_flops(counts, K, N, bm, bn) / 1e9:.1f}"))
+        value = _eta_cell(counts, bm)
+        rows.append((bm, m_tiles, m_tiles * bm, value, "-" if value == "-" else f"{100 * (1 - value):.1f}%",
+                     f"{useful / 1e9:,.1f}", f"{scheduled_flops(counts, K, N, bm, bn) / 1e9:,.1f}"))
     return Table(("BM", "M tiles", "scheduled rows", "eta", "padding", "useful GFLOP", f"scheduled GFLOP (BN={bn})"),
-                 tuple(rows), f"Row utilisation eta for {tokens:,} rows")
+                 tuple(rows), title,
+                 legend="eta = real rows / scheduled rows: a partial tile runs the full MMA loop, padding "
+                        "included; padding = 1 - eta; '-' where no row is routed.")
 
 
 def estimate_table(experts: int, workloads: Sequence[Workload], bms: Sequence[int], balanced_tflops: float,
@@ -81,14 +94,16 @@ def estimate_table(experts: int, workloads: Sequence[Workload], bms: Sequence[in
     rows = []
     for tokens, skew in workloads:
         counts = expert_counts(experts, tokens, skew)
-        etas = [eta(counts, bm) for bm in bms]
-        estimate = eta_estimate(balanced_tflops, eta(counts, estimate_bm), eta_ref)
-        rows.append((tokens, skew_label(skew), *etas, f"{estimate:.1f}"))
+        etas = [_eta_cell(counts, bm) for bm in bms]
+        estimate = "-" if not tokens else f"{eta_estimate(balanced_tflops, eta(counts, estimate_bm), eta_ref):.1f}"
+        rows.append((tokens, skew_label(skew), *etas, estimate))
     headers = ("rows M_tot", "skew s", *(f"eta BM={bm}" for bm in bms), f"estimate BM={estimate_bm} (TFLOP/s)")
-    title = (f"eta-only estimate, E = {experts}: T = {balanced_tflops:g} TFLOP/s x eta(BM={estimate_bm}) / "
+    title = (f"eta-only estimate, E = {experts:,}: T = {balanced_tflops:g} TFLOP/s x eta(BM={estimate_bm}) / "
              f"{eta_ref:.3f}\n({balanced_tflops:g} TFLOP/s: {rate_label}, BM = {estimate_bm}, "
              f"{reference[0]:,} rows, s = {skew_label(reference[1])})")
-    return Table(headers, tuple(rows), title)
+    return Table(headers, tuple(rows), title,
+                 legend="padding only: per-block costs, the grid's tail, occupancy and caching are not modelled; "
+                        "'-' where no row is routed.")
 
 
 def roofline_table(experts: int, K: int, N: int, tokens_list: Sequence[int]) -> Table:  # noqa: N803
@@ -99,8 +114,10 @@ def roofline_table(experts: int, K: int, N: int, tokens_list: Sequence[int]) -> 
         flops = useful_flops(tokens, K, N)
         traffic = compulsory_bytes(experts, tokens, K, N)
         intensity = flops / traffic
-        rows.append((tokens, f"{flops / 1e9:.1f}", f"{traffic / 1e6:.1f}", f"{intensity:.1f}",
+        rows.append((tokens, f"{flops / 1e9:,.1f}", f"{traffic / 1e6:,.1f}", f"{intensity:,.1f}",
                      f"{roofline_tflops(experts, tokens, K, N):.0f}", "memory" if intensity < ridge else "compute"))
     return Table(("rows M_tot", "useful GFLOP", "compulsory MB", "FLOP/byte", "roofline TFLOP/s", "bound by"),
-                 tuple(rows), f"Roofline, E = {experts}, K = {K}, N = {N}: H200 {H200_DENSE_BF16_TFLOPS:g} TFLOP/s, "
-                 f"{H200_COPY_TBPS:g} TB/s (ridge {ridge:.0f} FLOP/byte)")
+                 tuple(rows), f"Roofline, E = {experts:,}, K = {K:,}, N = {N:,}: H200 {H200_DENSE_BF16_TFLOPS:g} "
+                 f"TFLOP/s, {H200_COPY_TBPS:g} TB/s (ridge {ridge:.0f} FLOP/byte)",
+                 legend="compulsory: A and B read once, C written once, bf16; roofline: useful FLOP over "
+                        "max(FLOP / dense bf16, bytes / copy).")

@@ -1,0 +1,226 @@
+"""moe_gemm.pages, the macros the docs pages read their numbers through: on a small synthetic results
+file, directly and through a real mkdocs build, and against the CLI's table on the recorded files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from moe_gemm.pages import Number, PageDataError, Pages, change, display_command, fmt, pct
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _record(variant: str, tokens: int = 16384, skew: float = 0.0, tflops: float = 100.0, **extra) -> dict:
+    return {"variant": variant, "experts": 64, "K": 1024, "N": 2688, "tokens": tokens, "skew": skew,
+            "median_ms": 0.9, "min_ms": 0.85, "max_ms": 1.25, "useful_tflops": tflops, "tiles": 10752,
+            "registers": 96, "eta": 1.0, **extra}
+
+
+SYNTHETIC = {
+    "provenance": {"gpu": "Test GPU", "compute_capability": "9.0", "sm_count": 132, "driver": "13.0",
+                   "cuda": {"driver_api": "13.0", "nvrtc": "13.0"}, "clocks": {"clocks.sm": "1980 MHz"},
+                   "packages": {"numpy": "2.4.6"}, "git_commit": "0123456789abcdef0123456789abcdef01234567",
+                   "date": "2026-11-29T12:50:33+00:00",
+                   "command": "/opt/venv/bin/python3 /home/someone/repo/chapters/99/run.py --profile", "host": "box"},
+    "records": [_record("k9/a"), _record("k9/a", skew=1.2, tflops=80.0), _record("k9/a", tokens=2048, tflops=40.0),
+                _record("peer/torch_grouped_mm", tflops=200.0),
+                _record("peer/torch_grouped_mm", skew=1.2, tflops=160.0),
+                _record("k9/a", K=8192, tflops=120.0)],
+    "ceilings": [{"variant": "ceiling/copy", "tbps": 4.0}, {"variant": "ceiling/dense_bf16", "tflops": 800.0}],
+    "profile": [{"variant": "k9/a", "cycles_per_issue": 14.904, "instructions": 56300184.0}],
+}
+
+
+@pytest.fixture
+def pages(tmp_path) -> Pages:
+    path = tmp_path / "chapters" / "99" / "results" / "h200.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(SYNTHETIC))
+    return Pages(tmp_path)
+
+
+def test_numbers_print_in_their_fields_format_and_stay_numbers(pages):
+    assert str(pages.tflops("99", "k9/a")) == "100.0"
+    assert str(pages.ms("99", "k9/a", skew=1.2)) == "0.900"
+    assert str(pages.value("99", "k9/a", "tiles")) == "10,752"
+    assert str(pages.value("99", "k9/a", "registers", fmt=".1f")) == "96.0"
+    half = pages.tflops("99", "k9/a", tokens=2048) / pages.tflops("99", "k9/a")
+    assert half == pytest.approx(0.4) and not isinstance(half, Number)
+
+
+def test_workloads_match_on_every_keyword_with_the_seed_as_default(pages):
+    assert pages.tflops("99", "k9/a", skew=1.2) == 80.0
+    assert pages.tflops("99", "k9/a", tokens=2048, skew=0) == 40.0
+    assert pages.tflops("99", "k9/a", K=8192) == 120.0
+    with pytest.raises(PageDataError, match=r"no record of k9/a at 2,048 rows, s=1.2"):
+        pages.tflops("99", "k9/a", tokens=2048, skew=1.2)
+
+
+def test_missing_data_raises_naming_what_is_missing(pages):
+    with pytest.raises(PageDataError, match="no record of k9/b"):
+        pages.record("99", "k9/b")
+    with pytest.raises(PageDataError, match="has no 'spill_bytes'"):
+        pages.value("99", "k9/a", "spill_bytes")
+    with pytest.raises(PageDataError, match="has no 'spill_bytes'"):
+        pages.record("99", "k9/a").spill_bytes
+    with pytest.raises(PageDataError, match="chapters/98/results/h200.json does not exist"):
+        pages.tflops("98", "k9/a")
+    with pytest.raises(PageDataError, match="no section 'stages'"):
+        pages.section("99", "stages")
+    with pytest.raises(PageDataError, match="no entry for k9/b"):
+        pages.entry("99", "profile", "k9/b")
+    with pytest.raises(PageDataError, match="no ceiling/ffma"):
+        pages.ceiling("99", "ffma")
+
+
+def test_ratio_spread_and_sections(pages):
+    assert str(pages.ratio("99", "k9/a", "peer/torch_grouped_mm")) == "0.50"
+    assert str(pages.ratio("99", "k9/a", "peer/torch_grouped_mm", skew=1.2, fmt=".3f")) == "0.500"
+    assert pages.spread("99", "k9/a") == "0.850-1.250 ms"
+    assert str(pages.entry("99", "profile", "k9/a", "cycles_per_issue")) == "14.90"
+    assert str(pages.entry("99", "profile", "k9/a", "instructions")) == "56,300,184"
+    assert str(pages.section("99", "provenance").clocks["clocks.sm"]) == "1980 MHz"
+    assert str(pages.ceiling("99", "copy")) == "4.00" and str(pages.ceiling("99", "dense_bf16")) == "800.0"
+
+
+def test_roofline_uses_the_runs_own_ceilings(pages, tmp_path):
+    # At 4 TB/s the seed shape's 473,956,352 compulsory bytes take longer than its 90.2 GFLOP at
+    # 800 TFLOP/s: memory-bound, just, at 16,384 rows; far more so at 2,048.
+    assert str(pages.roofline("99")) == "761"
+    assert pages.roofline("99", tokens=2048) == pytest.approx(2 * 2048 * 1024 * 2688 / (367_525_888 / 4e12) / 1e12)
+    assert "800 TFLOP/s dense bf16 and 4.00 TB/s copy, measured in the same run" == pages.roofline_basis("99")
+    without = dict(SYNTHETIC, ceilings=[{"variant": "ceiling/copy", "tbps": 4.0}])  # half a basis is none
+    (tmp_path / "chapters/99/results/h200.json").write_text(json.dumps(without))
+    assert str(pages.roofline("99")) == "757"  # 4.22 TB/s: compute-bound again
+
+
+def test_results_table_selects_variants_workloads_and_columns(pages):
+    table = pages.results_table("99", variants=["k9/a"], workloads=[(16384, 0), {"tokens": 16384, "skew": 1.2}],
+                                columns=["variant", "workload", "tflops", "vs_peer", "roofline"])
+    lines = table.strip().splitlines()
+    assert lines[0] == "| variant | workload | TFLOP/s | vs peer | % roofline (800 / 4.00) |"
+    assert lines[2] == "| k9/a | 16,384 rows, s=0 | 100.0 | 0.50 | 13.1 |"  # of 761
+    assert lines[3] == "| k9/a | 16,384 rows, s=1.2 | 80.0 | 0.50 | 10.5 |"
+    assert lines[4] == ""
+    assert lines[5].startswith("*TFLOP/s: useful") and "ceilings measured in the same run" in lines[5]
+    everything = pages.results_table("99")
+    assert everything.count("| k9/a |") == 4 and "peer/torch_grouped_mm" in everything
+    with pytest.raises(PageDataError, match="no record of k9/a at 2,048 rows, s=1.2"):
+        pages.results_table("99", variants=["k9/a"], workloads=[(2048, 1.2)])
+    with pytest.raises(ValueError, match="unknown column"):
+        pages.results_table("99", columns=["variant", "speed"])
+
+
+def test_provenance_is_one_collapsible_block_without_machine_paths(pages):
+    block = pages.provenance("99")
+    lines = block.splitlines()
+    assert lines[0] == '??? info "Provenance: chapters/99/results/h200.json"'
+    assert all(line.startswith("    ") for line in lines[2:])  # all of it inside the block
+    assert "| GPU | Test GPU, compute capability 9.0, 132 SMs |" in block
+    assert "| command | `python chapters/99/run.py --profile` |" in block
+    assert "| date | 2026-11-29 12:50 UTC |" in block
+    assert "0123456789abcdef0123456789abcdef01234567" in block
+    assert "/opt/" not in block and "/home/" not in block and "box" not in block
+
+
+def test_display_command():
+    assert display_command("/opt/torch/.venv/bin/python3 chapters/01/run.py") == "python chapters/01/run.py"
+    assert display_command("python3.12 /work/x/chapters/02/run.py --quick") == "python chapters/02/run.py --quick"
+    assert display_command("pytest -q") == "pytest -q"
+
+
+def test_formatting_helpers():
+    assert fmt(0.05809, ".3f") == "0.058" and fmt(Number(3.14159, ".1f")) == "3.1"
+    assert pct(0.4731) == "47.3%" and pct(0.4731, 0) == "47%"
+    assert change(388.8, 374.5) == "+3.8%" and change(357.8, 388.8) == "-8.0%"
+
+
+def test_harness_models(pages):
+    assert str(pages.eta(128, skew=1.2)) == "0.780" and str(pages.eta(64, tokens=2048)) == "0.500"
+    assert str(pages.compulsory_bytes()) == "473,956,352"
+    assert pages.residency(96, 9, 99376).blocks == 2
+
+
+# ---- through a build ---------------------------------------------------------------------------
+
+def _mini_site(tmp_path: Path, page: str) -> subprocess.CompletedProcess:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text(page)
+    (tmp_path / "mkdocs.yml").write_text(textwrap.dedent("""\
+        site_name: macros test
+        plugins:
+          - macros:
+              modules: [moe_gemm.pages]
+              on_undefined: strict
+              on_error_fail: true
+        markdown_extensions: [tables, pymdownx.details]
+        """))
+    path = tmp_path / "chapters" / "99" / "results" / "h200.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(SYNTHETIC))
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PYTHONPATH=os.pathsep.join(
+        [str(REPO / "python"), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_page_renders_its_numbers_in_a_build(tmp_path):
+    page = ('k9 runs at {{ tflops("99", "k9/a") }} TFLOP/s, {{ ratio("99", "k9/a", "peer/torch_grouped_mm") }} '
+            'of the peer.\n\n{{ results_table("99", variants=["k9/a"], columns=["variant", "tflops"]) }}\n\n'
+            '{{ provenance("99") }}\n')
+    proc = _mini_site(tmp_path, page)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    html = (tmp_path / "site" / "index.html").read_text()
+    assert "k9 runs at 100.0 TFLOP/s, 0.50 of the peer." in html
+    assert re.search(r"<td[^>]*>k9/a</td>\s*<td[^>]*>120.0</td>", html)  # the K = 8192 row
+    assert '<details class="info">' in html and "python chapters/99/run.py --profile" in html
+
+
+def test_a_missing_record_fails_the_build(tmp_path):
+    proc = _mini_site(tmp_path, 'A number that was never measured: {{ tflops("99", "k9/b") }}.\n')
+    assert proc.returncode != 0
+    assert "no record of k9/b at 16,384 rows, s=0" in proc.stdout + proc.stderr
+
+
+# ---- one roofline basis on the CLI and the site ------------------------------------------------
+
+@pytest.mark.parametrize("chapter", ("01", "02", "03"))
+def test_cli_and_page_show_the_same_roofline(chapter, capsys):
+    from moe_gemm.notebook import show_recorded
+
+    show_recorded(chapter)
+    cli = capsys.readouterr().out
+    page = Pages(REPO).results_table(chapter)
+    header = next(h for h in re.findall(r"% roofline \([^)]*\)", page))
+    assert header in cli, f"the CLI's header differs from the page's {header!r}"
+    cli_rows = [line.split() for line in cli.splitlines() if re.match(r"^(k\d|peer/)", line)]
+    page_rows = [[c.strip() for c in line.strip("|").split("|")] for line in page.splitlines()
+                 if re.match(r"^\| (k\d|peer/)", line)]
+    assert len(cli_rows) == len(page_rows) > 0
+    index = [c.strip() for c in page.splitlines()[0].strip("|").split("|")].index(header)
+    for cli_row, page_row in zip(cli_rows, page_rows):
+        assert page_row[index] in cli_row, (cli_row, page_row)
+
+
+def test_the_documented_examples_hold_on_the_recorded_files():
+    """Every '``{{ ... }}`` gives ``X``' in the module's docstring renders to X on the recorded results."""
+    import jinja2
+
+    import moe_gemm.pages
+
+    inside = r"(?:(?!``).)*?"  # within one ``...`` span
+    examples = re.findall(rf"``((?:\{{%{inside}%\}})?\{{\{{{inside}\}}\}})``\s+gives\s+``([^`]+)``", moe_gemm.pages.__doc__,
+                          re.S)
+    assert len(examples) >= 4
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.globals.update(Pages(REPO).macros())
+    for template, expected in examples:
+        assert env.from_string(" ".join(template.split())).render() == expected, template
