@@ -31,7 +31,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 NAV_PAGES = ("index.md", "00-problem.md", "01-fp32-baseline.md", "02-mma-sync.md",
-             "03-tma-warp-specialization.md")
+             "03-tma-warp-specialization.md", "04-wgmma.md", "05-tcgen05.md")
 MATH_PAGES = ("index.md", "00-problem.md")  # pages that must show typeset math
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

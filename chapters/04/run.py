@@ -40,6 +40,10 @@ PEERS = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")
 # BN = 192 rung by one step each: the register-direct epilogue, and B multicast.
 PROFILE_ALSO = ("k3/persistent-bn192", "k3/multicast-tmastore-bn192")
 REPEAT_WORKLOADS = ((16384, 0.0), (65536, 0.0))
+COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives consumers 232, the producer 40); smem: ring + "
+                  "C staging + barriers; blocks/SM: the occupancy model's; the rest: static SASS counts (HGMMA = "
+                  "wgmma, UTMALDG / UTMASTG = TMA load / store, STSM = stmatrix, SYNCS = mbarrier, CLUSTER BAR = "
+                  "barrier.cluster)")
 # useful-TFLOP/s ratio to the faster torch._grouped_mm layout, same run, that the best k3 must reach
 TARGETS = {(16384, 0.0): 1.05, (16384, 1.2): 1.0, (2048, 0.0): 1.1, (65536, 0.0): 1.05, (65536, 1.2): 1.0}
 
@@ -83,9 +87,8 @@ def peers() -> list:
 
 # --------------------------------------------------------------------------- tables
 
-def show(table: Table, legend: str) -> None:
-    print(table.text())
-    print(f"  {legend}\n")
+def show(table: Table) -> None:
+    print(table.text(), end="\n\n")
 
 
 def _find(records: Sequence[dict[str, Any]], variant: str, key: tuple[int, float]) -> dict[str, Any] | None:
@@ -116,7 +119,9 @@ def ladder_table(records: Sequence[dict[str, Any]]) -> Table:
                 cells.append(f"{record['useful_tflops']:.1f} ({record['useful_tflops'] / peer['useful_tflops']:.2f})")
         rows.append((name, *cells))
     headers = ("variant", *(f"{t // 1024}k s={s:g}" for t, s in keys))
-    return Table(headers, tuple(rows), title="The ladder: useful TFLOP/s (ratio to the faster torch._grouped_mm)")
+    return Table(headers, tuple(rows), title="The ladder: useful TFLOP/s (ratio to the faster torch._grouped_mm)",
+                 legend="each cell: useful TFLOP/s (2 M_tot K N / median time) and, in brackets, its ratio to the "
+                        "faster of the two torch._grouped_mm layouts on the same inputs")
 
 
 def target_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -140,7 +145,8 @@ def targets_table(rows: Sequence[dict[str, Any]]) -> Table:
                   f"{r['peer_tflops']:.1f}", f"{r['ratio']:.3f}", f"{r['target']:.2f}", "yes" if r["met"] else "NO")
                  for r in rows)
     return Table(("workload", "fastest k3", "TFLOP/s", "peer TFLOP/s", "ratio", "target", "met"), body,
-                 title="Targets: the fastest k3 against the faster torch._grouped_mm layout, same run")
+                 title="Targets: the fastest k3 against the faster torch._grouped_mm layout, same run",
+                 legend="ratio: fastest k3 over the faster peer; target: the ratio chapter 04 set out to reach")
 
 
 # --------------------------------------------------------------------------- no GPU
@@ -154,10 +160,7 @@ def compile_report(arch: str = ARCH, only: Sequence[str] | None = None) -> list[
 def show_compile_report(rows: list[dict[str, Any]]) -> None:
     from moe_gemm.compile_report import compile_table
 
-    show(compile_table(rows, OPCODES, OPCODE_LABELS),
-         "regs: per thread at launch (setmaxnreg then gives consumers 232, the producer 40); smem: ring + C staging "
-         "+ barriers; blocks/SM: the occupancy model's; the rest: static SASS counts (HGMMA = wgmma, UTMALDG / "
-         "UTMASTG = TMA load / store, STSM = stmatrix, SYNCS = mbarrier, CLUSTER BAR = barrier.cluster).")
+    show(compile_table(rows, OPCODES, OPCODE_LABELS, legend=COMPILE_LEGEND))
 
 
 def run_without_gpu(args, reason: str) -> int:
@@ -260,7 +263,9 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
                   get(r, "stall_long_scoreboard", ".2f"), get(r, "stall_barrier", ".2f")) for r in rows)
     return Table(("variant", "HGMMA pipe %", "tensor pipe %", "DRAM %", "L2 hit %", "warps/SM", "stall gmma",
                   "stall long sb", "stall barrier"), body,
-                 title="Nsight Compute, 16,384 rows, s=0 (one profiled launch each)")
+                 title="Nsight Compute, 16,384 rows, s=0 (one profiled launch each)",
+                 legend="HGMMA pipe %: tensor pipe busy with wgmma, of peak; DRAM %: of peak bandwidth; stalls: "
+                        "cycles per issued instruction")
 
 
 def spread_rows(records: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -287,23 +292,25 @@ def spread_table(rows: Sequence[dict[str, Any]]) -> Table:
                   f"{r['min_tflops']:.1f}-{r['max_tflops']:.1f}", f"{r['min_ratio']:.3f}-{r['max_ratio']:.3f}")
                  for r in rows)
     return Table(("workload", "variant", "runs", "TFLOP/s", "ratio"), body,
-                 title="Run-to-run spread: the same kernels timed in fresh processes")
+                 title="Run-to-run spread: the same kernels timed in fresh processes",
+                 legend="min-max over this run and the repeats; ratio: to the faster peer of the same process")
 
 
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.bench import progress
     from moe_gemm.compile_report import compile_table
     from moe_gemm.notebook import checks_table, records_table, run_checks, run_variants, save_results
+    from moe_gemm.roofline import roofline_basis
     from moe_gemm.variants.registry import get
 
     timing = {"warmup": 5, "iterations": 20} if args.quick else {}
     print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
     report = compile_report(gpu.arch, args.only)
-    show(compile_table(report, OPCODES, OPCODE_LABELS), "static SASS counts; blocks/SM from the occupancy model")
+    show(compile_table(report, OPCODES, OPCODE_LABELS, legend=COMPILE_LEGEND))
 
     variants = ladder(args.only)
     checks = run_checks(variants)
-    show(checks_table(checks), "exact: integer-valued inputs, bit for bit; random: relative error <= 1e-2")
+    show(checks_table(checks))
     failed = sorted({c["variant"] for c in checks if not c["passed"]})
     if failed:
         print(f"checks FAILED for {', '.join(failed)}: those are not timed.", file=sys.stderr)
@@ -313,11 +320,10 @@ def run_on_gpu(args, gpu) -> int:
     ceilings = measure_ceilings()
     timed = passing + [get(K2_BEST)] + ([] if args.no_peers else peers())
     records = run_variants(timed, workloads(), **timing)
-    print(records_table(records, title="Every measurement"), end="\n\n")
-    show(ladder_table(records), "each cell: useful TFLOP/s (2 M_tot K N / median time) and, in brackets, its ratio "
-                                "to the faster of the two torch._grouped_mm layouts on the same inputs")
+    show(records_table(records, title="Every measurement", basis=roofline_basis({"ceilings": ceilings})))
+    show(ladder_table(records))
     targets = target_rows(records)
-    show(targets_table(targets), "ratio: fastest k3 over the faster peer; target: what chapter 04 set out to reach")
+    show(targets_table(targets))
 
     extra: dict[str, Any] = {"checks": checks, "compile_report": report, "targets": targets,
                              "ladder": {v.name: vars(v.config) for v in variants}}
@@ -328,13 +334,11 @@ def run_on_gpu(args, gpu) -> int:
               f"(median; a one-time cost per weight update, not per forward pass)\n")
     if args.profile:
         extra["profile"] = profile_rungs([*fastest_rungs(records, 2), *PROFILE_ALSO])
-        show(profile_table(extra["profile"]), "HGMMA pipe %: tensor pipe busy with wgmma, of peak; DRAM %: of peak "
-                                              "bandwidth; stalls: cycles per issued instruction")
+        show(profile_table(extra["profile"]))
     if args.repeats:
         extra["repeats"] = repeats(fastest_rungs(records, 3), args.repeats)
         extra["spread"] = spread_rows(records, extra["repeats"])
-        show(spread_table(extra["spread"]), "min-max over this run and the repeats of the median time of each; "
-                                            "ratio: to the faster peer of the same process")
+        show(spread_table(extra["spread"]))
     path = save_results(CHAPTER, records, gpu, ceilings=ceilings, **extra)
     print(f"results written to {path}")
     return 1 if failed else 0

@@ -77,21 +77,26 @@ INSTR_FIELDS = (("sparse", 0, 3), ("sat", 3, 1), ("D fmt", 4, 2), ("-", 6, 1), (
                 ("-", 23, 1), ("M >> 4", 24, 5), ("-", 29, 1), ("shift", 30, 2))
 
 
-def _draw_fields(ax, y: float, value: int, fields, first_bit: int, bits: int, title: str) -> None:
-    """One row of ``bits`` bits from ``first_bit`` (high bit left), a box per field with its value."""
+ROW_BITS = 16  # bits per drawn row: a 1-bit field is then wide enough for a readable label
+
+
+def _draw_fields(ax, y: float, values: Sequence[int], fields, first_bit: int, title: str) -> None:
+    """Bits first_bit .. first_bit + 15 (high bit left), a box per field (or part of one) with its name
+    and, on the part that holds the field's low bit, its value in each of ``values``."""
     for i, (name, lo, width) in enumerate(fields):
-        hi = lo + width - 1
-        if hi < first_bit or lo >= first_bit + bits:
+        seg_lo, seg_hi = max(lo, first_bit), min(lo + width, first_bit + ROW_BITS) - 1
+        if seg_lo > seg_hi:
             continue
-        left = first_bit + bits - 1 - hi
-        field_value = value >> lo & ((1 << width) - 1)
-        ax.add_patch(Rectangle((left, y), width, 1, facecolor=FIELD_COLORS[i % len(FIELD_COLORS)],
+        left, seg_width = first_bit + ROW_BITS - 1 - seg_hi, seg_hi - seg_lo + 1
+        ax.add_patch(Rectangle((left, y), seg_width, 1, facecolor=FIELD_COLORS[i % len(FIELD_COLORS)],
                                edgecolor="#333333", linewidth=0.8))
-        ax.text(left + width / 2, y + 0.68, name, ha="center", va="center", fontsize=7 if width > 2 else 5.5)
-        ax.text(left + width / 2, y + 0.28, str(field_value) if width < 6 else f"{field_value:#x}", ha="center",
-                va="center", fontsize=7 if width > 2 else 5.5, family="monospace")
-        ax.text(left + width - 0.5, y - 0.22, str(lo), ha="center", va="center", fontsize=5.5, color="#555555")
-    ax.text(-0.6, y + 0.5, title, ha="right", va="center", fontsize=8)
+        ax.text(left + seg_width / 2, y + 0.72, name, ha="center", va="center", fontsize=9)
+        if seg_lo == lo:
+            field_values = [v >> lo & ((1 << width) - 1) for v in values]
+            text = " / ".join(str(v) if width < 6 else f"{v:#x}" for v in field_values)
+            ax.text(left + seg_width / 2, y + 0.3, text, ha="center", va="center", fontsize=9, family="monospace")
+        ax.text(left + seg_width - 0.5, y - 0.2, str(seg_lo), ha="center", va="center", fontsize=9, color="#555555")
+    ax.text(-0.4, y + 0.5, title, ha="right", va="center", fontsize=10)
 
 
 def descriptor_figure():
@@ -103,18 +108,17 @@ def descriptor_figure():
     b_tile = a_tile + config.bm * k4.BK * 2
     desc_a, desc_b = plan_a.descriptor(a_tile, 0, 1), plan_b.descriptor(b_tile, 0, 1)
     idesc = k4.instr_descriptor(config)
-    fig, ax = new_figure(10.5, 5.4)
+    rows = [((desc_a, desc_b), SMEM_FIELDS, first, f"smem bits {first + 15}-{first}") for first in (48, 32, 16, 0)]
+    rows += [((idesc,), INSTR_FIELDS, first, f"instr bits {first + 15}-{first}") for first in (16, 0)]
+    fig, ax = new_figure(8.6, 6.6)
     ax.set_axis_off()
     ax.grid(False)
-    rows = ((desc_a, SMEM_FIELDS, 32, f"A, bits 63-32\n{desc_a:#018x}"), (desc_a, SMEM_FIELDS, 0, "A, bits 31-0"),
-            (desc_b, SMEM_FIELDS, 32, f"B, bits 63-32\n{desc_b:#018x}"), (desc_b, SMEM_FIELDS, 0, "B, bits 31-0"),
-            (idesc, INSTR_FIELDS, 0, f"instruction\n{idesc:#010x}"))
-    for i, (value, fields, first, title) in enumerate(rows):
-        _draw_fields(ax, (len(rows) - 1 - i) * 1.6, value, fields, first, 32, title)
-    ax.set_xlim(-7.5, 32.3)
-    ax.set_ylim(-0.6, len(rows) * 1.6)
-    ax.set_title(f"tcgen05 descriptors of {ESTIMATE_VARIANT} (k16 step 1 of a stage at {a_tile:#x}); "
-                 "field values as encoded, addresses and offsets in 16-byte units", fontsize=9)
+    for i, (values, fields, first, title) in enumerate(rows):
+        _draw_fields(ax, (len(rows) - 1 - i) * 1.5 - (0.6 if i >= 4 else 0), values, fields, first, title)
+    ax.set_xlim(-4.2, ROW_BITS + 0.2)
+    ax.set_ylim(-1.3, len(rows) * 1.5)
+    ax.set_title(f"{ESTIMATE_VARIANT}, k16 step 1 of a stage at {a_tile:#x}: shared-memory descriptor values "
+                 f"A / B\n(A {desc_a:#018x}, B {desc_b:#018x}), instruction descriptor {idesc:#010x}", fontsize=10)
     return fig
 
 

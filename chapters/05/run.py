@@ -79,13 +79,11 @@ def compile_table(rows: list[dict[str, Any]]) -> Table:
     headers = ("kernel", "regs", "smem KB", "TMEM cols", "spills", "blocks/SM", "limited by", *OPCODES)
     body = tuple((r["variant"], r["registers"], f"{r['smem_bytes'] / 1024:.1f}", r["tmem_columns"], r["spill_bytes"],
                   r["blocks_per_sm"], r["limiter"], *(r["sass"][op] for op in OPCODES)) for r in rows)
-    return Table(headers, body, title=f"Compile report ({rows[0]['arch']}, NVRTC; SASS columns are static "
-                                      "instruction counts)")
+    return Table(headers, body, title=f"Compile report ({rows[0]['arch']}, NVRTC)", legend=COMPILE_LEGEND)
 
 
-def print_table(table: Table, legend: str) -> None:
-    print(table.text())
-    print(f"  {legend}", end="\n\n")
+def print_table(table: Table) -> None:
+    print(table.text(), end="\n\n")
 
 
 # --------------------------------------------------------------------------- main
@@ -111,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_on_gpu(args, gpu)
     print(f"{NOT_RUN}: {reason}. Compiling every configuration for {' and '.join(ARCHES)} instead.\n")
     for arch in ARCHES:
-        print_table(compile_table(compile_report(arch)), COMPILE_LEGEND)
+        print_table(compile_table(compile_report(arch)))
     print(f"{NOT_RUN}. The tables above are the compiler's report; no number in them is a measurement of k4, "
           "and chapter 05 has no recorded results.")
     return 0
@@ -124,12 +122,11 @@ def run_on_gpu(args, gpu) -> int:
     timing = {"warmup": 5, "iterations": 20} if args.quick else {}
     print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
     report = compile_report(gpu.arch)
-    print_table(compile_table(report), COMPILE_LEGEND)
+    print_table(compile_table(report))
 
     variants = k4_variants()
     checks = run_checks(variants)
-    print_table(checks_table(checks), "variant: the k4 configuration; case: the input; result: exact match or the "
-                                      "relative error against the fp32 reference")
+    print_table(checks_table(checks))
     failed = [c for c in checks if not c["passed"]]
     if failed:
         print(f"{len(failed)} check(s) FAILED; not timing anything.", file=sys.stderr)
@@ -141,10 +138,7 @@ def run_on_gpu(args, gpu) -> int:
 
         timed += list(available_peers())
     records = run_variants(timed, SEED_WORKLOADS, **timing)
-    print(records_table(records, title="Every measurement"))
-    print("  median ms: median of the timed launches; TFLOP/s: useful (2 M_tot K N / time); vs peer: ratio to "
-          "torch._grouped_mm in this run; % roofline: of the H200-basis roofline; eta: row utilisation; tiles, "
-          "regs, smem KB, blocks/SM: launch shape and resources", end="\n\n")
+    print_table(records_table(records, title="Every measurement"))
     path = save_results(CHAPTER, records, gpu, checks=checks, compile_report=report)
     print(f"results written to {path}")
     return 0

@@ -38,8 +38,9 @@ def compile_rows(variants: Sequence[Any], arch: str, opcodes: Sequence[str]) -> 
     return rows
 
 
-def compile_table(rows: Sequence[dict[str, Any]], opcodes: Sequence[str],
-                  labels: Mapping[str, str] | None = None) -> Table:
+def compile_table(rows: Sequence[dict[str, Any]], opcodes: Sequence[str], labels: Mapping[str, str] | None = None,
+                  legend: str = "regs: per thread (ptxas); smem: static + dynamic per block; blocks/SM: the occupancy "
+                                "model's, and the limits that bind; the rest: static SASS instruction counts") -> Table:
     labels = labels or {}
     headers = ("kernel", "regs", "smem KB", "spills", "warps", "blocks/SM", "limited by",
                *(labels.get(op, op) for op in opcodes))
@@ -47,4 +48,4 @@ def compile_table(rows: Sequence[dict[str, Any]], opcodes: Sequence[str],
                   r["warps_per_block"], r["blocks_per_sm"], r["limiter"], *(r["sass"][op] for op in opcodes))
                  for r in rows)
     arch = rows[0]["arch"] if rows else "?"
-    return Table(headers, body, title=f"Compile report ({arch}, NVRTC; SASS columns are static instruction counts)")
+    return Table(headers, body, title=f"Compile report ({arch}, NVRTC)", legend=legend)
