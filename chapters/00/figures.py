@@ -8,18 +8,17 @@ number on that page comes from the harness, not from a hand-typed table.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.cli import run_main
 from moe_gemm.occupancy import issue_rate, max_registers_for, registers_per_warp, residency, sm_ipc
 from moe_gemm.report import Table
 from moe_gemm.routing import expert_counts
-from moe_gemm.style import BM_COLORS, FIGURE_ROOT, new_figure, save_figure
+from moe_gemm.style import BM_COLORS, figures_main, new_figure, save_figure
 from moe_gemm.tiles import eta
 from moe_gemm.workload_tables import (SEED_B300_K2_LABEL, SEED_B300_K2_TFLOPS, SEED_SKEWS, estimate_table,
                                       roofline_table, routing_table, skew_label, tile_count_table)
@@ -166,13 +165,7 @@ def write_outputs(root: Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser: argparse.ArgumentParser = chapter_parser(__doc__)
-    parser.add_argument("--out", type=Path, default=FIGURE_ROOT,
-                        help=f"figure root; files go to OUT/{CHAPTER}/ (default {FIGURE_ROOT})")
-    args = parser.parse_args(argv)
-    for path in write_outputs(args.out):
-        print(path)
-    return 0
+    return figures_main(__doc__, write_outputs, CHAPTER, argv)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import chapter_parser, ignored_flags, run_main
+from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
 from moe_gemm.occupancy import residency
 from moe_gemm.report import Table
 
@@ -44,11 +44,7 @@ RANDOM_CHECKS = (  # (experts, tokens, K, N, skew): realistic inputs, relative e
 
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
-    parser.add_argument("--quick", action="store_true",
-                        help="5 warm-up and 20 timed launches per measurement instead of 10 and 50; "
-                             "the results file is not written")
-    parser.add_argument("--no-peers", action="store_true",
-                        help="leave out torch._grouped_mm and the per-expert torch loop")
+    add_timing_arguments(parser, quick_note="; the results file is not written")
     parser.add_argument("--simulate", action="store_true",
                         help="run the no-GPU path (numba's CUDA simulator) even where there is a GPU")
     return parser.parse_args(argv)
@@ -207,7 +203,7 @@ def run_gpu(args, gpu) -> int:
         print("torch._grouped_mm is not available here (needs torch >= 2.8 and an sm_90+ GPU): "
               "k0 is timed without the peer ratio\n")
     workloads = (*SEED_WORKLOADS, Workload(16384, 0.0, K=8192))
-    timing = {"warmup": 5, "iterations": 20} if args.quick else {}
+    timing = timing_options(args)
     records = run_variants([k0, *peers], workloads, **timing)
     ceilings = measure_fp32_ceilings()
     for c in ceilings:

@@ -33,7 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import chapter_parser, ignored_flags, run_main
+from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
 from moe_gemm.notebook import checks_table, find_measurement, run_checks
 from moe_gemm.report import Table
 
@@ -54,9 +54,7 @@ SEED_B300 = {  # the seed's B300 numbers (useful TFLOP/s), for reference only: n
 
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
-    parser.add_argument("--quick", action="store_true",
-                        help="5 warm-up and 20 timed launches per measurement instead of 10 and 50")
-    parser.add_argument("--no-peers", action="store_true", help="leave out torch._grouped_mm and the torch loop")
+    add_timing_arguments(parser)
     parser.add_argument("--profile", action="store_true",
                         help="also profile each k1 variant once with Nsight Compute at 16,384 rows, s=0 "
                              "(warps per scheduler, warp cycles per issued instruction, issue-active); needs ncu")
@@ -184,7 +182,7 @@ def run_on_gpu(args, gpu) -> int:
     from moe_gemm.roofline import roofline_basis
     from moe_gemm.variants.k1 import all_configs, compile_report
 
-    timing = {"warmup": 5, "iterations": 20} if args.quick else {}
+    timing = timing_options(args)
     print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
     report = compile_report(gpu.arch)
     print(compile_table(report).text(), end="\n\n")

@@ -11,7 +11,6 @@ never as measurements). The page's own tables and numbers come from the results 
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 from collections.abc import Sequence
@@ -20,12 +19,12 @@ from pathlib import Path
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.cli import run_main
 from moe_gemm.notebook import find_measurement, short_label
 from moe_gemm.report import Table
 from moe_gemm.results import results_path
 from moe_gemm.routing import expert_counts
-from moe_gemm.style import COLORS, FIGURE_ROOT, family_color, new_figure, save_figure
+from moe_gemm.style import COLORS, FIGURE_ROOT, family_color, figures_main, new_figure, save_figure
 from moe_gemm.tiles import eta, scheduled_flops, tile_count
 
 CHAPTER = "03"
@@ -218,18 +217,8 @@ def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
     return written
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = chapter_parser(__doc__)
-    parser.add_argument("--out", type=Path, default=FIGURE_ROOT,
-                        help=f"folder that receives {CHAPTER}/*.png and *.md (default {FIGURE_ROOT})")
-    return parser.parse_args(argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    for path in write_outputs(args.out):
-        print(path)
-    return 0
+    return figures_main(__doc__, write_outputs, CHAPTER, argv)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import chapter_parser, ignored_flags, run_main
+from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
 from moe_gemm.notebook import checks_table, find_measurement, run_checks, short_label
 from moe_gemm.occupancy import residency
 from moe_gemm.report import Table
@@ -46,10 +46,7 @@ SEED_B300 = {  # the seed's B300 numbers, useful TFLOP/s, for reference only (ne
 
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
-    parser.add_argument("--quick", action="store_true",
-                        help="5 warm-up and 20 timed launches per measurement instead of 10 and 50")
-    parser.add_argument("--no-peers", action="store_true",
-                        help="leave out torch._grouped_mm and the per-expert torch loop")
+    add_timing_arguments(parser)
     parser.add_argument("--profile", action="store_true",
                         help="also run Nsight Compute on each k2 STAGES (occupancy limits and achieved warps); "
                              "needs ncu on PATH")
@@ -242,7 +239,7 @@ def not_run_sentence(gpu, arch: str) -> str:
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.notebook import SEED_WORKLOADS, records_table, run_variants, save_results
 
-    timing = {"warmup": 5, "iterations": 20} if args.quick else {}
+    timing = timing_options(args)
     print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
 
     report = compile_report(gpu.arch)

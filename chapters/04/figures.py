@@ -16,17 +16,16 @@ always describes the current kernels. When the results file is absent no figure 
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.cli import run_main
 from moe_gemm.problem import useful_flops
 from moe_gemm.results import results_path
 from moe_gemm.roofline import compulsory_bytes
-from moe_gemm.style import COLORS, FIGURE_ROOT, new_figure, save_figure
+from moe_gemm.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
 
 CHAPTER = "04"
 EXPERTS, K, N = 64, 1024, 2688
@@ -174,15 +173,8 @@ def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
             save_figure(epilogue_figure(data), CHAPTER, "epilogue", root)]
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    return chapter_parser(__doc__).parse_args(argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parse_args(argv)
-    for path in write_outputs():
-        print(path)
-    return 0
+    return figures_main(__doc__, write_outputs, CHAPTER, argv)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import chapter_parser, nonnegative_int, run_main
+from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, nonnegative_int, run_main, timing_options
 from moe_gemm.report import Table
 
 CHAPTER = "04"
@@ -50,9 +50,7 @@ TARGETS = {(16384, 0.0): 1.05, (16384, 1.2): 1.0, (2048, 0.0): 1.1, (65536, 0.0)
 
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
-    parser.add_argument("--quick", action="store_true",
-                        help="5 warm-up and 20 timed launches per measurement instead of 10 and 50")
-    parser.add_argument("--no-peers", action="store_true", help="leave out torch._grouped_mm")
+    add_timing_arguments(parser, peers="torch._grouped_mm")
     parser.add_argument("--profile", action="store_true",
                         help="also run Nsight Compute on the two fastest rungs at 16,384 rows (tensor pipe, "
                              "DRAM throughput, L2 hit rate); needs ncu on PATH")
@@ -164,12 +162,11 @@ def show_compile_report(rows: list[dict[str, Any]]) -> None:
 
 
 def run_without_gpu(args, reason: str) -> int:
-    ignored = [flag for flag, on in (("--profile", args.profile), ("--quick", args.quick),
-                                     ("--no-peers", args.no_peers), ("--repeats", args.repeats)) if on]
     print(f"k3 is not run here because {reason}; compiling every rung for {ARCH} instead.")
-    if ignored:
-        print(f"({', '.join(ignored)} ignored: {'they change' if len(ignored) > 1 else 'it changes'} what is timed, "
-              "and nothing is timed without a GPU.)")
+    note = ignored_flags(args, ("--quick", "--no-peers", "--profile", "--repeats"),
+                         "nothing is timed or profiled without an sm_90a GPU")
+    if note:
+        print(note)
     print()
     show_compile_report(compile_report(ARCH, args.only))
     from moe_gemm.notebook import show_recorded
@@ -303,7 +300,7 @@ def run_on_gpu(args, gpu) -> int:
     from moe_gemm.roofline import roofline_basis
     from moe_gemm.variants.registry import get
 
-    timing = {"warmup": 5, "iterations": 20} if args.quick else {}
+    timing = timing_options(args)
     print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
     report = compile_report(gpu.arch, args.only)
     show(compile_table(report, OPCODES, OPCODE_LABELS, legend=COMPILE_LEGEND))

@@ -16,20 +16,19 @@ output here is built when the site is built, from the compiler and the model, ne
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.patches import Rectangle
 
-from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.cli import run_main
 from moe_gemm.occupancy import HOPPER, registers_per_warp
 from moe_gemm.problem import useful_flops
 from moe_gemm.report import Table, markdown_table
 from moe_gemm.roofline import compulsory_bytes
 from moe_gemm.routing import expert_counts
-from moe_gemm.style import FIGURE_ROOT, new_figure, save_figure
+from moe_gemm.style import FIGURE_ROOT, figures_main, new_figure, save_figure
 from moe_gemm.tcgen05 import decode_instr, decode_smem
 from moe_gemm.tiles import eta
 
@@ -230,18 +229,8 @@ def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
     return written
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = chapter_parser(__doc__)
-    parser.add_argument("--out", type=Path, default=FIGURE_ROOT,
-                        help=f"folder that receives {CHAPTER}/*.png and *.md (default {FIGURE_ROOT})")
-    return parser.parse_args(argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    for path in write_outputs(args.out):
-        print(path)
-    return 0
+    return figures_main(__doc__, write_outputs, CHAPTER, argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import chapter_parser, run_main
+from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
 from moe_gemm.report import Table
 
 CHAPTER = "05"
@@ -39,10 +39,7 @@ NOT_RUN = "k4 was not run here"
 
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
-    parser.add_argument("--quick", action="store_true",
-                        help="5 warm-up and 20 timed launches per measurement instead of 10 and 50")
-    parser.add_argument("--no-peers", action="store_true",
-                        help="leave out torch._grouped_mm and the per-expert torch loop")
+    add_timing_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -108,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if reason is None:
         return run_on_gpu(args, gpu)
     print(f"{NOT_RUN}: {reason}. Compiling every configuration for {' and '.join(ARCHES)} instead.\n")
+    note = ignored_flags(args, ("--quick", "--no-peers"), "nothing is timed without a compute capability 10.x GPU")
+    if note:
+        print(note + "\n")
     for arch in ARCHES:
         print_table(compile_table(compile_report(arch)))
     print(f"{NOT_RUN}. The tables above are the compiler's report; no number in them is a measurement of k4, "
@@ -119,7 +119,7 @@ def run_on_gpu(args, gpu) -> int:
     from moe_gemm.notebook import SEED_WORKLOADS, checks_table, records_table, run_checks, run_variants, save_results
     from moe_gemm.variants.registry import get
 
-    timing = {"warmup": 5, "iterations": 20} if args.quick else {}
+    timing = timing_options(args)
     print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
     report = compile_report(gpu.arch)
     print_table(compile_table(report))

@@ -84,6 +84,22 @@ def ignored_flags(args: argparse.Namespace, flags: Sequence[str], reason: str) -
     return f"{' and '.join(given)} {verb} ignored: {reason}."
 
 
+QUICK_TIMING = {"warmup": 5, "iterations": 20}  # --quick; the default is moe_gemm.timing's 10 and 50
+
+
+def add_timing_arguments(parser: argparse.ArgumentParser, *, peers: str = "torch._grouped_mm and the per-expert "
+                         "torch loop", quick_note: str = "") -> None:
+    """--quick and --no-peers, the flags every chapter that times kernels takes."""
+    parser.add_argument("--quick", action="store_true",
+                        help="5 warm-up and 20 timed launches per measurement instead of 10 and 50" + quick_note)
+    parser.add_argument("--no-peers", action="store_true", help=f"leave out {peers}")
+
+
+def timing_options(args: argparse.Namespace) -> dict[str, int]:
+    """The keyword arguments of moe_gemm.timing.time_launches that --quick asks for."""
+    return dict(QUICK_TIMING) if args.quick else {}
+
+
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> None:
     """Run a chapter's main(): a ValueError becomes one line on stderr and exit status 2."""
     try:

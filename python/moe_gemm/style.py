@@ -8,6 +8,7 @@ A figure is read at the size the page shows it, not at its file's size: the page
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -91,3 +92,17 @@ def save_figure(fig, chapter: str, name: str, root: Path = FIGURE_ROOT) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def figures_main(description: str | None, write_outputs: Callable[[Path], list[Path]], chapter: str,
+                 argv: Sequence[str] | None = None) -> int:
+    """What a chapter's ``figures.py main()`` does: parse ``--out``, write everything, list the files."""
+    from .cli import chapter_parser
+
+    parser = chapter_parser(description)
+    parser.add_argument("--out", type=Path, default=FIGURE_ROOT,
+                        help=f"figure root; files go to OUT/{chapter}/ (default {FIGURE_ROOT})")
+    args = parser.parse_args(argv)
+    for path in write_outputs(args.out):
+        print(path)
+    return 0

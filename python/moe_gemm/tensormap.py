@@ -131,6 +131,25 @@ class TiledMap:
     # --8<-- [end:encode]
 
 
+# --8<-- [start:checks]
+def check_tma_gemm(kernel: str, K: int, N: int, bk: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
+    """ValueError naming the first rule of TMA, or of a kernel that loads ``bk`` of K per box, that
+    these inputs break (the rules of every TMA-fed kernel here: k2, k3, k4)."""
+    if K % 8:
+        raise ValueError(f"{kernel} needs K to be a multiple of 8: TMA row strides (K * 2 bytes) must be multiples "
+                         f"of 16 bytes, got K = {K}")
+    if N % 8:
+        raise ValueError(f"{kernel} needs N to be a multiple of 8: TMA row strides (N * 2 bytes) must be multiples "
+                         f"of 16 bytes, got N = {N}")
+    if K % bk:
+        raise ValueError(f"{kernel} needs K to be a multiple of BK = {bk} (one TMA box per K step), got K = {K}")
+    for name, address in (("A", a_address), ("B", b_address)):
+        if address % GLOBAL_ALIGN:
+            raise ValueError(f"{kernel} needs {name} to start on a {GLOBAL_ALIGN}-byte boundary (a TMA global "
+                             f"address rule), got {address:#x}")
+# --8<-- [end:checks]
+
+
 def matrix_map(name: str, address: int, rows: int, cols: int, box_rows: int, box_cols: int, **options: Any) -> TiledMap:
     """A row-major [rows, cols] bf16 matrix, boxes of box_rows x box_cols."""
     return TiledMap(name, address, (cols, rows), (cols * 2,), (box_cols, box_rows), **options)

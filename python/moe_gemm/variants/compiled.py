@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ..bench import Resources
 from ..build import CompiledKernel, compile_kernel
 from ..device import DeviceProblem
@@ -44,3 +47,28 @@ class CompiledVariant:
             if array.dtype != BF16 or array.shape != shape:
                 raise ValueError(f"{self.name} needs {label} as bf16 {shape} on the device, "
                                  f"got {array.dtype} {array.shape}")
+
+
+class NamedConfigVariant(CompiledVariant):
+    """A variant picked by name from a table of configurations (``CONFIGS``), each of which knows its
+    template instantiation (``kernel_name``) and launch shared memory (``dynamic_smem_bytes``)."""
+
+    configs: Mapping[str, Any]
+    family: str
+
+    def __init__(self, name: str) -> None:
+        if name not in self.configs:
+            raise ValueError(f"unknown {self.family} variant {name!r}; {self.family} has {', '.join(self.configs)}")
+        self.name = name
+        self.config = self.configs[name]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    @property
+    def kernel_name(self) -> str:
+        return self.config.kernel_name
+
+    @property
+    def dynamic_smem_bytes(self) -> int:
+        return self.config.dynamic_smem_bytes

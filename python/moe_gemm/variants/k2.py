@@ -21,7 +21,7 @@ from ..bench import Prepared
 from ..build import TensorMapArg, launch, prefer_shared_memory
 from ..device import DeviceProblem, to_device
 from ..gpu import detect_gpu, require_capability
-from ..tensormap import GLOBAL_ALIGN, TiledMap, batched_matrix_map, matrix_map
+from ..tensormap import TiledMap, batched_matrix_map, check_tma_gemm, matrix_map
 from ..tiles import tile_list
 from .compiled import CompiledVariant
 
@@ -42,22 +42,9 @@ def dynamic_smem_bytes(stages: int) -> int:
     return stages * STAGE_BYTES + SWIZZLE_ALIGN
 
 
-# --8<-- [start:checks]
 def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
     """ValueError naming the first rule of TMA or of the kernel that these inputs break."""
-    if K % 8:
-        raise ValueError(f"k2 needs K to be a multiple of 8: TMA row strides (K * 2 bytes) must be multiples of "
-                         f"16 bytes, got K = {K}")
-    if N % 8:
-        raise ValueError(f"k2 needs N to be a multiple of 8: TMA row strides (N * 2 bytes) must be multiples of "
-                         f"16 bytes, got N = {N}")
-    if K % BK:
-        raise ValueError(f"k2 needs K to be a multiple of BK = {BK} (one TMA box per K step), got K = {K}")
-    for name, address in (("A", a_address), ("B", b_address)):
-        if address % GLOBAL_ALIGN:
-            raise ValueError(f"k2 needs {name} to start on a {GLOBAL_ALIGN}-byte boundary (a TMA global address "
-                             f"rule), got {address:#x}")
-# --8<-- [end:checks]
+    check_tma_gemm("k2", K, N, BK, a_address, b_address)
 
 
 # --8<-- [start:tensor_maps]

@@ -35,9 +35,9 @@ from ..descriptors import OperandPlan, operand_plan, tma_write_box
 from ..device import DeviceArray, DeviceProblem, to_device
 from ..gpu import detect_gpu
 from ..occupancy import residency
-from ..tensormap import GLOBAL_ALIGN, TiledMap, batched_matrix_map, matrix_map
+from ..tensormap import TiledMap, batched_matrix_map, check_tma_gemm, matrix_map
 from ..tiles import tile_list
-from .compiled import CompiledVariant
+from .compiled import NamedConfigVariant
 
 SOURCE = "k3_wgmma.cu"
 KERNEL_FUNCTION = "k3_wgmma"  # the __global__ templates' common prefix (for profiler filters)
@@ -130,21 +130,9 @@ SANITIZED = ("k3/1wg-bn128", "k3/2wg-bn256", "k3/tmastore-bm64-bn256", "k3/multi
              "k3/multicast-bn192-kmajor", "k3/persistent-bn128")
 
 
-# --8<-- [start:checks]
 def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
     """ValueError naming the first rule of TMA or of the kernel that these inputs break."""
-    if K % 8:
-        raise ValueError(f"k3 needs K to be a multiple of 8: TMA row strides (K * 2 bytes) must be multiples of "
-                         f"16 bytes, got K = {K}")
-    if N % 8:
-        raise ValueError(f"k3 needs N to be a multiple of 8: TMA row strides (N * 2 bytes) must be multiples of "
-                         f"16 bytes, got N = {N}")
-    if K % BK:
-        raise ValueError(f"k3 needs K to be a multiple of BK = {BK} (one TMA box per K step), got K = {K}")
-    for name, address in (("A", a_address), ("B", b_address)):
-        if address % GLOBAL_ALIGN:
-            raise ValueError(f"k3 needs {name} to start on a {GLOBAL_ALIGN}-byte boundary (a TMA global address "
-                             f"rule), got {address:#x}")
+    check_tma_gemm("k3", K, N, BK, a_address, b_address)
 
 
 def require_sm90a(variant: str) -> Any:
@@ -157,7 +145,6 @@ def require_sm90a(variant: str) -> Any:
         raise ValueError(f"{variant} needs an sm_90a GPU (compute capability 9.0: wgmma and setmaxnreg exist only "
                          f"in that target); {gpu.name} is {have}")
     return gpu
-# --8<-- [end:checks]
 
 
 # --8<-- [start:tensor_maps]
@@ -289,31 +276,20 @@ def transposed_b(dev: DeviceProblem) -> DeviceArray:
     return cached
 
 
-class K3Wgmma(CompiledVariant):
+class K3Wgmma(NamedConfigVariant):
     """One rung of chapter 04's ladder: ``K3Wgmma("k3/persistent-bn192")``."""
 
     bk = BK
     kernel_function = KERNEL_FUNCTION
     source = SOURCE
 
+    configs = LADDER
+    family = "k3"
+
     def __init__(self, name: str) -> None:
-        if name not in LADDER:
-            raise ValueError(f"unknown k3 variant {name!r}; the ladder has {', '.join(LADDER)}")
-        self.name = name
-        self.config = LADDER[name]
+        super().__init__(name)
         self.bm, self.bn = self.config.bm, self.config.bn
         self.warps_per_block = self.config.threads // 32
-
-    def __repr__(self) -> str:
-        return f"K3Wgmma({self.name!r})"
-
-    @property
-    def kernel_name(self) -> str:
-        return self.config.kernel_name
-
-    @property
-    def dynamic_smem_bytes(self) -> int:
-        return self.config.dynamic_smem_bytes
 
     def tiles(self, counts: np.ndarray, N: int) -> np.ndarray:  # noqa: N803
         """The descriptors the launch walks: the flat tile list, or its cluster pairs."""

@@ -34,10 +34,10 @@ from ..device import DeviceProblem, to_device
 from ..gpu import GpuInfo, detect_gpu
 from ..occupancy import residency
 from ..tcgen05 import TMEM_COLUMNS, InstrDescriptor, Tcgen05Plan, encode_instr, smem_plan, tmem_allocation
-from ..tensormap import GLOBAL_ALIGN
+from ..tensormap import check_tma_gemm
 from ..tiles import tile_list
 from . import k3
-from .compiled import CompiledVariant
+from .compiled import NamedConfigVariant
 
 SOURCE = "k4_tcgen05.cu"
 KERNEL_FUNCTION = "k4_tcgen05"
@@ -96,21 +96,9 @@ CONFIGS: dict[str, K4Config] = {
 # --8<-- [end:ladder]
 
 
-# --8<-- [start:checks]
 def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
     """ValueError naming the first rule of TMA or of the kernel that these inputs break."""
-    if K % 8:
-        raise ValueError(f"k4 needs K to be a multiple of 8: TMA row strides (K * 2 bytes) must be multiples of "
-                         f"16 bytes, got K = {K}")
-    if N % 8:
-        raise ValueError(f"k4 needs N to be a multiple of 8: TMA row strides (N * 2 bytes) must be multiples of "
-                         f"16 bytes, got N = {N}")
-    if K % BK:
-        raise ValueError(f"k4 needs K to be a multiple of BK = {BK} (one TMA box per K step), got K = {K}")
-    for name, address in (("A", a_address), ("B", b_address)):
-        if address % GLOBAL_ALIGN:
-            raise ValueError(f"k4 needs {name} to start on a {GLOBAL_ALIGN}-byte boundary (a TMA global address "
-                             f"rule), got {address:#x}")
+    check_tma_gemm("k4", K, N, BK, a_address, b_address)
 
 
 def require_sm100(variant: str, gpu: GpuInfo | None) -> GpuInfo:
@@ -122,7 +110,6 @@ def require_sm100(variant: str, gpu: GpuInfo | None) -> GpuInfo:
         raise ValueError(f"{variant} needs compute capability 10.x (10.0 or 10.3: tcgen05 and tensor memory exist "
                          f"only in the sm_100a and sm_103a targets); {gpu.name} is {major}.{minor}")
     return gpu
-# --8<-- [end:checks]
 
 
 def plans(config: K4Config) -> tuple[Tcgen05Plan, Tcgen05Plan]:
@@ -140,7 +127,7 @@ def tmem_blocks(config: K4Config) -> int:
     return TMEM_COLUMNS // config.tmem_columns
 
 
-class K4Tcgen05(CompiledVariant):
+class K4Tcgen05(NamedConfigVariant):
     """One k4 configuration: ``K4Tcgen05("k4/bn192")``."""
 
     bk = BK
@@ -149,23 +136,12 @@ class K4Tcgen05(CompiledVariant):
     source = SOURCE
     warps_per_block = WARPS_PER_BLOCK
 
+    configs = CONFIGS
+    family = "k4"
+
     def __init__(self, name: str) -> None:
-        if name not in CONFIGS:
-            raise ValueError(f"unknown k4 variant {name!r}; there are {', '.join(CONFIGS)}")
-        self.name = name
-        self.config = CONFIGS[name]
+        super().__init__(name)
         self.bn = self.config.bn
-
-    def __repr__(self) -> str:
-        return f"K4Tcgen05({self.name!r})"
-
-    @property
-    def kernel_name(self) -> str:
-        return self.config.kernel_name
-
-    @property
-    def dynamic_smem_bytes(self) -> int:
-        return self.config.dynamic_smem_bytes
 
     def blocks_per_sm(self, registers: int, smem_bytes: int) -> int:
         """The occupancy model's resident blocks, capped by tensor memory."""
