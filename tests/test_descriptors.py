@@ -3,6 +3,8 @@ descriptor's bit fields, and the interpreter against logical tiles, for every de
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -188,3 +190,15 @@ def test_interpreted_wgmma_products_give_the_tile(name):
         tile_b = read_operand(smem, decode_wgmma(desc_b), plan_b.major, cols.stop - cols.start).astype(np.float64)
         out[rows, cols] += tile_a @ tile_b.T
     np.testing.assert_array_equal(out, expected)
+
+
+def test_the_start_address_is_masked_to_its_18_bits():
+    # In a cluster launch a shared::cta address carries bits above 17; unmasked they would land in
+    # LBO (bit 16 up). The kernel masks (ptx.cuh, matrix_descriptor) and so must the mirror.
+    for major in ("K", "MN"):
+        plan = operand_plan(major)
+        for high in (1 << 18, 1 << 24, 3 << 24):
+            assert plan.descriptor(high + 0x2400, 1, 2) == plan.descriptor(0x2400, 1, 2)
+            assert decode_wgmma(plan.descriptor(high + 0x2400, 1, 2)).lbo == decode_wgmma(plan.bits).lbo
+    source = (Path(__file__).resolve().parents[1] / "kernels" / "ptx.cuh").read_text()
+    assert "(smem_addr & 0x3FFFF) >> 4" in source
