@@ -148,18 +148,22 @@ def require_sm90a(variant: str) -> Any:
 
 
 # --8<-- [start:tensor_maps]
-def tensor_maps(config: K3Config, a_address: int, b_address: int, c_address: int, tokens: int, experts: int,
-                K: int, N: int) -> tuple[TiledMap, TiledMap, TiledMap]:  # noqa: N803
+def operand_maps(config: K3Config, a_address: int, b_address: int, tokens: int, experts: int, K: int,  # noqa: N803
+                 N: int) -> tuple[TiledMap, TiledMap]:  # noqa: N803
     """A [M_tot, K] in boxes of BM rows x 64 of K; B in 64 x 64 boxes of one expert, either
-    B [E, K, N] (64 of K x 64 columns) or B^T [E, N, K] (64 columns x 64 of K); C [M_tot, N] in
-    64 x 64 boxes for the TMA-store epilogue."""
+    B [E, K, N] (64 of K x 64 columns) or B^T [E, N, K] (64 columns x 64 of K). Chapter 05's k4
+    loads its operands through the same maps."""
     a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=config.bm, box_cols=BK)
     if config.b_layout == "kn":
         b_map = batched_matrix_map("B", b_address, batch=experts, rows=K, cols=N, box_rows=BK, box_cols=BOX)
     else:
         b_map = batched_matrix_map("B^T", b_address, batch=experts, rows=N, cols=K, box_rows=BOX, box_cols=BK)
-    c_map = matrix_map("C", c_address, rows=tokens, cols=N, box_rows=64, box_cols=BOX)
-    return a_map, b_map, c_map
+    return a_map, b_map
+
+
+def output_map(c_address: int, tokens: int, N: int) -> TiledMap:  # noqa: N803
+    """C [M_tot, N] in 64 x 64 boxes, for the TMA-store epilogue."""
+    return matrix_map("C", c_address, rows=tokens, cols=N, box_rows=64, box_cols=BOX)
 # --8<-- [end:tensor_maps]
 
 
@@ -322,9 +326,10 @@ class K3Wgmma(NamedConfigVariant):
         prefer_shared_memory(kernel)  # 130-206 KB of ring per block: the carveout must lean fully to shared
         tiles_host = self.tiles(problem.counts, problem.N)
         tiles = to_device(tiles_host)
-        maps = tuple(TensorMapArg(m.encode()) for m in tensor_maps(self.config, dev.a.ptr, b.ptr, output.ptr,
-                                                                    problem.tokens, problem.experts, problem.K,
-                                                                    problem.N))
+        a_map, b_map = operand_maps(self.config, dev.a.ptr, b.ptr, problem.tokens, problem.experts, problem.K,
+                                    problem.N)
+        maps = tuple(TensorMapArg(m.encode()) for m in (a_map, b_map, output_map(output.ptr, problem.tokens,
+                                                                                   problem.N)))
         plan_a, plan_b = plans(self.config)
         args: tuple[Any, ...] = (*maps, output.ptr, tiles.ptr, np.int32(tiles_host.shape[0]), np.int32(problem.K),
                                  np.int32(problem.N), plan_argument(plan_a), plan_argument(plan_b))

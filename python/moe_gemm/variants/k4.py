@@ -162,8 +162,8 @@ class K4Tcgen05(NamedConfigVariant):
         prefer_shared_memory(kernel)  # 193-201 KB of ring per block: the carveout must lean fully to shared
         tiles_host = tile_list(problem.counts, problem.N, BM, self.bn)
         tiles = to_device(tiles_host)
-        a_map, b_map = k3.tensor_maps(self.config, dev.a.ptr, b.ptr, problem.tokens, problem.experts, problem.K,
-                                      problem.N)
+        a_map, b_map = k3.operand_maps(self.config, dev.a.ptr, b.ptr, problem.tokens, problem.experts, problem.K,
+                                       problem.N)
         maps = (TensorMapArg(a_map.encode()), TensorMapArg(b_map.encode()))
         plan_a, plan_b = plans(self.config)
         args: tuple[Any, ...] = (*maps, output.ptr, tiles.ptr, np.int32(tiles_host.shape[0]), np.int32(problem.K),
