@@ -33,7 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
+from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, kernel_not_run, run_main, timing_options
 from moe_gemm.notebook import checks_table, find_measurement, run_checks
 from moe_gemm.report import Table
 
@@ -220,11 +220,7 @@ def run_on_gpu(args, gpu) -> int:
 
 def not_run_sentence(gpu, arch: str) -> str:
     """Why k1 does not run on this machine, and what the run does instead."""
-    if gpu is None:
-        return f"No NVIDIA GPU was found, so k1 is compiled for {arch} and not run."
-    cc = f"sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
-    return (f"k1 needs sm_80 or newer (cp.async, ldmatrix, bf16 mma.sync) and {gpu.name} is {cc}, so k1 is "
-            f"compiled for {arch} and not run.")
+    return kernel_not_run("k1", "sm_80 or newer (cp.async, ldmatrix, bf16 mma.sync)", gpu, arch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

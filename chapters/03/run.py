@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
+from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, kernel_not_run, run_main, timing_options
 from moe_gemm.notebook import checks_table, find_measurement, run_checks, short_label
 from moe_gemm.occupancy import residency
 from moe_gemm.report import Table
@@ -229,11 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def not_run_sentence(gpu, arch: str) -> str:
     """Why k2 does not run on this machine, and what the run does instead."""
-    if gpu is None:
-        return f"No NVIDIA GPU was found, so k2 is compiled for {arch} and not run."
-    cc = f"sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
-    return (f"k2 needs sm_90 or newer (TMA and mbarrier transaction counts) and {gpu.name} is {cc}, so k2 is "
-            f"compiled for {arch} and not run.")
+    return kernel_not_run("k2", "sm_90 or newer (TMA and mbarrier transaction counts)", gpu, arch)
 
 
 def run_on_gpu(args, gpu) -> int:

@@ -16,21 +16,21 @@ always describes the current kernels. When the results file is absent no figure 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from moe_gemm.cli import run_main
-from moe_gemm.problem import useful_flops
+from moe_gemm.notebook import Workload
 from moe_gemm.results import results_path
-from moe_gemm.roofline import compulsory_bytes
+from moe_gemm.roofline import roofline_basis
 from moe_gemm.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
 
 CHAPTER = "04"
 EXPERTS, K, N = 64, 1024, 2688
 WORKLOADS = ((16384, 0.0), (16384, 1.2), (2048, 0.0), (65536, 0.0), (65536, 1.2))
-PEERS = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")
 # The rungs in ladder order, one colour per step of the ladder.
 STEPS = (("1wg", "(a) one consumer warpgroup", "#c5b0d5"), ("2wg", "(b) two warpgroups", "#9467bd"),
          ("persistent", "(c) persistent", "#6a3d9a"), ("multicast-tmastore", "(d)+(e) multicast + TMA store",
@@ -52,18 +52,17 @@ def step_of(variant: str) -> tuple[str, str]:
     raise ValueError(f"{variant} is on no step of the ladder")
 
 
-def _find(records: Sequence[dict[str, Any]], variant: str, key: tuple[int, float]) -> dict[str, Any] | None:
-    return next((r for r in records if r["variant"] == variant and (r["tokens"], r["skew"]) == key), None)
+def _run():
+    """chapters/04/run.py as a module (chapter folders are not packages): the lookups and the
+    compile report the CLI uses."""
+    spec = importlib.util.spec_from_file_location("chapter04_run", Path(__file__).with_name("run.py"))
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    return run
 
 
-def best_peer(records: Sequence[dict[str, Any]], key: tuple[int, float]) -> dict[str, Any]:
-    return max((r for name in PEERS if (r := _find(records, name, key))), key=lambda r: r["useful_tflops"])
-
-
-def ceilings(data: dict[str, Any]) -> tuple[float, float]:
-    """(dense bf16 TFLOP/s, copy TB/s) measured in the run."""
-    by_name = {c["variant"]: c for c in data["ceilings"]}
-    return by_name["ceiling/dense_bf16"]["tflops"], by_name["ceiling/copy"]["tbps"]
+RUN = _run()
+find, best_peer = RUN.find, RUN.best_peer
 
 
 def ladder_figure(data: dict[str, Any]):
@@ -72,13 +71,13 @@ def ladder_figure(data: dict[str, Any]):
 
     records = data["records"]
     rungs = list(data["ladder"]) + ["k2/s3"]
-    ratios = [[_find(records, name, key)["useful_tflops"] / best_peer(records, key)["useful_tflops"]
+    ratios = [[find(records, name, key)["useful_tflops"] / best_peer(records, key)["useful_tflops"]
                for key in WORKLOADS] for name in rungs]
     fig, ax = new_figure(7.6, 8.6)
     image = ax.imshow(ratios, cmap="RdBu", norm=TwoSlopeNorm(vcenter=1.0, vmin=0.6, vmax=1.4), aspect="auto")
     for i, name in enumerate(rungs):
         for j, key in enumerate(WORKLOADS):
-            tflops = _find(records, name, key)["useful_tflops"]
+            tflops = find(records, name, key)["useful_tflops"]
             ax.text(j, i, f"{tflops:.0f}\n{ratios[i][j]:.2f}x", ha="center", va="center", fontsize=10,
                     color="white" if abs(ratios[i][j] - 1) > 0.25 else "black")
     ax.set_xticks(range(len(WORKLOADS)), [f"{t // 1024}k, s={s:g}" for t, s in WORKLOADS])
@@ -90,27 +89,20 @@ def ladder_figure(data: dict[str, Any]):
     return fig
 
 
-def roofline_limit(data: dict[str, Any], key: tuple[int, float]) -> float:
-    """The roofline in useful TFLOP/s at this workload, on the run's own ceilings."""
-    dense, copy = ceilings(data)
-    flops, nbytes = useful_flops(key[0], K, N), compulsory_bytes(EXPERTS, key[0], K, N)
-    return flops / max(flops / (dense * 1e12), nbytes / (copy * 1e12)) / 1e12
-
-
 def roofline_figure(data: dict[str, Any]):
     """Every measurement as a percentage of the roofline at its workload (one column per workload)."""
     records = data["records"]
-    dense, copy = ceilings(data)
+    basis = roofline_basis(data)
     fig, ax = new_figure(8.0, 4.8)
     for j, key in enumerate(WORKLOADS):
-        limit = roofline_limit(data, key)
-        k3 = sorted((r for r in records if r["variant"].startswith("k3/") and (r["tokens"], r["skew"]) == key),
+        limit = basis.tflops(EXPERTS, key[0], K, N)
+        k3 = sorted((r for r in records if r["variant"].startswith("k3/") and Workload(*key).matches(r)),
                     key=lambda r: r["useful_tflops"])
         for i, record in enumerate(k3):
             x = j - 0.3 + 0.6 * i / max(1, len(k3) - 1)
             ax.scatter(x, 100 * record["useful_tflops"] / limit, s=26, color=step_of(record["variant"])[1], zorder=3)
         for name, color in (("k2/s3", COLORS["k2"]), ("peer", COLORS["peer"])):
-            record = best_peer(records, key) if name == "peer" else _find(records, name, key)
+            record = best_peer(records, key) if name == "peer" else find(records, name, key)
             ax.scatter(j, 100 * record["useful_tflops"] / limit, s=90, marker="D", facecolors="none",
                        edgecolors=color, linewidths=2, zorder=4)
         ax.text(j, 4, f"limit\n{limit:.0f}", ha="center", fontsize=10)
@@ -125,7 +117,8 @@ def roofline_figure(data: dict[str, Any]):
                label="torch._grouped_mm (faster layout)")
     ax.scatter([], [], s=90, marker="D", facecolors="none", edgecolors=COLORS["k2"], linewidths=2, label="k2/s3")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=10)
-    ax.set_title(f"roofline: {dense:.0f} TFLOP/s (cuBLAS bf16) and {copy:.2f} TB/s (copy), both this run", fontsize=11)
+    ax.set_title(f"roofline: {basis.dense_tflops:.0f} TFLOP/s and {basis.copy_tbps:.2f} TB/s, {basis.source}",
+                 fontsize=11)
     return fig
 
 
@@ -150,15 +143,10 @@ def epilogue_figure(data: dict[str, Any]):
 
 
 def compile_markdown() -> str:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("chapter04_run", Path(__file__).with_name("run.py"))
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
     from moe_gemm.compile_report import compile_table
 
-    table = compile_table(run.compile_report(run.ARCH), run.OPCODES, run.OPCODE_LABELS)
-    return table.markdown()
+    return compile_table(RUN.compile_report(RUN.ARCH), RUN.OPCODES, RUN.OPCODE_LABELS,
+                         legend=RUN.COMPILE_LEGEND).markdown()
 
 
 def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, nonnegative_int, run_main, timing_options
+from moe_gemm.notebook import Workload, find_measurement
 from moe_gemm.report import Table
 
 CHAPTER = "04"
@@ -72,8 +73,6 @@ def ladder(only: Sequence[str] | None = None) -> list:
 
 
 def workloads():
-    from moe_gemm.notebook import Workload
-
     return [Workload(tokens, skew) for tokens, skew in TARGETS]
 
 
@@ -89,26 +88,25 @@ def show(table: Table) -> None:
     print(table.text(), end="\n\n")
 
 
-def _find(records: Sequence[dict[str, Any]], variant: str, key: tuple[int, float]) -> dict[str, Any] | None:
-    return next((r for r in records if r["variant"] == variant and (r["tokens"], r["skew"]) == key
-                 and (r["experts"], r["K"], r["N"]) == (64, 1024, 2688)), None)
+def find(records: Sequence[dict[str, Any]], variant: str, key: tuple[int, float]) -> dict[str, Any] | None:
+    """``variant``'s record at (tokens, skew) of the seed configuration."""
+    return find_measurement(records, variant, Workload(*key))
 
 
 def best_peer(records: Sequence[dict[str, Any]], key: tuple[int, float]) -> dict[str, Any] | None:
     """The faster torch._grouped_mm layout on this workload, in this run."""
-    found = [r for name in PEERS if (r := _find(records, name, key)) is not None]
+    found = [r for name in PEERS if (r := find(records, name, key)) is not None]
     return max(found, key=lambda r: r["useful_tflops"]) if found else None
 
 
 def ladder_table(records: Sequence[dict[str, Any]]) -> Table:
     keys = list(TARGETS)
-    names = list(dict.fromkeys(r["variant"] for r in records if "/" in r["variant"]
-                               and not r["variant"].startswith("ceiling/")))
+    peers_by_key = {key: best_peer(records, key) for key in keys}
     rows = []
-    for name in names:
+    for name in dict.fromkeys(r["variant"] for r in records):
         cells = []
         for key in keys:
-            record, peer = _find(records, name, key), best_peer(records, key)
+            record, peer = find(records, name, key), peers_by_key[key]
             if record is None:
                 cells.append("-")
             elif peer is None:
@@ -126,7 +124,7 @@ def target_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per workload: the fastest k3, the faster peer, their ratio, and the target it must reach."""
     rows = []
     for key, target in TARGETS.items():
-        k3 = [r for r in records if r["variant"].startswith("k3/") and (r["tokens"], r["skew"]) == key]
+        k3 = [r for r in records if r["variant"].startswith("k3/") and Workload(*key).matches(r)]
         peer = best_peer(records, key)
         if not k3 or peer is None:
             continue
@@ -208,7 +206,7 @@ def transpose_timing() -> dict[str, Any] | None:
 
 
 def fastest_rungs(records: Sequence[dict[str, Any]], count: int) -> list[str]:
-    k3 = sorted((r for r in records if r["variant"].startswith("k3/") and (r["tokens"], r["skew"]) == (16384, 0.0)),
+    k3 = sorted((r for r in records if r["variant"].startswith("k3/") and Workload(16384, 0.0).matches(r)),
                 key=lambda r: -r["useful_tflops"])
     return [r["variant"] for r in k3[:count]]
 
@@ -226,7 +224,7 @@ def profile_rungs(names: Sequence[str]) -> list[dict[str, Any]]:
 
 def repeat_child(names: str) -> int:
     """One repeat: the named variants and both peers at REPEAT_WORKLOADS, records as JSON on stdout."""
-    from moe_gemm.notebook import Workload, run_variants
+    from moe_gemm.notebook import run_variants
     from moe_gemm.variants.registry import get
 
     variants = [get(name) for name in names.split(",")] + peers()
@@ -271,10 +269,10 @@ def spread_rows(records: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]
     every = [list(records)] + [run["records"] for run in runs]
     rows = []
     for key in REPEAT_WORKLOADS:
-        for name in (r["variant"] for r in runs[0]["records"] if (r["tokens"], r["skew"]) == key):
+        for name in (r["variant"] for r in runs[0]["records"] if Workload(*key).matches(r)):
             tflops, ratios = [], []
             for recs in every:
-                record, peer = _find(recs, name, key), best_peer(recs, key)
+                record, peer = find(recs, name, key), best_peer(recs, key)
                 if record is not None and peer is not None:
                     tflops.append(record["useful_tflops"])
                     ratios.append(record["useful_tflops"] / peer["useful_tflops"])

@@ -84,6 +84,15 @@ def ignored_flags(args: argparse.Namespace, flags: Sequence[str], reason: str) -
     return f"{' and '.join(given)} {verb} ignored: {reason}."
 
 
+def kernel_not_run(kernel: str, needs: str, gpu: Any, arch: str) -> str:
+    """Why ``kernel`` does not run on this machine (no GPU, or one older than it ``needs``), and what
+    the chapter's run does instead. ``gpu`` is a moe_gemm.gpu.GpuInfo or None."""
+    if gpu is None:
+        return f"No NVIDIA GPU was found, so {kernel} is compiled for {arch} and not run."
+    cc = f"sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
+    return f"{kernel} needs {needs} and {gpu.name} is {cc}, so {kernel} is compiled for {arch} and not run."
+
+
 QUICK_TIMING = {"warmup": 5, "iterations": 20}  # --quick; the default is moe_gemm.timing's 10 and 50
 
 
