@@ -270,20 +270,23 @@ __device__ __forceinline__ unsigned long long matrix_descriptor(unsigned long lo
                   "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define PTX_F32(i) PTX_F8(i), PTX_F8(i + 8), PTX_F8(i + 16), PTX_F8(i + 24)
 #define PTX_R10(t) "%" #t "0, %" #t "1, %" #t "2, %" #t "3, %" #t "4, %" #t "5, %" #t "6, %" #t "7, %" #t "8, %" #t "9, "
+#define PTX_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define PTX_R16 PTX_R10() "%10, %11, %12, %13, %14, %15"
+#define PTX_R24 PTX_R10() PTX_R10(1) "%20, %21, %22, %23"
 #define PTX_R32 PTX_R10() PTX_R10(1) PTX_R10(2) "%30, %31"
 #define PTX_R64 PTX_R10() PTX_R10(1) PTX_R10(2) PTX_R10(3) PTX_R10(4) PTX_R10(5) "%60, %61, %62, %63"
 #define PTX_R96 PTX_R10() PTX_R10(1) PTX_R10(2) PTX_R10(3) PTX_R10(4) PTX_R10(5) PTX_R10(6) PTX_R10(7) \
                 PTX_R10(8) "%90, %91, %92, %93, %94, %95"
 #define PTX_R128 PTX_R10() PTX_R10(1) PTX_R10(2) PTX_R10(3) PTX_R10(4) PTX_R10(5) PTX_R10(6) PTX_R10(7) \
                  PTX_R10(8) PTX_R10(9) PTX_R10(10) PTX_R10(11) "%120, %121, %122, %123, %124, %125, %126, %127"
-// The instruction text; D, A, B, P, T are the operand numbers of the accumulator list, the two
-// descriptors, the accumulate flag and the B-transpose immediate.
-#define PTX_WGMMA(N, D, A, B, P, T)                                                               \
+// The instruction text; D, A, B, P, TA, TB are the operand numbers of the accumulator list, the
+// two descriptors, the accumulate flag and the A- and B-transpose immediates.
+#define PTX_WGMMA(N, D, A, B, P, TA, TB)                                                          \
     "{\n"                                                                                         \
     "  .reg .pred accumulate;\n"                                                                  \
     "  setp.ne.b32 accumulate, %" #P ", 0;\n"                                                     \
     "  wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" D "}, %" #A ", %" #B ",\n"    \
-    "      accumulate, 1, 1, 0, %" #T ";\n"                                                       \
+    "      accumulate, 1, 1, %" #TA ", %" #TB ";\n"                                               \
     "}\n"
 
 // --8<-- [start:wgmma]
@@ -293,30 +296,42 @@ __device__ __forceinline__ unsigned long long matrix_descriptor(unsigned long lo
 // D and, with g = lane/4 and t = lane%4, thread element d[4j + 2h + c] is
 //   D[16w + 8h + g][8j + 2t + c]      (j < N/8, h and c in {0, 1})
 // the mma.sync m16n8 pattern repeated across N. `accumulate` false means D = A * B: the first
-// k16 step of a tile needs no zeroed registers. A is K-major (imm-trans-a = 0); TRANS_B says B
-// is MN-major in shared memory (B [K, N] row-major, N contiguous), which bf16 allows.
+// k16 step of a tile needs no zeroed registers. TRANS_A says A is MN-major in shared memory (M
+// contiguous; chapter 06's swap-AB tiles feed B [K, N] as A), TRANS_B that B is (B [K, N]
+// row-major, N contiguous); bf16 allows both, and K-major is the untransposed default.
 // PTX ISA 9.7.15.5.2 "wgmma.mma_async"   #asynchronous-warpgroup-level-matrix-instructions-wgmma-mma-async
 // PTX ISA "Register Fragments and Shared Memory Matrix Layouts"
 //   #asynchronous-warpgroup-level-matrix-register-fragment-wgmma-64nnk16 (the accumulator layout)
 //   #asynchronous-warpgroup-level-matrix-shared-memory-layout-matrix-descriptor (the descriptor)
-template <int N, bool TRANS_B>
+template <int N, bool TRANS_A, bool TRANS_B>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], unsigned long long desc_a,
                                            unsigned long long desc_b, bool accumulate) {
-    static_assert(N == 64 || N == 128 || N == 192 || N == 256, "wgmma widths used here: 64, 128, 192, 256");
+    static_assert(N % 16 == 0 && (N <= 64 || N % 64 == 0) && N <= 256,
+                  "wgmma widths used here: 16, 32, 48, 64, 128, 192, 256");
     const int acc = accumulate;
+    constexpr int TA = TRANS_A, TB = TRANS_B;
+    if constexpr (N == 16)
+        asm volatile(PTX_WGMMA(16, PTX_R8, 8, 9, 10, 11, 12)
+                     : PTX_F8(0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
+    if constexpr (N == 32)
+        asm volatile(PTX_WGMMA(32, PTX_R16, 16, 17, 18, 19, 20)
+                     : PTX_F8(0), PTX_F8(8) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
+    if constexpr (N == 48)
+        asm volatile(PTX_WGMMA(48, PTX_R24, 24, 25, 26, 27, 28)
+                     : PTX_F8(0), PTX_F8(8), PTX_F8(16) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
     if constexpr (N == 64)
-        asm volatile(PTX_WGMMA(64, PTX_R32, 32, 33, 34, 35)
-                     : PTX_F32(0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(int(TRANS_B)));
+        asm volatile(PTX_WGMMA(64, PTX_R32, 32, 33, 34, 35, 36)
+                     : PTX_F32(0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
     if constexpr (N == 128)
-        asm volatile(PTX_WGMMA(128, PTX_R64, 64, 65, 66, 67)
-                     : PTX_F32(0), PTX_F32(32) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(int(TRANS_B)));
+        asm volatile(PTX_WGMMA(128, PTX_R64, 64, 65, 66, 67, 68)
+                     : PTX_F32(0), PTX_F32(32) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
     if constexpr (N == 192)
-        asm volatile(PTX_WGMMA(192, PTX_R96, 96, 97, 98, 99)
-                     : PTX_F32(0), PTX_F32(32), PTX_F32(64) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(int(TRANS_B)));
+        asm volatile(PTX_WGMMA(192, PTX_R96, 96, 97, 98, 99, 100)
+                     : PTX_F32(0), PTX_F32(32), PTX_F32(64) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
     if constexpr (N == 256)
-        asm volatile(PTX_WGMMA(256, PTX_R128, 128, 129, 130, 131)
+        asm volatile(PTX_WGMMA(256, PTX_R128, 128, 129, 130, 131, 132)
                      : PTX_F32(0), PTX_F32(32), PTX_F32(64), PTX_F32(96)
-                     : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(int(TRANS_B)));
+                     : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
 }
 // --8<-- [end:wgmma]
 

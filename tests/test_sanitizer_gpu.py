@@ -14,17 +14,16 @@ from moe_gemm.sanitize_target import find_compute_sanitizer, sanitizer_command
 pytestmark = pytest.mark.gpu
 
 # The family and the compute capability it needs: k1 is mma.sync (sm_80), k2 adds TMA (sm_90),
-# k3 wgmma (sm_90a). k3 is checked on moe_gemm.variants.k3.SANITIZED, one rung per code path.
-FAMILIES = {"k1": (8, 0), "k2": (9, 0), "k3": (9, 0)}
+# k3 wgmma and k5 its mixed tiles (sm_90a), each checked on its module's SANITIZED variants.
+FAMILIES = {"k1": (8, 0), "k2": (9, 0), "k3": (9, 0), "k5": (9, 0)}
 CLEAN = ("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards")
 
 
 def selectors(family: str) -> list[str]:
-    if family == "k3":
-        from moe_gemm.variants.k3 import SANITIZED
+    """The family's SANITIZED variants where it names some (one per code path), else all of it."""
+    import importlib
 
-        return list(SANITIZED)
-    return [family]
+    return list(getattr(importlib.import_module(f"moe_gemm.variants.{family}"), "SANITIZED", (family,)))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

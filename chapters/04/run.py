@@ -176,17 +176,6 @@ def run_without_gpu(args, reason: str) -> int:
 
 # --------------------------------------------------------------------------- with a GPU
 
-def measure_ceilings() -> list[dict[str, Any]]:
-    """The roofline's two ceilings, measured in this run: device copy and cuBLAS bf16."""
-    from moe_gemm.ceilings import COPY_BYTES, DENSE_SIZE, copy_tbps, dense_bf16_tflops
-
-    records = [{"variant": "ceiling/copy", "tbps": copy_tbps(), "bytes": 2 * COPY_BYTES}]
-    dense = dense_bf16_tflops()
-    if dense is not None:
-        records.append({"variant": "ceiling/dense_bf16", "tflops": dense, "size": DENSE_SIZE})
-    return records
-
-
 def transpose_timing() -> dict[str, Any] | None:
     """The offline weight-layout step the -kmajor rungs assume: B [E, K, N] -> B^T [E, N, K] on the GPU."""
     try:
@@ -293,6 +282,7 @@ def spread_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.bench import progress
+    from moe_gemm.ceilings import roofline_ceilings
     from moe_gemm.compile_report import compile_table
     from moe_gemm.notebook import checks_table, records_table, run_checks, run_variants, save_results
     from moe_gemm.roofline import roofline_basis
@@ -312,7 +302,7 @@ def run_on_gpu(args, gpu) -> int:
     passing = [v for v in variants if v.name not in failed]
 
     progress("[ceilings] device copy and cuBLAS bf16")
-    ceilings = measure_ceilings()
+    ceilings = roofline_ceilings()
     timed = passing + [get(K2_BEST)] + ([] if args.no_peers else peers())
     records = run_variants(timed, workloads(), **timing)
     show(records_table(records, title="Every measurement", basis=roofline_basis({"ceilings": ceilings})))

@@ -37,6 +37,9 @@ ARCHES = ("sm_80", "sm_90a", "sm_100a", "sm_103a")
 DEFAULT_SMEM_LIMIT = 48 * 1024  # more dynamic shared memory than this needs an explicit opt-in
 
 
+INCLUDED_SOURCE = re.compile(r'^#include "([\w.]+\.cu)"', re.MULTILINE)
+
+
 class CompileError(RuntimeError):
     """NVRTC rejected a kernel; the message carries the file name and NVRTC's log."""
 
@@ -129,6 +132,8 @@ def _cache_key(source: str, name: str, arch: str, defines: list[str], options: t
         digest.update(part.encode() + b"\0")
     for header in sorted(KERNEL_DIR.glob("*.cuh")):  # every header a kernel may include
         digest.update(header.name.encode() + header.read_bytes())
+    for included in INCLUDED_SOURCE.findall(source):  # another kernel's source (k5 builds on k3)
+        digest.update(included.encode() + (KERNEL_DIR / included).read_bytes())
     return digest.hexdigest()[:32]
 
 

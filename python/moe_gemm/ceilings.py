@@ -97,12 +97,19 @@ def mma_sync_tflops(steps: int = MMA_ITERATIONS, **timing: int) -> float:
                           np.int32(steps), np.uint32(0x9E3779B9), **timing)
 
 
-def measure_ceilings() -> list[dict[str, Any]]:
-    """Every ceiling this GPU can measure, as records ``{"variant": "ceiling/...", ...}``."""
+def roofline_ceilings() -> list[dict[str, Any]]:
+    """The roofline's two ceilings, measured now: the device copy and, where torch is installed,
+    cuBLAS bf16 at DENSE_SIZE (records ``{"variant": "ceiling/...", ...}``)."""
     records: list[dict[str, Any]] = [{"variant": "ceiling/copy", "tbps": copy_tbps(), "bytes": 2 * COPY_BYTES}]
     dense = dense_bf16_tflops()
     if dense is not None:
         records.append({"variant": "ceiling/dense_bf16", "tflops": dense, "size": DENSE_SIZE})
+    return records
+
+
+def measure_ceilings() -> list[dict[str, Any]]:
+    """Every ceiling this GPU can measure: the roofline's two, then the FFMA and mma.sync peaks."""
+    records = roofline_ceilings()
     records.append({"variant": "ceiling/ffma", "tflops": ffma_tflops()})
     records.append({"variant": "ceiling/mma_sync", "tflops": mma_sync_tflops()})
     return records
@@ -114,3 +121,4 @@ def ceiling_value(ceilings: list[dict[str, Any]], name: str) -> float | None:
         if record.get("variant") == f"ceiling/{name}":
             return record.get("tflops", record.get("tbps"))
     return None
+

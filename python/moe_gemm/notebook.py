@@ -125,6 +125,46 @@ def run_variants(variants: Sequence[Variant], workloads: Sequence[Workload], **t
     return records
 
 
+def run_interleaved(variants: Sequence[Variant], workloads: Sequence[Workload], rounds: int = 3,
+                    **timing: int) -> list[dict[str, Any]]:
+    """:func:`run_variants`, but timed in ``rounds`` interleaved rounds per workload (A B C, A B C,
+    ...), each variant prepared afresh every round (new output and list allocations). A record
+    keeps the median of its rounds' medians and every round's median (``round_medians_ms``): a
+    slow spell of the GPU, or an unlucky allocation, then shows as spread instead of as a ratio."""
+    import statistics
+
+    records = []
+    for workload in workloads:
+        progress(f"[{workload.label}] drawing and uploading inputs")
+        sets = input_sets(workload.problem)
+        checks: dict[str, Any] = {}
+        rounds_of: dict[str, list[dict[str, Any]]] = {}
+        for round_ in range(rounds):
+            for variant in variants:
+                if round_ == 0:
+                    progress(f"[{workload.label}] {variant.name}: check")
+                    try:
+                        checks[variant.name] = verify(variant, sets[0])
+                    except ValueError as unsupported:  # raised before any launch
+                        progress(f"[{workload.label}] {variant.name}: skipped ({unsupported})")
+                        continue
+                if variant.name in checks:
+                    rounds_of.setdefault(variant.name, []).append(
+                        measure(variant, sets, check=checks[variant.name], **timing))
+        for name, measured in rounds_of.items():
+            medians = [r["median_ms"] for r in measured]
+            record = dict(measured[0])
+            record.update(median_ms=statistics.median(medians), min_ms=min(r["min_ms"] for r in measured),
+                          max_ms=max(r["max_ms"] for r in measured), round_medians_ms=medians, rounds=len(medians))
+            scale = measured[0]["median_ms"] / record["median_ms"]
+            record["useful_tflops"] = measured[0]["useful_tflops"] * scale
+            if "scheduled_tflops" in record:
+                record["scheduled_tflops"] = measured[0]["scheduled_tflops"] * scale
+            records.append(record)
+        del sets
+    return records
+
+
 def peer_ratio(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
     """record's useful TFLOP/s over torch._grouped_mm's on the same workload in the same run."""
     for other in records:

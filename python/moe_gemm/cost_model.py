@@ -1,0 +1,172 @@
+"""The cost model that picks chapter 06's tile shapes: calibrated tile costs, wave quantization
+and a memory floor.
+
+A persistent launch of ``grid`` blocks hands tile ``i`` of the list to block ``i % grid``
+(kernels/k5_adaptive.cu walks ``index = blockIdx.x, blockIdx.x + gridDim.x, ...``), so with a
+per-tile cost ``c(tile)`` the compute part of the launch takes the busiest block's sum::
+
+    compute = max_b  sum_{i = b mod grid} c(tile_i)          (wave quantization, exactly)
+    memory  = (A + C + B of every expert that has rows) / copy bandwidth
+    predicted = overhead + max(compute, memory)
+
+``c`` is measured once per tile shape on the GPU at the seed's K and N and kept in the results
+file: :func:`calibration_lists` builds, per shape, two lists of 8 and 16 tiles per block, and the
+slope of time against tiles is the cost, the intercept the launch's fixed overhead (a launch
+cannot be timed empty: host submission would dominate). The model scales ``c`` linearly in K. The memory floor is what makes small batches cheap to
+predict: at 512 rows every tile streams its weights once and no tile shape can beat the bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .mixed_tiles import (BM, POLICIES, SWAP_COLS, SWAP_MAX_ROWS, SWAP_STEP, Policy, TileKind, columns,
+                          mixed_tile_list, scheduled_rows, unpack)
+
+CALIBRATION_EXPERTS = 4  # calibration tiles cycle over this many experts: their 22 MB of B stay in L2
+CALIBRATION_LENGTHS = (8, 16)  # tiles per block of the two calibration lists: cost = slope, overhead = intercept
+
+
+def cost_key(kind: int, rows: int) -> str:
+    """The calibration entry for one tile: 'M128', 'M64', or 'SWAP16' .. 'SWAP64' by wgmma N."""
+    kind = TileKind(kind)
+    return f"SWAP{scheduled_rows(kind, rows)}" if kind == TileKind.SWAP else kind.name
+
+
+COST_KEYS = ("M128", "M64", *(f"SWAP{w}" for w in range(SWAP_STEP, SWAP_MAX_ROWS + 1, SWAP_STEP)))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-tile costs in microseconds at ``K`` (each the time one block spends on one tile while
+    every SM is busy with the same kind), the empty-launch overhead and the copy bandwidth."""
+
+    tile_us: Mapping[str, float]
+    overhead_us: float
+    copy_tbps: float
+    K: int = 1024  # noqa: N815
+    N: int = 2688  # noqa: N815
+    source: str = "measured"
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+
+    def cost(self, kind: int, rows: int, K: int) -> float:  # noqa: N803
+        return self.tile_us[cost_key(kind, rows)] * K / self.K
+
+    def as_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Calibration:
+        return cls(**{k: record[k] for k in ("tile_us", "overhead_us", "copy_tbps", "K", "N", "source")},
+                   measurements=list(record.get("measurements", [])))
+
+
+def nominal_calibration() -> Calibration:
+    """A first-principles stand-in for when no GPU calibration exists (CI, a first run): every tile
+    at 650 TFLOP/s over 132 SMs for the math it issues, split-K M64 tiles 1.25x that, and 4 TB/s."""
+    per_sm = 650e12 / 132
+    math = {"M128": 2 * BM * 192 * 1024, "M64": 1.25 * 2 * 64 * 192 * 1024}
+    math.update({f"SWAP{w}": 2 * SWAP_COLS * w * 1024 for w in range(SWAP_STEP, SWAP_MAX_ROWS + 1, SWAP_STEP)})
+    return Calibration({k: v / per_sm * 1e6 for k, v in math.items()}, overhead_us=4.0, copy_tbps=4.0,
+                       source="nominal (no GPU calibration)")
+
+
+# --8<-- [start:predict]
+@dataclass(frozen=True)
+class Prediction:
+    compute_us: float  # the busiest block's tile costs
+    memory_us: float  # compulsory bytes at the copy bandwidth
+    overhead_us: float
+
+    @property
+    def total_us(self) -> float:
+        return self.overhead_us + max(self.compute_us, self.memory_us)
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.memory_us >= self.compute_us else "compute"
+
+
+def compulsory_bytes(counts: np.ndarray, K: int, N: int) -> int:  # noqa: N803
+    """A and C once, and the weights of every expert that has rows once: what any kernel moves."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return 2 * (int(counts.sum()) * (K + N) + int((counts > 0).sum()) * K * N)
+
+
+def block_times(tiles: np.ndarray, calibration: Calibration, grid: int, K: int) -> np.ndarray:  # noqa: N803
+    """Microseconds of tiles per block, tile i on block i % grid."""
+    kinds, rows = unpack(tiles)
+    costs = np.array([calibration.cost(k, r, K) for k, r in zip(kinds.tolist(), rows.tolist())])
+    per_block = np.zeros(max(grid, 1))
+    np.add.at(per_block, np.arange(costs.size) % max(grid, 1), costs)
+    return per_block
+
+
+def predict(tiles: np.ndarray, counts: np.ndarray, calibration: Calibration, grid: int, K: int,  # noqa: N803
+            N: int) -> Prediction:  # noqa: N803
+    compute = float(block_times(tiles, calibration, grid, K).max()) if len(tiles) else 0.0
+    memory = compulsory_bytes(counts, K, N) / (calibration.copy_tbps * 1e12) * 1e6
+    return Prediction(compute, memory, calibration.overhead_us)
+# --8<-- [end:predict]
+
+
+# --8<-- [start:choose]
+def choose_policy(counts: np.ndarray, K: int, N: int, calibration: Calibration, grid: int,  # noqa: N803
+                  policies: tuple[Policy, ...] = POLICIES) -> tuple[Policy, Prediction]:
+    """The policy with the smallest predicted time on this routing (ties: the earlier, simpler one)."""
+    best: tuple[Policy, Prediction] | None = None
+    for policy in policies:
+        prediction = predict(mixed_tile_list(counts, N, policy), counts, calibration, grid, K, N)
+        if best is None or prediction.total_us < best[1].total_us - 1e-9:
+            best = (policy, prediction)
+    assert best is not None
+    return best
+
+
+def greedy_policy(calibration: Calibration, N: int) -> Policy:  # noqa: N803
+    """The routing-independent rule a device-scheduled launch uses (it cannot see the counts): for
+    each remainder r, the kind whose row of tiles costs least (tile cost x column tiles); then the
+    largest swap_max and m64_max thresholds consistent with those choices."""
+    def row_cost(kind: TileKind, r: int) -> float:
+        return calibration.cost(kind, r, calibration.K) * columns(kind, N)
+
+    best = {r: min(TileKind, key=lambda kind: (row_cost(kind, r), kind)) if r <= 64 else TileKind.M128
+            for r in range(1, BM)}
+    swap_max = 0
+    while swap_max < SWAP_MAX_ROWS and all(best[r] == TileKind.SWAP for r in range(swap_max + 1, swap_max + SWAP_STEP + 1)):
+        swap_max += SWAP_STEP
+    m64 = all(best[r] in (TileKind.SWAP, TileKind.M64) for r in range(swap_max + 1, 65))
+    return Policy(swap_max, 64 if m64 and swap_max < 64 else swap_max)
+# --8<-- [end:choose]
+
+
+# --------------------------------------------------------------------------- calibration
+
+def calibration_lists(N: int, grid: int, offsets: np.ndarray, per_block: int) -> dict[str, np.ndarray]:  # noqa: N803
+    """One synthetic tile list per cost key: ``per_block`` tiles per block, all of one kind and
+    width, cycling over the first experts' rows and over the columns. Tiles repeat (the same C
+    written again with the same values), which is harmless for a timing."""
+    lists = {}
+    for key in COST_KEYS:
+        kind = TileKind.SWAP if key.startswith("SWAP") else TileKind[key]
+        rows = int(key[4:]) if kind == TileKind.SWAP else (BM if kind == TileKind.M128 else 64)
+        n_cols = columns(kind, N)
+        step = SWAP_COLS if kind == TileKind.SWAP else 192
+        tiles = [(i % CALIBRATION_EXPERTS, int(offsets[i % CALIBRATION_EXPERTS]), rows | int(kind) << 16,
+                  (i // CALIBRATION_EXPERTS) % n_cols * step) for i in range(grid * per_block)]
+        lists[key] = np.array(tiles, dtype=np.int32)
+    return lists
+
+
+def calibration_from_times(times_us: Mapping[tuple[str, int], float], copy_tbps: float, K: int, N: int,  # noqa: N803
+                           measurements: list[dict[str, Any]]) -> Calibration:
+    """Per-tile costs (slope) and the launch overhead (mean intercept) from the calibration medians,
+    keyed by (cost key, tiles per block)."""
+    short, long = CALIBRATION_LENGTHS
+    tile_us = {key: (times_us[key, long] - times_us[key, short]) / (long - short) for key in COST_KEYS}
+    overhead = float(np.mean([times_us[key, short] - short * tile_us[key] for key in COST_KEYS]))
+    return Calibration(tile_us, max(overhead, 0.0), copy_tbps, K, N, measurements=measurements)
