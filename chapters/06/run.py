@@ -214,8 +214,10 @@ def calibration_table(calibration) -> Table:
     return Table(("tile", "us per tile", "column tiles", "us per row of tiles"), tuple(rows),
                  title=f"Calibration ({calibration.source}; overhead {calibration.overhead_us:.1f} us, copy "
                        f"{calibration.copy_tbps:.2f} TB/s)",
-                 legend="us per tile: slope of time over 8 and 16 tiles per block, one block per SM; a row of tiles "
-                        "covers all N columns of one remainder: what the policy compares")
+                 legend="us per tile: M128 from lists of 2 and 4 full tiles per expert (slope), every other shape as "
+                        "the cost that makes the model's makespan of its list (2 full tiles and one remainder per "
+                        "expert) equal the measured time; a row of tiles covers all N columns of one remainder: what "
+                        "the policy compares")
 
 
 def show(table: Table) -> None:
@@ -308,7 +310,6 @@ def run_on_gpu(args, gpu) -> int:
     from moe_gemm.bench import progress
     from moe_gemm.ceilings import roofline_ceilings
     from moe_gemm.compile_report import compile_table
-    from moe_gemm.device import DeviceProblem
     from moe_gemm.notebook import checks_table, records_table, run_checks, run_interleaved, save_results
     from moe_gemm.peers import TorchGroupedMM, torch_available
     from moe_gemm.roofline import roofline_basis
@@ -330,7 +331,7 @@ def run_on_gpu(args, gpu) -> int:
     ceilings = roofline_ceilings()
     basis = roofline_basis({"ceilings": ceilings})
     progress("[calibration] per-tile cost of every tile shape")
-    calibration = calibrate(DeviceProblem(Workload(16384, 0.0).problem(0)), basis.copy_tbps)
+    calibration = calibrate(basis.copy_tbps)
     show(calibration_table(calibration))
 
     timed = [variant(name, calibration) for name in (ADAPTIVE, *DEVICE, ORDERING)] + [variant(FIXED)]

@@ -10,9 +10,8 @@ per-tile cost ``c(tile)`` the compute part of the launch takes the busiest block
     predicted = overhead + max(compute, memory)
 
 ``c`` is measured once per tile shape on the GPU at the seed's K and N and kept in the results
-file: :func:`calibration_lists` builds, per shape, two lists of 8 and 16 tiles per block, and the
-slope of time against tiles is the cost, the intercept the launch's fixed overhead (a launch
-cannot be timed empty: host submission would dominate). The model scales ``c`` linearly in K. The memory floor is what makes small batches cheap to
+file (:func:`calibration_routings` lists what is timed, :func:`calibration_from_times` turns the
+times into costs); the model scales ``c`` linearly in K. The memory floor is what makes small batches cheap to
 predict: at 512 rows every tile streams its weights once and no tile shape can beat the bytes.
 """
 
@@ -27,8 +26,6 @@ import numpy as np
 from .mixed_tiles import (BM, POLICIES, SWAP_COLS, SWAP_MAX_ROWS, SWAP_STEP, Policy, TileKind, columns,
                           mixed_tile_list, scheduled_rows, unpack)
 
-CALIBRATION_EXPERTS = 4  # calibration tiles cycle over this many experts: their 22 MB of B stay in L2
-CALIBRATION_LENGTHS = (8, 16)  # tiles per block of the two calibration lists: cost = slope, overhead = intercept
 
 
 def cost_key(kind: int, rows: int) -> str:
@@ -146,27 +143,65 @@ def greedy_policy(calibration: Calibration, N: int) -> Policy:  # noqa: N803
 
 # --------------------------------------------------------------------------- calibration
 
-def calibration_lists(N: int, grid: int, offsets: np.ndarray, per_block: int) -> dict[str, np.ndarray]:  # noqa: N803
-    """One synthetic tile list per cost key: ``per_block`` tiles per block, all of one kind and
-    width, cycling over the first experts' rows and over the columns. Tiles repeat (the same C
-    written again with the same values), which is harmless for a timing."""
-    lists = {}
-    for key in COST_KEYS:
-        kind = TileKind.SWAP if key.startswith("SWAP") else TileKind[key]
-        rows = int(key[4:]) if kind == TileKind.SWAP else (BM if kind == TileKind.M128 else 64)
-        n_cols = columns(kind, N)
-        step = SWAP_COLS if kind == TileKind.SWAP else 192
-        tiles = [(i % CALIBRATION_EXPERTS, int(offsets[i % CALIBRATION_EXPERTS]), rows | int(kind) << 16,
-                  (i // CALIBRATION_EXPERTS) % n_cols * step) for i in range(grid * per_block)]
-        lists[key] = np.array(tiles, dtype=np.int32)
-    return lists
+# --8<-- [start:calibration]
+# The calibration measures each tile shape where the model uses it: in a real list, next to the
+# full tiles of the same experts (so the remainder tile's B is in L2 as it is in a run, and its
+# pipeline and epilogue share the block with 128-row tiles). Two lists of full tiles only (BASE_ROWS
+# and twice that per expert) give the 128-row cost (slope) and the overhead (intercept); one list
+# per remainder shape adds one remainder row of tiles to every expert, and the shape's cost is the
+# value that makes the model's makespan of that list equal its measured time.
+CALIBRATION_EXPERTS = 64
+BASE_ROWS = 256  # per expert: two 128-row tiles
+REMAINDERS = {"M64": (64, Policy(0, 64)), **{f"SWAP{w}": (w, Policy(64, 64)) for w in range(SWAP_STEP, SWAP_MAX_ROWS + 1,
+                                                                                                SWAP_STEP)}}
 
 
-def calibration_from_times(times_us: Mapping[tuple[str, int], float], copy_tbps: float, K: int, N: int,  # noqa: N803
+def calibration_routings() -> dict[str, tuple[np.ndarray, Policy]]:
+    """Name -> (per-expert rows, policy) of every calibration list: 'base', 'base x2', then one per
+    remainder shape (BASE_ROWS + r rows per expert)."""
+    routings = {"base": (np.full(CALIBRATION_EXPERTS, BASE_ROWS), Policy()),
+                "base x2": (np.full(CALIBRATION_EXPERTS, 2 * BASE_ROWS), Policy())}
+    for key, (rows, policy) in REMAINDERS.items():
+        routings[key] = (np.full(CALIBRATION_EXPERTS, BASE_ROWS + rows), policy)
+    return routings
+
+
+def calibration_rows() -> int:
+    """Rows of A the calibration problem needs: the longest routing's."""
+    return max(int(counts.sum()) for counts, _ in calibration_routings().values())
+
+
+def _makespan(tiles: np.ndarray, costs: Mapping[str, float], grid: int) -> float:
+    kinds, rows = unpack(tiles)
+    per_tile = np.array([costs[cost_key(k, r)] for k, r in zip(kinds.tolist(), rows.tolist())])
+    per_block = np.zeros(grid)
+    np.add.at(per_block, np.arange(per_tile.size) % grid, per_tile)
+    return float(per_block.max())
+
+
+def calibration_from_times(times_us: Mapping[str, float], copy_tbps: float, K: int, N: int, grid: int,  # noqa: N803
                            measurements: list[dict[str, Any]]) -> Calibration:
-    """Per-tile costs (slope) and the launch overhead (mean intercept) from the calibration medians,
-    keyed by (cost key, tiles per block)."""
-    short, long = CALIBRATION_LENGTHS
-    tile_us = {key: (times_us[key, long] - times_us[key, short]) / (long - short) for key in COST_KEYS}
-    overhead = float(np.mean([times_us[key, short] - short * tile_us[key] for key in COST_KEYS]))
-    return Calibration(tile_us, max(overhead, 0.0), copy_tbps, K, N, measurements=measurements)
+    """Costs and overhead from the calibration lists' median times (keyed as calibration_routings)."""
+    routings = calibration_routings()
+
+    def tiles_of(name: str) -> np.ndarray:
+        counts, policy = routings[name]
+        return mixed_tile_list(counts, N, policy)
+
+    full = {"base": _makespan(tiles_of("base"), {"M128": 1.0}, grid),
+            "base x2": _makespan(tiles_of("base x2"), {"M128": 1.0}, grid)}  # busiest block, in tiles
+    m128 = (times_us["base x2"] - times_us["base"]) / (full["base x2"] - full["base"])
+    overhead = max(times_us["base"] - full["base"] * m128, 0.0)
+    tile_us = {"M128": m128}
+    for key in REMAINDERS:
+        target = times_us[key] - overhead
+        lo, hi = 0.0, 4 * m128  # the makespan grows with the shape's cost: bisect for the measured time
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            if _makespan(tiles_of(key), {"M128": m128, key: mid}, grid) < target:
+                lo = mid
+            else:
+                hi = mid
+        tile_us[key] = (lo + hi) / 2
+    return Calibration(tile_us, overhead, copy_tbps, K, N, measurements=measurements)
+# --8<-- [end:calibration]

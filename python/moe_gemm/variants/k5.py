@@ -205,27 +205,29 @@ def slots(variant: K5Adaptive) -> int:
     return gpu.sm_count * residency(r.registers, r.warps_per_block, r.smem_bytes).blocks
 
 
-def calibrate(dev: DeviceProblem, copy_tbps: float, iterations: int = 30) -> Calibration:
-    """Time two synthetic lists per tile kind and width (cost_model.calibration_lists: 8 and 16
-    tiles per block) on ``dev`` (the seed shape, 256 rows per expert), and fit cost and overhead."""
-    from ..cost_model import CALIBRATION_LENGTHS, calibration_from_times, calibration_lists
+def calibrate(copy_tbps: float, iterations: int = 30) -> Calibration:
+    """Time every list of cost_model.calibration_routings at the seed shape (E = 64, K = 1024,
+    N = 2688) and fit the per-shape costs and the overhead (cost_model.calibration_from_times)."""
+    from ..cost_model import CALIBRATION_EXPERTS, calibration_from_times, calibration_routings, calibration_rows
+    from ..problem import make_problem
     from ..timing import time_launches
 
-    problem = dev.problem
+    problem = make_problem(CALIBRATION_EXPERTS, calibration_rows(), 1024, 2688, seed=0)
+    dev = DeviceProblem(problem)
     variant = K5Adaptive("k5/m128")
     grid = slots(variant)
     times, measurements = {}, []
-    for per_block in CALIBRATION_LENGTHS:
-        for key, tiles in calibration_lists(problem.N, grid, problem.offsets, per_block).items():
-            output = dev.new_output()
-            run, keep, _ = variant._launch(dev, output, FIXED_128, grid, tiles, grid=grid)  # noqa: SLF001
-            timing = time_launches(lambda _: run(), warmup=5, iterations=iterations)
-            times[key, per_block] = timing.median_ms * 1e3
-            measurements.append({"key": key, "tiles_per_block": per_block, "tiles": len(tiles), "grid": grid,
-                                 "median_us": times[key, per_block], "min_us": timing.min_ms * 1e3,
-                                 "max_us": timing.max_ms * 1e3})
-            del keep, output
-    return calibration_from_times(times, copy_tbps, problem.K, problem.N, measurements)
+    for name, (counts, policy) in calibration_routings().items():
+        tiles = mixed_tile_list(counts, problem.N, policy)  # rows from 0: the problem has enough of them
+        output = dev.new_output()
+        run, keep, _ = variant._launch(dev, output, policy, grid, tiles)  # noqa: SLF001
+        timing = time_launches(lambda _: run(), warmup=5, iterations=iterations)
+        times[name] = timing.median_ms * 1e3
+        measurements.append({"list": name, "rows_per_expert": int(counts[0]), "policy": policy.label,
+                             "tiles": len(tiles), "grid": grid, "median_us": times[name],
+                             "min_us": timing.min_ms * 1e3, "max_us": timing.max_ms * 1e3})
+        del keep, output
+    return calibration_from_times(times, copy_tbps, problem.K, problem.N, grid, measurements)
 
 
 @dataclass
