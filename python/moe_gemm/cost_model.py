@@ -7,7 +7,10 @@ per-tile cost ``c(tile)`` the compute part of the launch takes the busiest block
 
     compute = max_b  sum_{i = b mod grid} c(tile_i)          (wave quantization, exactly)
     memory  = (A + C + B of every expert that has rows) / copy bandwidth
-    predicted = overhead + max(compute, memory)
+    predicted = max(overhead + compute, memory)
+
+where the overhead is the fitted intercept of the calibration: launch, pipeline fill, and the
+first, DRAM-bound pass over each expert's weights that the per-tile slope does not see.
 
 ``c`` is measured once per tile shape on the GPU at the seed's K and N and kept in the results
 file (:func:`calibration_routings` lists what is timed, :func:`calibration_from_times` turns the
@@ -81,11 +84,11 @@ class Prediction:
 
     @property
     def total_us(self) -> float:
-        return self.overhead_us + max(self.compute_us, self.memory_us)
+        return max(self.overhead_us + self.compute_us, self.memory_us)
 
     @property
     def bound(self) -> str:
-        return "memory" if self.memory_us >= self.compute_us else "compute"
+        return "memory" if self.memory_us >= self.overhead_us + self.compute_us else "compute"
 
 
 def compulsory_bytes(counts: np.ndarray, K: int, N: int) -> int:  # noqa: N803
