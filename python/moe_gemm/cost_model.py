@@ -1,21 +1,20 @@
-"""The cost model that picks chapter 06's tile shapes: calibrated tile costs, wave quantization
-and a memory floor.
+"""The cost model that picks chapter 06's tile shapes: calibrated tile costs, first reads of the
+weights from DRAM, wave quantization and a memory floor.
 
 A persistent launch of ``grid`` blocks hands tile ``i`` of the list to block ``i % grid``
-(kernels/k5_adaptive.cu walks ``index = blockIdx.x, blockIdx.x + gridDim.x, ...``), so with a
-per-tile cost ``c(tile)`` the compute part of the launch takes the busiest block's sum::
+(kernels/k5_adaptive.cu walks ``index = blockIdx.x, blockIdx.x + gridDim.x, ...``). A tile costs
+its shape's calibrated time ``c(kind)``, measured with its weights already in L2, unless it is the
+first tile of the list to read some of its 64-column boxes of ``B[e]``: those bytes come from DRAM
+at the block's share of the copy bandwidth, and the tile takes the longer of the two::
 
-    compute = max_b  sum_{i = b mod grid} c(tile_i)          (wave quantization, exactly)
-    memory  = (A + C + B of every expert that has rows) / copy bandwidth
+    t(tile)   = max(c(kind), new B bytes / (copy bandwidth / grid))
+    compute   = max_b  sum_{i = b mod grid} t(tile_i)          (wave quantization, exactly)
+    memory    = (A + C + B of every expert that has rows) / copy bandwidth
     predicted = max(overhead + compute, memory)
 
-where the overhead is the fitted intercept of the calibration: launch, pipeline fill, and the
-first, DRAM-bound pass over each expert's weights that the per-tile slope does not see.
-
-``c`` is measured once per tile shape on the GPU at the seed's K and N and kept in the results
-file (:func:`calibration_routings` lists what is timed, :func:`calibration_from_times` turns the
-times into costs); the model scales ``c`` linearly in K. The memory floor is what makes small batches cheap to
-predict: at 512 rows every tile streams its weights once and no tile shape can beat the bytes.
+``c`` and the overhead (launch and pipeline fill) are measured once on the GPU at the seed's K and
+N, with this same model, and kept in the results file: :func:`calibration_routings` lists what is
+timed, :func:`calibration_from_times` fits it. The model scales ``c`` linearly in K.
 """
 
 from __future__ import annotations
@@ -97,18 +96,33 @@ def compulsory_bytes(counts: np.ndarray, K: int, N: int) -> int:  # noqa: N803
     return 2 * (int(counts.sum()) * (K + N) + int((counts > 0).sum()) * K * N)
 
 
-def block_times(tiles: np.ndarray, calibration: Calibration, grid: int, K: int) -> np.ndarray:  # noqa: N803
-    """Microseconds of tiles per block, tile i on block i % grid."""
+def tile_times(tiles: np.ndarray, calibration: Calibration, grid: int, K: int,  # noqa: N803
+               costs: Mapping[str, float] | None = None) -> np.ndarray:
+    """Microseconds of every tile: its shape's cost, or the DRAM time of the B boxes it is the first
+    in the list to read, whichever is longer (``costs`` overrides the calibration's, for fitting)."""
+    costs = costs or calibration.tile_us
+    per_sm_bytes_per_us = calibration.copy_tbps * 1e6 / max(grid, 1)
     kinds, rows = unpack(tiles)
-    costs = np.array([calibration.cost(k, r, K) for k, r in zip(kinds.tolist(), rows.tolist())])
+    seen: set[tuple[int, int]] = set()
+    out = np.empty(len(tiles))
+    for i, (expert, col0) in enumerate(np.asarray(tiles)[:, [0, 3]].tolist()):
+        boxes = {(expert, (col0 + c) // 64) for c in range(0, SWAP_COLS if kinds[i] == TileKind.SWAP else 192, 64)}
+        fresh = len(boxes - seen)
+        seen |= boxes
+        out[i] = max(costs[cost_key(kinds[i], rows[i])] * K / calibration.K, fresh * 64 * K * 2 / per_sm_bytes_per_us)
+    return out
+
+
+def makespan(times: np.ndarray, grid: int) -> float:
+    """The busiest block's time, tile i on block i % grid."""
     per_block = np.zeros(max(grid, 1))
-    np.add.at(per_block, np.arange(costs.size) % max(grid, 1), costs)
-    return per_block
+    np.add.at(per_block, np.arange(times.size) % max(grid, 1), times)
+    return float(per_block.max()) if times.size else 0.0
 
 
 def predict(tiles: np.ndarray, counts: np.ndarray, calibration: Calibration, grid: int, K: int,  # noqa: N803
             N: int) -> Prediction:  # noqa: N803
-    compute = float(block_times(tiles, calibration, grid, K).max()) if len(tiles) else 0.0
+    compute = makespan(tile_times(tiles, calibration, grid, K), grid)
     memory = compulsory_bytes(counts, K, N) / (calibration.copy_tbps * 1e12) * 1e6
     return Prediction(compute, memory, calibration.overhead_us)
 # --8<-- [end:predict]
@@ -174,37 +188,32 @@ def calibration_rows() -> int:
     return max(int(counts.sum()) for counts, _ in calibration_routings().values())
 
 
-def _makespan(tiles: np.ndarray, costs: Mapping[str, float], grid: int) -> float:
-    kinds, rows = unpack(tiles)
-    per_tile = np.array([costs[cost_key(k, r)] for k, r in zip(kinds.tolist(), rows.tolist())])
-    per_block = np.zeros(grid)
-    np.add.at(per_block, np.arange(per_tile.size) % grid, per_tile)
-    return float(per_block.max())
+def _bisect(f, lo: float, hi: float) -> float:
+    """The root of an increasing ``f`` in [lo, hi]."""
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+    return (lo + hi) / 2
 
 
 def calibration_from_times(times_us: Mapping[str, float], copy_tbps: float, K: int, N: int, grid: int,  # noqa: N803
                            measurements: list[dict[str, Any]]) -> Calibration:
-    """Costs and overhead from the calibration lists' median times (keyed as calibration_routings)."""
+    """Costs and overhead that make the model reproduce the calibration lists' median times (keyed
+    as calibration_routings): the 128-row cost from the two full-tile lists (their difference does
+    not depend on the overhead), the overhead from the first, then each remainder shape's cost."""
     routings = calibration_routings()
+    tiles = {name: mixed_tile_list(counts, N, policy) for name, (counts, policy) in routings.items()}
+    probe = Calibration({}, 0.0, copy_tbps, K, N)
 
-    def tiles_of(name: str) -> np.ndarray:
-        counts, policy = routings[name]
-        return mixed_tile_list(counts, N, policy)
+    def span(name: str, costs: Mapping[str, float]) -> float:
+        return makespan(tile_times(tiles[name], probe, grid, K, costs), grid)
 
-    full = {"base": _makespan(tiles_of("base"), {"M128": 1.0}, grid),
-            "base x2": _makespan(tiles_of("base x2"), {"M128": 1.0}, grid)}  # busiest block, in tiles
-    m128 = (times_us["base x2"] - times_us["base"]) / (full["base x2"] - full["base"])
-    overhead = max(times_us["base"] - full["base"] * m128, 0.0)
+    growth = times_us["base x2"] - times_us["base"]
+    m128 = _bisect(lambda c: span("base x2", {"M128": c}) - span("base", {"M128": c}) - growth, 0.0, 100.0)
+    overhead = max(times_us["base"] - span("base", {"M128": m128}), 0.0)
     tile_us = {"M128": m128}
     for key in REMAINDERS:
-        target = times_us[key] - overhead
-        lo, hi = 0.0, 4 * m128  # the makespan grows with the shape's cost: bisect for the measured time
-        for _ in range(40):
-            mid = (lo + hi) / 2
-            if _makespan(tiles_of(key), {"M128": m128, key: mid}, grid) < target:
-                lo = mid
-            else:
-                hi = mid
-        tile_us[key] = (lo + hi) / 2
+        tile_us[key] = _bisect(lambda c, key=key: overhead + span(key, {"M128": m128, key: c}) - times_us[key],
+                               0.0, 100.0)
     return Calibration(tile_us, overhead, copy_tbps, K, N, measurements=measurements)
 # --8<-- [end:calibration]
