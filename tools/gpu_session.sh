@@ -2,7 +2,7 @@
 # Every GPU check and measurement of the repository, in one go, in this order:
 #   tests     the GPU-marked pytest suite: edge cases, exact checks, bad inputs, and
 #             compute-sanitizer (memcheck, racecheck, synccheck) on every CUDA C++ kernel
-#   01 .. 04  each chapter's run.py, which writes chapters/NN/results/<gpu>.json (05 needs a
+#   01 .. 06  each chapter's run.py, which writes chapters/NN/results/<gpu>.json (05 needs a
 #             compute capability 10.x GPU and is not in the default list)
 #
 #   tools/gpu_session.sh                 # everything
@@ -23,7 +23,7 @@ if compgen -G "$wheels/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 MOE_GEMM_CACHE=${MOE_GEMM_CACHE:-/tmp/moe-gemm-cache}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests 01 02 03 04)
+[ ${#stages[@]} -eq 0 ] && stages=(tests 01 02 03 04 06)
 status=0
 summary=()
 run_stage() {  # name, timeout seconds, command...

@@ -96,21 +96,29 @@ def compulsory_bytes(counts: np.ndarray, K: int, N: int) -> int:  # noqa: N803
     return 2 * (int(counts.sum()) * (K + N) + int((counts > 0).sum()) * K * N)
 
 
-def tile_times(tiles: np.ndarray, calibration: Calibration, grid: int, K: int,  # noqa: N803
-               costs: Mapping[str, float] | None = None) -> np.ndarray:
-    """Microseconds of every tile: its shape's cost, or the DRAM time of the B boxes it is the first
-    in the list to read, whichever is longer (``costs`` overrides the calibration's, for fitting)."""
-    costs = costs or calibration.tile_us
-    per_sm_bytes_per_us = calibration.copy_tbps * 1e6 / max(grid, 1)
-    kinds, rows = unpack(tiles)
+def fresh_bytes(tiles: np.ndarray, K: int) -> np.ndarray:  # noqa: N803
+    """Bytes of B each tile is the first in the list to read (whole 64-column boxes of K rows)."""
+    kinds, _ = unpack(tiles)
     seen: set[tuple[int, int]] = set()
-    out = np.empty(len(tiles))
+    out = np.zeros(len(tiles))
     for i, (expert, col0) in enumerate(np.asarray(tiles)[:, [0, 3]].tolist()):
-        boxes = {(expert, (col0 + c) // 64) for c in range(0, SWAP_COLS if kinds[i] == TileKind.SWAP else 192, 64)}
-        fresh = len(boxes - seen)
+        width = SWAP_COLS if kinds[i] == TileKind.SWAP else 192
+        boxes = {(expert, (col0 + c) // 64) for c in range(0, width, 64)}
+        out[i] = len(boxes - seen) * 64 * K * 2
         seen |= boxes
-        out[i] = max(costs[cost_key(kinds[i], rows[i])] * K / calibration.K, fresh * 64 * K * 2 / per_sm_bytes_per_us)
     return out
+
+
+def tile_times(tiles: np.ndarray, calibration: Calibration, grid: int, K: int,  # noqa: N803
+               costs: Mapping[str, float] | None = None, fresh: np.ndarray | None = None) -> np.ndarray:
+    """Microseconds of every tile: its shape's cost, or the DRAM time of the B boxes it is the first
+    in the list to read, whichever is longer (``costs`` overrides the calibration's and ``fresh``
+    passes :func:`fresh_bytes` already computed, for fitting)."""
+    costs = costs or calibration.tile_us
+    kinds, rows = unpack(tiles)
+    shape = np.array([costs[cost_key(k, r)] for k, r in zip(kinds.tolist(), rows.tolist())]) * K / calibration.K
+    dram = (fresh_bytes(tiles, K) if fresh is None else fresh) / (calibration.copy_tbps * 1e6 / max(grid, 1))
+    return np.maximum(shape, dram) if len(tiles) else np.zeros(0)
 
 
 def makespan(times: np.ndarray, grid: int) -> float:
@@ -203,10 +211,11 @@ def calibration_from_times(times_us: Mapping[str, float], copy_tbps: float, K: i
     not depend on the overhead), the overhead from the first, then each remainder shape's cost."""
     routings = calibration_routings()
     tiles = {name: mixed_tile_list(counts, N, policy) for name, (counts, policy) in routings.items()}
+    fresh = {name: fresh_bytes(t, K) for name, t in tiles.items()}
     probe = Calibration({}, 0.0, copy_tbps, K, N)
 
     def span(name: str, costs: Mapping[str, float]) -> float:
-        return makespan(tile_times(tiles[name], probe, grid, K, costs), grid)
+        return makespan(tile_times(tiles[name], probe, grid, K, costs, fresh[name]), grid)
 
     growth = times_us["base x2"] - times_us["base"]
     m128 = _bisect(lambda c: span("base x2", {"M128": c}) - span("base", {"M128": c}) - growth, 0.0, 100.0)

@@ -1,0 +1,173 @@
+"""Chapter 06's figures, drawn from chapters/06/results/h200.json.
+
+    python chapters/06/figures.py          # writes site_docs/figures/06/*.png
+
+* grid.png: the 25 cells, fixed-shape k3 beside the host- and device-scheduled adaptive kernel,
+  each cell coloured by its ratio to the faster torch._grouped_mm layout of the same run;
+* eta.png: row utilisation under 128-row tiles only and under the two policies, per cell;
+* model.png: the cost model's predicted time against the measured one, every cell and policy;
+* calibration.png: what one remainder costs in each tile shape, as the policy compares them;
+
+and, with no GPU needed, compile_report.md: NVRTC's resource report and SASS counts of both
+schedules for sm_90a, generated when the site is built so that it describes the current kernel.
+When the results file is absent no figure is drawn.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from moe_gemm.cli import run_main
+from moe_gemm.notebook import Workload
+from moe_gemm.results import results_path
+from moe_gemm.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
+
+CHAPTER = "06"
+PANELS = (("k3/tmastore-bn192", "k3 (128-row tiles)"), ("k5/host", "k5/host (cost model)"),
+          ("k5/device", "k5/device (greedy rule)"))
+POLICY_COLORS = {"fixed": COLORS["k3"], "host": "#17becf", "device": "#ff7f0e"}
+
+
+def load_results(path: Path | None = None) -> dict[str, Any] | None:
+    path = path or results_path(CHAPTER, "h200")
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _run():
+    """chapters/06/run.py as a module (chapter folders are not packages)."""
+    spec = importlib.util.spec_from_file_location("chapter06_run", Path(__file__).with_name("run.py"))
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    return run
+
+
+RUN = _run()
+
+
+def grid_figure(data: dict[str, Any]):
+    """Three heatmaps, M_tot down and skew across, each cell's colour its ratio to the peer."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    records = data["records"]
+    cells = RUN.cells_of(records)
+    tokens = list(dict.fromkeys(c.tokens for c in cells))
+    skews = list(dict.fromkeys(c.skew for c in cells))
+    fig, axes = new_figure(10.5, 4.4, ncols=len(PANELS), sharey=True)
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=0.6, vmax=1.6)
+    for ax, (name, title) in zip(axes, PANELS):
+        ratios = [[RUN.ratio(records, name, Workload(t, s)) for s in skews] for t in tokens]
+        image = ax.imshow(ratios, cmap="RdBu", norm=norm, aspect="auto")
+        for i, row in enumerate(ratios):
+            for j, value in enumerate(row):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=12,
+                        color="white" if abs(value - 1) > 0.35 else "black")
+        ax.set_xticks(range(len(skews)), [f"{s:g}" for s in skews])
+        ax.set_xlabel("skew s")
+        ax.set_title(title, fontsize=12)
+        ax.grid(False)
+    axes[0].set_yticks(range(len(tokens)), [f"{t:,}" for t in tokens])
+    axes[0].set_ylabel("M_tot")
+    colorbar = fig.colorbar(image, ax=axes[-1], shrink=0.9, pad=0.04)
+    colorbar.set_label("ratio to the faster peer")
+    return fig
+
+
+def eta_figure(data: dict[str, Any]):
+    """eta per cell: 128-row tiles only, the cost model's policy, the greedy rule."""
+    model = data["model"]
+    tokens = list(dict.fromkeys(r["tokens"] for r in model))
+    fig, axes = new_figure(11.0, 3.6, ncols=len(tokens), sharey=True)
+    for ax, t in zip(axes, tokens):
+        rows = [r for r in model if r["tokens"] == t]
+        skews = [r["skew"] for r in rows]
+        for key, label in (("fixed", "128-row tiles (k3)"), ("host", "k5/host policy"), ("device", "k5/device rule")):
+            ax.plot(skews, [r[f"eta_{key}"] for r in rows], marker="o", color=POLICY_COLORS[key], label=label)
+        ax.set_title(f"M_tot = {t:,}", fontsize=12)
+        ax.set_xlabel("skew s")
+        ax.set_ylim(0, 1.05)
+        ax.set_xticks([0, 0.8, 1.6])
+    axes[0].set_ylabel("eta (real / issued rows)")
+    axes[-1].legend(loc="lower right", fontsize=11)
+    return fig
+
+
+def model_figure(data: dict[str, Any]):
+    """Predicted against measured time, log-log, with the line of perfect prediction and +-10%."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    model = data["model"]
+    fig, ax = new_figure(6.4, 5.6)
+    for key, label in (("fixed", "128-row tiles (k3 measured)"), ("host", "k5/host"), ("device", "k5/device")):
+        ax.scatter([r[f"{key}_measured_us"] for r in model], [r[f"{key}_predicted_us"] for r in model], s=30,
+                   color=POLICY_COLORS[key], label=label, zorder=3)
+    low = min(min(r[f"{k}_{w}_us"] for k in POLICY_COLORS for w in ("measured", "predicted")) for r in model) * 0.8
+    high = max(max(r[f"{k}_{w}_us"] for k in POLICY_COLORS for w in ("measured", "predicted")) for r in model) * 1.2
+    ax.plot([low, high], [low, high], color=COLORS["ceiling"], linewidth=1)
+    ax.fill_between([low, high], [low * 0.9, high * 0.9], [low * 1.1, high * 1.1], color="#d9d9d9", alpha=0.5,
+                    label="within 10%")
+    ticks = [t for t in (50, 100, 200, 500, 1000) if low <= t <= high]
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_yticks(ticks, [str(t) for t in ticks])
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("measured median time (µs)")
+    ax.set_ylabel("cost model's prediction (µs)")
+    ax.legend(loc="upper left", fontsize=10)
+    return fig
+
+
+def calibration_figure(data: dict[str, Any]):
+    """Microseconds one remainder costs in each shape (tile cost x column tiles), as calibrated."""
+    from moe_gemm.cost_model import COST_KEYS
+    from moe_gemm.mixed_tiles import TileKind, columns
+
+    calibration = data["calibration"]
+    costs = [calibration["tile_us"][key] * columns(TileKind.SWAP if key.startswith("SWAP") else TileKind[key],
+                                                   calibration["N"]) for key in COST_KEYS]
+    fig, ax = new_figure(7.0, 3.4)
+    colors = [COLORS["k3"] if key == "M128" else "#2ca02c" if key == "M64" else "#17becf" for key in COST_KEYS]
+    ax.bar(range(len(COST_KEYS)), costs, color=colors)
+    for i, cost in enumerate(costs):
+        ax.text(i, cost + 2, f"{cost:.0f}", ha="center", fontsize=11)
+    ax.axhline(costs[0], color=COLORS["k3"], linewidth=1, linestyle="--")
+    ax.set_xticks(range(len(COST_KEYS)), ["M128", "M64", "swap 16", "swap 32", "swap 48", "swap 64"])
+    ax.set_ylabel("µs of block time per remainder")
+    ax.set_ylim(0, max(costs) * 1.2)
+    ax.grid(axis="x", visible=False)
+    return fig
+
+
+def compile_markdown() -> str:
+    from moe_gemm.compile_report import compile_table
+
+    return compile_table(RUN.compile_report(RUN.ARCH), RUN.OPCODES, {}, legend=RUN.COMPILE_LEGEND).markdown()
+
+
+def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
+    report = root / CHAPTER / "compile_report.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(compile_markdown())
+    data = load_results()
+    if data is None:
+        return [report]
+    return [report, save_figure(grid_figure(data), CHAPTER, "grid", root),
+            save_figure(eta_figure(data), CHAPTER, "eta", root),
+            save_figure(model_figure(data), CHAPTER, "model", root),
+            save_figure(calibration_figure(data), CHAPTER, "calibration", root)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return figures_main(__doc__, write_outputs, CHAPTER, argv)
+
+
+if __name__ == "__main__":
+    run_main(main)
