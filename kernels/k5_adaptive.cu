@@ -1,7 +1,8 @@
 // k5_adaptive.cu: chapter 06's kernel. One persistent launch over a *mixed* tile list: each
-// expert's rows are cut into tiles of whichever shape wastes least, and the list is either built
-// on the host (from the counts, by the cost model in python/moe_gemm/cost_model.py) or found by
-// the kernel itself from the device-side expert offsets, so a launch needs no host round trip.
+// expert's remainder rows go in a tile of the shape a policy picks for them, and the list is
+// either built on the host (the policy chosen per routing by the cost model in
+// python/moe_gemm/cost_model.py) or found by the kernel itself from the device-side expert
+// offsets, so that a launch needs no host round trip.
 //
 //   python chapters/06/run.py              # check, calibrate, time the grid (needs an sm_90a GPU)
 //   pytest tests/test_k5.py                # compiles both schedules for sm_90a, no GPU needed
@@ -11,8 +12,9 @@
 //   M128   128 rows x 192 columns: chapter 04's k3/tmastore-bn192 tile, each consumer warpgroup
 //          one 64-row slice (wgmma m64n192), TMA-store epilogue.
 //   M64     64 rows x 192 columns: the same wgmma, but the two warpgroups split K (even and odd
-//          stages) and add their accumulators through shared memory at the end, so half the
-//          padding of an M128 tile costs no extra registers.
+//          stages) and add their accumulators through shared memory at the end: half the rows
+//          of math for no extra registers, though it still streams B's 24 KB per stage, which
+//          on the H200 makes it no cheaper than an M128 tile (chapter 06's calibration).
 //   SWAP   up to 64 rows x 128 columns, computed as C^T = B^T A^T ("swap AB"): the 128 weight
 //          columns are the wgmma's M (64 per warpgroup, B [K, N] read MN-major), the tokens its N
 //          (16, 32, 48 or 64), so a 5-row remainder pays for 16 rows, not 128.
