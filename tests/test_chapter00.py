@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -10,17 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from moe_gemm.results import chapter_module
 from moe_gemm.workload_tables import estimate_table, routing_table, tile_count_table
 
 CHAPTER = Path(__file__).resolve().parents[1] / "chapters" / "00"
-
-
-def _load(name: str):
-    # Chapter folders are numbered, not packages: load the script under a unique module name.
-    spec = importlib.util.spec_from_file_location(f"chapter00_{name}", CHAPTER / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _table_rows(out: str, title: str) -> list[list[str]]:
@@ -37,7 +29,7 @@ def _table_rows(out: str, title: str) -> list[list[str]]:
 
 
 def test_default_run_tells_the_seeds_story_at_both_skews(capsys) -> None:
-    assert _load("run").main([]) == 0
+    assert chapter_module("00", "run").main([]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == ("problem: E = 64 experts, M_tot = 16,384 rows, K = 1,024, N = 2,688, "
                                    "skew s = 0 and 1.2")
@@ -53,20 +45,20 @@ def test_default_run_tells_the_seeds_story_at_both_skews(capsys) -> None:
 
 
 def test_skew_narrows_the_run_to_one_routing(capsys) -> None:
-    assert _load("run").main(["--skew", "1.2"]) == 0
+    assert chapter_module("00", "run").main(["--skew", "1.2"]) == 0
     out = capsys.readouterr().out
     assert "skew s = 1.2\n" in out and "4,793" in out and "343.5" in out
     assert "10,752" not in out and "s = 0\n" not in out
 
 
 def test_tokens_flag_drives_every_table(capsys) -> None:
-    assert _load("run").main(["--tokens", "2048", "--skew", "0"]) == 0
+    assert chapter_module("00", "run").main(["--tokens", "2048", "--skew", "0"]) == 0
     out = capsys.readouterr().out
     assert "110.0" in out and "16,384 " not in out.split("eta-only estimate")[1].split("\n", 2)[2]
 
 
 def test_no_rows_print_dashes_where_eta_is_undefined(capsys) -> None:
-    assert _load("run").main(["--tokens", "0", "--skew", "1.2"]) == 0
+    assert chapter_module("00", "run").main(["--tokens", "0", "--skew", "1.2"]) == 0
     out = capsys.readouterr().out
     detail = _table_rows(out, "Row utilisation eta for 0 rows")
     assert [row[3:5] for row in detail] == [["-", "-"]] * 3
@@ -75,14 +67,14 @@ def test_no_rows_print_dashes_where_eta_is_undefined(capsys) -> None:
 
 
 def test_large_numbers_get_thousands_separators(capsys) -> None:
-    assert _load("run").main(["--experts", "100000", "--tokens", "1000000", "--skew", "0", "-K", "4096"]) == 0
+    assert chapter_module("00", "run").main(["--experts", "100000", "--tokens", "1000000", "--skew", "0", "-K", "4096"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("problem: E = 100,000 experts, M_tot = 1,000,000 rows, K = 4,096, N = 2,688")
     assert "22,020.1" in out  # useful GFLOP, 2 x 1e6 x 4096 x 2688
 
 
 def test_every_table_has_a_legend_line(capsys) -> None:
-    assert _load("run").main([]) == 0
+    assert chapter_module("00", "run").main([]) == 0
     blocks = capsys.readouterr().out.strip().split("\n\n")[1:]
     assert len(blocks) == 5
     for block in blocks:
@@ -91,7 +83,7 @@ def test_every_table_has_a_legend_line(capsys) -> None:
 
 
 def test_run_bm_flag(capsys) -> None:
-    assert _load("run").main(["--tokens", "2048", "--bm", "16", "32"]) == 0
+    assert chapter_module("00", "run").main(["--tokens", "2048", "--bm", "16", "32"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^16 +\d", out, re.M) and re.search(r"^32 +\d", out, re.M)
 
@@ -107,13 +99,13 @@ def test_run_bad_values_exit_2_with_one_line(argv: list[str], flag: str) -> None
 
 
 def test_import_has_no_side_effects(capsys) -> None:
-    _load("run")
-    _load("figures")
+    chapter_module("00", "run")
+    chapter_module("00", "figures")
     assert capsys.readouterr().out == ""
 
 
 def test_figures_write_pngs_and_tables(tmp_path, capsys) -> None:
-    assert _load("figures").main(["--out", str(tmp_path)]) == 0
+    assert chapter_module("00", "figures").main(["--out", str(tmp_path)]) == 0
     folder = tmp_path / "00"
     for name in ("tokens_per_expert", "tile_quantisation", "eta_vs_skew"):
         png = folder / f"{name}.png"

@@ -9,7 +9,6 @@ the sentence is rewritten. They also check that the prediction figures.py draws 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from moe_gemm.pages import Pages
+from moe_gemm.results import chapter_module
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "chapters" / "01" / "results" / "h200.json"
@@ -28,16 +28,9 @@ WORKLOADS = {"balanced": {}, "skewed": {"skew": 1.2}, "small": {"tokens": 2048},
 pytestmark = pytest.mark.skipif(not RESULTS.is_file(), reason="no recorded H200 results for chapter 01")
 
 
-def _load_figures():
-    spec = importlib.util.spec_from_file_location("chapter01_figures", REPO / "chapters/01/figures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def figures():
-    return _load_figures()
+    return chapter_module("01", "figures")
 
 
 @pytest.fixture(scope="module")

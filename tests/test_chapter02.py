@@ -4,7 +4,6 @@ results file, and the claims site_docs/02-mma-sync.md makes about the recorded r
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -13,26 +12,19 @@ import pytest
 
 from moe_gemm import profile
 from moe_gemm.notebook import Workload
-from moe_gemm.results import write_results
+from moe_gemm.results import chapter_module, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load(relative: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / relative)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def run02():
-    return _load("chapters/02/run.py", "chapter02_run")
+    return chapter_module("02")
 
 
 @pytest.fixture(scope="module")
 def figures02():
-    return _load("chapters/02/figures.py", "chapter02_figures")
+    return chapter_module("02", "figures")
 
 
 def _record(variant, tokens, skew, tflops, bm=None, registers=64, smem=27648):

@@ -3,7 +3,6 @@ the tables built from results records, and the generated docs files."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,15 +10,9 @@ from pathlib import Path
 import pytest
 
 from moe_gemm.notebook import find_measurement
+from moe_gemm.results import chapter_module
 
 CHAPTER = Path(__file__).resolve().parents[1] / "chapters" / "03"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"chapter03_{name}", CHAPTER / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -54,7 +47,7 @@ def synthetic_records() -> list[dict]:
 
 
 def test_no_gpu_prints_the_compile_report_and_exits_0(no_gpu, capsys) -> None:
-    assert _load("run").main(["--quick"]) == 0
+    assert chapter_module("03", "run").main(["--quick"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("No NVIDIA GPU was found, so k2 is compiled for sm_90a and not run.\n")
     assert "--quick was ignored: nothing is timed or profiled without an sm_90 GPU." in out
@@ -64,7 +57,7 @@ def test_no_gpu_prints_the_compile_report_and_exits_0(no_gpu, capsys) -> None:
 
 
 def test_compile_report_rows() -> None:
-    run = _load("run")
+    run = chapter_module("03", "run")
     rows = {r["variant"]: r for r in run.compile_report("sm_90a")}
     for stages in (2, 3, 4):
         row = rows[f"k2/s{stages}"]
@@ -75,7 +68,7 @@ def test_compile_report_rows() -> None:
 
 
 def test_tables_from_records() -> None:
-    run = _load("run")
+    run = chapter_module("03", "run")
     records = synthetic_records()
     table = run.progression_table(records)
     assert table.headers[1] == "16k s=0 TFLOP/s" and table.headers[-1] == "vs peer (16k s=0)"
@@ -92,8 +85,8 @@ def test_tables_from_records() -> None:
 
 
 def test_figures_without_results_draw_no_measured_figure(tmp_path, monkeypatch, capsys) -> None:
-    figures = _load("figures")
-    monkeypatch.setattr(figures, "load_results", lambda: None)
+    figures = chapter_module("03", "figures")
+    monkeypatch.setattr(figures, "recorded", lambda chapter, gpu_slug: None)
     assert figures.main(["--out", str(tmp_path)]) == 0
     folder = tmp_path / "03"
     assert (folder / "ring.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -105,12 +98,12 @@ def test_figures_without_results_draw_no_measured_figure(tmp_path, monkeypatch, 
 
 
 def test_figures_from_results(tmp_path, monkeypatch) -> None:
-    figures = _load("figures")
+    figures = chapter_module("03", "figures")
     data = {"provenance": {"gpu": "NVIDIA H200", "compute_capability": "9.0", "driver": "13.0",
                            "date": "2026-11-29", "git_commit": "0123456789abcdef"},
             "records": synthetic_records(),
             "profile": [{"variant": "k2/s2", "achieved_warps_per_sm": 17.5, "occupancy_limit_registers": 2.0}]}
-    monkeypatch.setattr(figures, "load_results", lambda: data)
+    monkeypatch.setattr(figures, "recorded", lambda chapter, gpu_slug: data)
     assert figures.main(["--out", str(tmp_path)]) == 0
     folder = tmp_path / "03"
     for name in ("progression", "stages"):
@@ -125,8 +118,8 @@ def test_bad_flag_exits_2_with_one_line() -> None:
 
 
 def test_import_has_no_side_effects(capsys) -> None:
-    _load("run")
-    _load("figures")
+    chapter_module("03", "run")
+    chapter_module("03", "figures")
     assert capsys.readouterr().out == ""
 
 
@@ -150,7 +143,7 @@ def recorded():
     if not RESULTS03.is_file():
         pytest.skip("no recorded chapter 03 results")
     ch02 = json.loads(RESULTS02.read_text()) if RESULTS02.is_file() else None
-    return json.loads(RESULTS03.read_text()), ch02, _load("run")
+    return json.loads(RESULTS03.read_text()), ch02, chapter_module("03", "run")
 
 
 def _tf(data, run, variant, key):

@@ -4,22 +4,16 @@ fails here until site_docs/04-wgmma.md is rewritten."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from moe_gemm.results import chapter_module
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "chapters" / "04" / "results" / "h200.json"
 PEERS = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")
-
-
-def _run_module():
-    spec = importlib.util.spec_from_file_location("chapter04_run", ROOT / "chapters" / "04" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +41,7 @@ def prof(data, variant):
 # --------------------------------------------------------------------------- the driver, no GPU
 
 def test_run_without_gpu_prints_the_compile_report_and_ignored_flags(capsys):
-    run = _run_module()
+    run = chapter_module("04")
     assert run.main(["--profile", "--only", "k3/tmastore-bn192", "k3/1wg-bn128"]) == 0
     out = capsys.readouterr().out
     assert "k3 is not run here because there is no NVIDIA GPU on this machine" in out
@@ -60,7 +54,7 @@ def test_recorded_run_is_complete(data):
     assert all(c["passed"] for c in data["checks"])
     assert {c["variant"] for c in data["checks"]} == set(data["ladder"])
     for name in data["ladder"]:
-        for tokens, skew in _run_module().TARGETS:
+        for tokens, skew in chapter_module("04").TARGETS:
             record(data, name, tokens, skew)  # every rung at every workload
     assert data["provenance"]["gpu"] == "NVIDIA H200"
 

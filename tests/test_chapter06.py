@@ -4,25 +4,19 @@ fails here until site_docs/06-adaptive.md is rewritten."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from moe_gemm.results import chapter_module
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "chapters" / "06" / "results" / "h200.json"
 PEERS = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")
 TOKENS = (512, 2048, 4096, 16384, 65536)
 SKEWS = (0.0, 0.4, 0.8, 1.2, 1.6)
-
-
-def _run_module():
-    spec = importlib.util.spec_from_file_location("chapter06_run", ROOT / "chapters" / "06" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +44,7 @@ def model(data, tokens, skew):
 # --------------------------------------------------------------------------- the driver, no GPU
 
 def test_run_without_gpu_prints_the_compile_report_and_the_models_choices(capsys):
-    run = _run_module()
+    run = chapter_module("06")
     assert run.main(["--rounds", "5", "--tokens", "2048", "--skews", "0", "1.2"]) == 0
     out = capsys.readouterr().out
     assert "k5 is not run here because there is no NVIDIA GPU on this machine" in out
@@ -61,7 +55,7 @@ def test_run_without_gpu_prints_the_compile_report_and_the_models_choices(capsys
 
 
 def test_bad_arguments_are_refused_with_one_line(capsys):
-    run = _run_module()
+    run = chapter_module("06")
     with pytest.raises(SystemExit):
         run.main(["--rounds", "0"])
     assert "--rounds must be >= 1" in capsys.readouterr().err

@@ -79,3 +79,14 @@ def test_ignored_flags_name_what_was_given_and_why() -> None:
         "--no-peers and --profile were ignored: no GPU here.")
     assert ignored_flags(parser.parse_args(["--quick"]), ("--quick",), "x") == "--quick was ignored: x."
     assert ignored_flags(parser.parse_args([]), ("--quick", "--profile"), "x") is None
+
+
+def test_why_not_sm90a_names_the_reason_or_none():
+    from types import SimpleNamespace
+
+    from moe_gemm.cli import why_not_sm90a
+
+    assert why_not_sm90a(None) == "there is no NVIDIA GPU on this machine"
+    b200 = SimpleNamespace(name="NVIDIA B200", compute_capability=(10, 0))
+    assert why_not_sm90a(b200) == "NVIDIA B200 is sm_100 and wgmma runs only on sm_90a"
+    assert why_not_sm90a(SimpleNamespace(name="NVIDIA H200", compute_capability=(9, 0))) is None

@@ -4,7 +4,6 @@ ml_dtypes, the wrapper's input checks, the peers' input rules, and chapter 01's 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,20 +11,13 @@ import numpy as np
 import pytest
 
 from moe_gemm.problem import problem_from_counts
+from moe_gemm.results import chapter_module
 from moe_gemm.tiles import tile_list
 from moe_gemm.variants import k0 as k0_module
 from moe_gemm.variants.k0 import (BK, SIMULATOR_COUNTS, SIMULATOR_K, SIMULATOR_N, K0Fp32, SimulatorResult,
                                   check_inputs, conversion_probes, expected_bf16_bits, micro_tile_origin,
                                   simulator_check)
 
-CHAPTER = Path(__file__).resolve().parents[1] / "chapters" / "01"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"chapter01_{name}", CHAPTER / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---- the simulator ---------------------------------------------------------------------------
@@ -150,7 +142,7 @@ def test_run_without_a_gpu_checks_in_the_simulator_and_exits_0(monkeypatch, caps
     canned = SimulatorResult(check=Check(0.0, 0, 0, exact=True), conversions_ok=True, conversion_mismatches=0,
                              tiles=8, seconds=1.0)
     monkeypatch.setattr(k0_module, "simulator_check", lambda: canned)  # the real one runs above
-    assert _load("run").main(["--simulate"]) == 0
+    assert chapter_module("01", "run").main(["--simulate"]) == 0
     out = capsys.readouterr().out
     assert "numba's CUDA simulator" in out and "ok (exact, 0 mismatches" in out
 
@@ -161,12 +153,12 @@ def test_run_without_a_gpu_fails_on_a_wrong_answer(monkeypatch):
     wrong = SimulatorResult(check=Check(0.5, 0, 7, exact=True), conversions_ok=True, conversion_mismatches=0,
                             tiles=8, seconds=1.0)
     monkeypatch.setattr(k0_module, "simulator_check", lambda: wrong)
-    assert _load("run").main(["--simulate"]) == 1
+    assert chapter_module("01", "run").main(["--simulate"]) == 1
 
 
 def test_run_help_describes_the_flags(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        _load("run").main(["--help"])
+        chapter_module("01", "run").main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--quick", "--no-peers", "--simulate"):
@@ -174,7 +166,7 @@ def test_run_help_describes_the_flags(capsys):
 
 
 def test_figures_without_results_draw_only_the_layout(tmp_path):
-    figures = _load("figures")
+    figures = chapter_module("01", "figures")
     written = figures.write_outputs(tmp_path, tmp_path / "absent.json")
     assert [p.name for p in written] == ["layout.png"]
     assert not (tmp_path / "01" / "throughput.png").exists()
@@ -182,7 +174,7 @@ def test_figures_without_results_draw_only_the_layout(tmp_path):
 
 def _fake_results(path: Path) -> Path:
     """A results file in the real schema, with made-up numbers (this test only checks the plumbing)."""
-    figures = _load("figures")
+    figures = chapter_module("01", "figures")
     records = []
     for i, w in enumerate(figures.WORKLOADS):
         base = {"experts": w.experts, "K": w.K, "N": w.N, "tokens": w.tokens, "skew": w.skew, "median_ms": 1.0 + i,
@@ -204,7 +196,7 @@ def _fake_results(path: Path) -> Path:
 
 def test_figures_from_a_results_file(tmp_path):
     """A results file with no torch loop and only the FFMA ceiling still draws the throughput figure."""
-    figures = _load("figures")
+    figures = chapter_module("01", "figures")
     written = figures.write_outputs(tmp_path, _fake_results(tmp_path / "h200.json"))
     assert [p.name for p in written] == ["layout.png", "throughput.png"]
     assert (tmp_path / "01" / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,7 +4,6 @@ before launch, and chapter 05's run.py saying that k4 was not run."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 from moe_gemm.build import opcode_counts
 from moe_gemm.gpu import GpuInfo
 from moe_gemm.occupancy import residency
+from moe_gemm.results import chapter_module
 from moe_gemm.variants import k4
 
 CHAPTER = Path(__file__).resolve().parents[1] / "chapters" / "05"
@@ -138,18 +138,11 @@ def test_blackwell_is_accepted(capability):
 
 # --------------------------------------------------------------------------- chapter 05's run.py
 
-def _load_run():
-    spec = importlib.util.spec_from_file_location("chapter05_run", CHAPTER / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_run_py_on_an_h200_compiles_and_says_k4_was_not_run(monkeypatch, capsys):
     import moe_gemm.gpu
 
     monkeypatch.setattr(moe_gemm.gpu, "detect_gpu", lambda ordinal=0: gpu("NVIDIA H200", (9, 0)))
-    assert _load_run().main([]) == 0
+    assert chapter_module("05").main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("k4 was not run here: ") and "needs compute capability 10.x" in out
     assert out.rstrip().splitlines()[-1].startswith("k4 was not run here.")
@@ -169,9 +162,7 @@ def test_run_py_as_a_program_without_blackwell_exits_0():
 
 
 def test_figures_are_generated_without_a_gpu(tmp_path):
-    spec = importlib.util.spec_from_file_location("chapter05_figures", CHAPTER / "figures.py")
-    figures = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(figures)
+    figures = chapter_module("05", "figures")
     written = {p.name for p in figures.write_outputs(tmp_path)}
     assert written == {"compile_report_sm100a.md", "compile_report_sm103a.md", "descriptors.md", "descriptors.png",
                        "residency.md", "estimate.md"}

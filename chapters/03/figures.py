@@ -11,8 +11,6 @@ never as measurements). The page's own tables and numbers come from the results 
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 from moe_gemm.cli import run_main
 from moe_gemm.notebook import find_measurement, short_label
 from moe_gemm.report import Table
-from moe_gemm.results import results_path
+from moe_gemm.results import chapter_module, recorded, results_path
 from moe_gemm.routing import expert_counts
 from moe_gemm.style import COLORS, FIGURE_ROOT, family_color, figures_main, new_figure, save_figure
 from moe_gemm.tiles import eta, scheduled_flops, tile_count
@@ -32,19 +30,6 @@ GPU_SLUG = "h200"
 EXPERTS, K, N = 64, 1024, 2688
 WORKLOADS = ((16384, 0.0), (16384, 1.2), (2048, 0.0))
 STAGE_COLORS = {2: "#2ca02c", 3: "#1f77b4", 4: "#9467bd"}
-
-
-def _load_run():
-    """chapters/03/run.py as a module (chapter folders are not packages)."""
-    spec = importlib.util.spec_from_file_location("chapter03_run", Path(__file__).with_name("run.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def load_results() -> dict | None:
-    path = results_path(CHAPTER, GPU_SLUG)
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 # --------------------------------------------------------------------------- tables needing no GPU
@@ -199,14 +184,14 @@ def stages_figure(stage_rows: list[dict]):
 # --------------------------------------------------------------------------- main
 
 def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
-    run = _load_run()
+    run = chapter_module("03")
     folder = root / CHAPTER
     folder.mkdir(parents=True, exist_ok=True)
     written = [folder / "compile_report.md", folder / "waste.md"]
     written[0].write_text(compile_markdown(run))
     written[1].write_text(waste_table().markdown())
     written.append(save_figure(ring_diagram(), CHAPTER, "ring", root=root))
-    data = load_results()
+    data = recorded(CHAPTER, GPU_SLUG)
     if data is None:
         print(f"no recorded results at {results_path(CHAPTER, GPU_SLUG)}: no measured figure drawn")
         return written

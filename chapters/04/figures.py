@@ -16,15 +16,13 @@ always describes the current kernels. When the results file is absent no figure 
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from moe_gemm.cli import run_main
 from moe_gemm.notebook import Workload
-from moe_gemm.results import results_path
+from moe_gemm.results import chapter_module, recorded
 from moe_gemm.roofline import roofline_basis
 from moe_gemm.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
 
@@ -38,11 +36,6 @@ STEPS = (("1wg", "(a) one consumer warpgroup", "#c5b0d5"), ("2wg", "(b) two warp
          ("multicast", "(d) B multicast", "#ad494a"), ("tmastore", "(e) TMA-store epilogue", "#17becf"))
 
 
-def load_results(path: Path | None = None) -> dict[str, Any] | None:
-    path = path or results_path(CHAPTER, "h200")
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def step_of(variant: str) -> tuple[str, str]:
     """(label, colour) of the ladder step a k3 rung belongs to."""
     rung = variant.split("/", 1)[1]
@@ -52,16 +45,7 @@ def step_of(variant: str) -> tuple[str, str]:
     raise ValueError(f"{variant} is on no step of the ladder")
 
 
-def _run():
-    """chapters/04/run.py as a module (chapter folders are not packages): the lookups and the
-    compile report the CLI uses."""
-    spec = importlib.util.spec_from_file_location("chapter04_run", Path(__file__).with_name("run.py"))
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
-    return run
-
-
-RUN = _run()
+RUN = chapter_module(CHAPTER)
 find, best_peer = RUN.find, RUN.best_peer
 
 
@@ -153,7 +137,7 @@ def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
     report = root / CHAPTER / "compile_report.md"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(compile_markdown())
-    data = load_results()
+    data = recorded(CHAPTER)
     if data is None:
         return [report]
     return [report, save_figure(ladder_figure(data), CHAPTER, "ladder", root),

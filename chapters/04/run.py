@@ -27,7 +27,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, nonnegative_int, run_main, timing_options
+from moe_gemm.cli import (add_timing_arguments, chapter_parser, ignored_flags, nonnegative_int, run_main,
+                          timing_options, why_not_sm90a)
 from moe_gemm.notebook import Workload, find_measurement
 from moe_gemm.report import Table
 
@@ -336,12 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from moe_gemm.gpu import detect_gpu
 
     gpu = detect_gpu()
-    if gpu is None:
-        return run_without_gpu(args, "there is no NVIDIA GPU on this machine")
-    if gpu.compute_capability != (9, 0):
-        major, minor = gpu.compute_capability
-        return run_without_gpu(args, f"{gpu.name} is sm_{major}{minor} and wgmma runs only on sm_90a")
-    return run_on_gpu(args, gpu)
+    reason = why_not_sm90a(gpu)
+    return run_without_gpu(args, reason) if reason else run_on_gpu(args, gpu)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ output here is built when the site is built, from the compiler and the model, ne
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from moe_gemm.cli import run_main
 from moe_gemm.occupancy import HOPPER, registers_per_warp
 from moe_gemm.problem import useful_flops
 from moe_gemm.report import Table, markdown_table
+from moe_gemm.results import chapter_module
 from moe_gemm.roofline import compulsory_bytes
 from moe_gemm.routing import expert_counts
 from moe_gemm.style import FIGURE_ROOT, figures_main, new_figure, save_figure
@@ -44,14 +44,6 @@ B300_HBM_TBPS = 8.0         # NVIDIA's published B300 HBM3e bandwidth (an assump
 REFERENCE_TFLOPS = 1053.61
 SEED_B300_K2 = {"16k s=0": 440.1, "16k s=1.2": 357.0, "2k s=0": 111.1}  # the seed's k2/S2, measured
 FIELD_COLORS = ("#c6dbef", "#fdd0a2", "#c7e9c0", "#dadaeb", "#fcbba1", "#d9d9d9", "#fee391", "#a1d99b")
-
-
-def _load_run():
-    """chapters/05/run.py as a module (chapter folders are not packages)."""
-    spec = importlib.util.spec_from_file_location("chapter05_run", Path(__file__).with_name("run.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _k4():
@@ -209,7 +201,7 @@ def estimate_markdown(rows: list[dict]) -> str:
 # --------------------------------------------------------------------------- main
 
 def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
-    run = _load_run()
+    run = chapter_module("05")
     folder = root / CHAPTER
     folder.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []

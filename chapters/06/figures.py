@@ -15,15 +15,13 @@ When the results file is absent no figure is drawn.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from moe_gemm.cli import run_main
 from moe_gemm.notebook import Workload
-from moe_gemm.results import results_path
+from moe_gemm.results import chapter_module, recorded
 from moe_gemm.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
 
 CHAPTER = "06"
@@ -32,20 +30,7 @@ PANELS = (("k3/tmastore-bn192", "k3 (128-row tiles)"), ("k5/host", "k5/host (cos
 POLICY_COLORS = {"fixed": COLORS["k3"], "host": "#17becf", "device": "#ff7f0e"}
 
 
-def load_results(path: Path | None = None) -> dict[str, Any] | None:
-    path = path or results_path(CHAPTER, "h200")
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _run():
-    """chapters/06/run.py as a module (chapter folders are not packages)."""
-    spec = importlib.util.spec_from_file_location("chapter06_run", Path(__file__).with_name("run.py"))
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
-    return run
-
-
-RUN = _run()
+RUN = chapter_module(CHAPTER)
 
 
 def grid_figure(data: dict[str, Any]):
@@ -156,7 +141,7 @@ def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
     report = root / CHAPTER / "compile_report.md"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(compile_markdown())
-    data = load_results()
+    data = recorded(CHAPTER)
     if data is None:
         return [report]
     return [report, save_figure(grid_figure(data), CHAPTER, "grid", root),

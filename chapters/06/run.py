@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from moe_gemm.cli import (add_timing_arguments, chapter_parser, ignored_flags, nonnegative_float, positive_int,
-                          run_main, timing_options)
+                          run_main, timing_options, why_not_sm90a)
 from moe_gemm.notebook import Workload, find_measurement
 from moe_gemm.report import Table
 
@@ -242,14 +242,10 @@ def show_compile_report(rows: list[dict[str, Any]]) -> None:
 def recorded_calibration():
     """The calibration in the recorded results, or the nominal one when there is none."""
     from moe_gemm.cost_model import Calibration, nominal_calibration
-    from moe_gemm.results import load_results, results_path
+    from moe_gemm.results import recorded
 
-    path = results_path(CHAPTER, "h200")
-    if path.is_file():
-        data = load_results(path)
-        if "calibration" in data:
-            return Calibration.from_record(data["calibration"])
-    return nominal_calibration()
+    data = recorded(CHAPTER)
+    return Calibration.from_record(data["calibration"]) if data and "calibration" in data else nominal_calibration()
 
 
 def run_without_gpu(args, reason: str) -> int:
@@ -360,12 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from moe_gemm.gpu import detect_gpu
 
     gpu = detect_gpu()
-    if gpu is None:
-        return run_without_gpu(args, "there is no NVIDIA GPU on this machine")
-    if gpu.compute_capability != (9, 0):
-        major, minor = gpu.compute_capability
-        return run_without_gpu(args, f"{gpu.name} is sm_{major}{minor} and wgmma runs only on sm_90a")
-    return run_on_gpu(args, gpu)
+    reason = why_not_sm90a(gpu)
+    return run_without_gpu(args, reason) if reason else run_on_gpu(args, gpu)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,17 @@ def kernel_not_run(kernel: str, needs: str, gpu: Any, arch: str) -> str:
     return f"{kernel} needs {needs} and {gpu.name} is {cc}, so {kernel} is compiled for {arch} and not run."
 
 
+def why_not_sm90a(gpu: Any) -> str | None:
+    """Why a wgmma kernel cannot run here (no GPU, or one that is not sm_90a), or None if it can.
+    ``gpu`` is a moe_gemm.gpu.GpuInfo or None; the reason completes "... is not run here because"."""
+    if gpu is None:
+        return "there is no NVIDIA GPU on this machine"
+    if gpu.compute_capability != (9, 0):
+        major, minor = gpu.compute_capability
+        return f"{gpu.name} is sm_{major}{minor} and wgmma runs only on sm_90a"
+    return None
+
+
 QUICK_TIMING = {"warmup": 5, "iterations": 20}  # --quick; the default is moe_gemm.timing's 10 and 50
 
 

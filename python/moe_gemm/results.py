@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from .gpu import GpuInfo, detect_gpu
@@ -137,6 +139,22 @@ def load_results(path: Path | str) -> dict[str, Any]:
 
 def results_path(chapter: str, gpu_slug: str) -> Path:
     return REPO_ROOT / "chapters" / chapter / "results" / f"{gpu_slug}.json"
+
+
+def recorded(chapter: str, gpu_slug: str = "h200") -> dict[str, Any] | None:
+    """The chapter's recorded results file, or None where it has none yet (figures, no-GPU paths)."""
+    path = results_path(chapter, gpu_slug)
+    return load_results(path) if path.is_file() else None
+
+
+def chapter_module(chapter: str, name: str = "run") -> ModuleType:
+    """``chapters/<chapter>/<name>.py`` as a module, loaded afresh: chapter folders are numbered, not
+    packages, so a chapter's figures.py (or a test) reaches its run.py this way."""
+    spec = importlib.util.spec_from_file_location(f"chapter{chapter}_{name}",
+                                                  REPO_ROOT / "chapters" / chapter / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def find_record(records: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
