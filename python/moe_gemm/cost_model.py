@@ -110,13 +110,11 @@ def fresh_bytes(tiles: np.ndarray, K: int) -> np.ndarray:  # noqa: N803
 
 
 def tile_times(tiles: np.ndarray, calibration: Calibration, grid: int, K: int,  # noqa: N803
-               costs: Mapping[str, float] | None = None, fresh: np.ndarray | None = None) -> np.ndarray:
+               fresh: np.ndarray | None = None) -> np.ndarray:
     """Microseconds of every tile: its shape's cost, or the DRAM time of the B boxes it is the first
-    in the list to read, whichever is longer (``costs`` overrides the calibration's and ``fresh``
-    passes :func:`fresh_bytes` already computed, for fitting)."""
-    costs = costs or calibration.tile_us
+    in the list to read, whichever is longer (``fresh``: :func:`fresh_bytes` already computed)."""
     kinds, rows = unpack(tiles)
-    shape = np.array([costs[cost_key(k, r)] for k, r in zip(kinds.tolist(), rows.tolist())]) * K / calibration.K
+    shape = np.array([calibration.cost(k, r, K) for k, r in zip(kinds.tolist(), rows.tolist())])
     dram = (fresh_bytes(tiles, K) if fresh is None else fresh) / (calibration.copy_tbps * 1e6 / max(grid, 1))
     return np.maximum(shape, dram) if len(tiles) else np.zeros(0)
 
@@ -212,10 +210,10 @@ def calibration_from_times(times_us: Mapping[str, float], copy_tbps: float, K: i
     routings = calibration_routings()
     tiles = {name: mixed_tile_list(counts, N, policy) for name, (counts, policy) in routings.items()}
     fresh = {name: fresh_bytes(t, K) for name, t in tiles.items()}
-    probe = Calibration({}, 0.0, copy_tbps, K, N)
 
-    def span(name: str, costs: Mapping[str, float]) -> float:
-        return makespan(tile_times(tiles[name], probe, grid, K, costs, fresh[name]), grid)
+    def span(name: str, costs: Mapping[str, float]) -> float:  # the model's busiest block with trial costs
+        trial = Calibration(costs, 0.0, copy_tbps, K, N)
+        return makespan(tile_times(tiles[name], trial, grid, K, fresh[name]), grid)
 
     growth = times_us["base x2"] - times_us["base"]
     m128 = _bisect(lambda c: span("base x2", {"M128": c}) - span("base", {"M128": c}) - growth, 0.0, 100.0)

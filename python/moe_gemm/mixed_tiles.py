@@ -24,7 +24,7 @@ from typing import Literal
 
 import numpy as np
 
-from .tiles import ceil_div
+from .tiles import ceil_div, checked_counts
 from .routing import expert_offsets
 from .validate import require_int
 
@@ -92,10 +92,9 @@ def scheduled_rows(kind: TileKind, rows: int) -> int:
 
 
 def _checked(counts: np.ndarray, N: int) -> np.ndarray:  # noqa: N803
-    counts = np.asarray(counts)
-    expert_offsets(counts)  # ValueError for negative or fractional counts
+    counts = checked_counts(counts)  # ValueError for negative or fractional counts, before N's
     require_int("N", N, minimum=1)
-    return counts.astype(np.int64)
+    return counts
 
 
 # --8<-- [start:row_tiles]

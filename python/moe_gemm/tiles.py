@@ -29,7 +29,7 @@ def ceil_div(a: int | np.ndarray, b: int) -> int | np.ndarray:
     return -(-a // b)
 
 
-def _checked_counts(counts: np.ndarray) -> np.ndarray:
+def checked_counts(counts: np.ndarray) -> np.ndarray:
     # Validate before any cast: a negative or fractional m_e would otherwise be silently
     # rounded into a wrong (but plausible-looking) tile list.
     counts = np.asarray(counts)
@@ -40,7 +40,7 @@ def _checked_counts(counts: np.ndarray) -> np.ndarray:
 def m_tiles_per_expert(counts: np.ndarray, bm: int) -> np.ndarray:
     """ceil(m_e / BM) for every expert (0 for an empty expert)."""
     require_tile_size("BM", bm)
-    return ceil_div(_checked_counts(counts), bm)
+    return ceil_div(checked_counts(counts), bm)
 
 
 def tile_count(counts: np.ndarray, N: int, bm: int, bn: int) -> int:  # noqa: N803
@@ -57,7 +57,7 @@ def tile_list(counts: np.ndarray, N: int, bm: int, bn: int) -> np.ndarray:  # no
     Within an expert, the N tiles of one M tile are adjacent, so consecutive blocks reuse
     the same rows of A and walk across B[expert].
     """
-    counts = _checked_counts(counts)
+    counts = checked_counts(counts)
     n_tiles = int(ceil_div(require_int("N", N, minimum=1), require_tile_width("BN", bn)))
     offsets = np.concatenate([[0], np.cumsum(counts)])
     per_expert = m_tiles_per_expert(counts, bm)

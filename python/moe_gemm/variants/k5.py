@@ -31,7 +31,6 @@ from ..cost_model import Calibration, Prediction, choose_policy, greedy_policy, 
 from ..device import DeviceArray, DeviceProblem, check_driver, stream_handle, to_device
 from ..mixed_tiles import BM, BN, FIXED_128, Order, Policy, kind_counts, mixed_eta, mixed_tile_list
 from ..descriptors import tma_write_box
-from ..occupancy import residency
 from ..tensormap import TiledMap, matrix_map
 from .compiled import NamedConfigVariant
 from .k3 import BK, SWIZZLE_ALIGN, K3Config, check_inputs, operand_maps, output_map, plan_argument, plans, require_sm90a
@@ -184,8 +183,7 @@ class K5Adaptive(NamedConfigVariant):
         output = dev.new_output()
         if problem.tokens == 0:  # a tensor map cannot describe 0 rows; DeviceLayer covers M_tot = 0
             return Prepared(launch=lambda: None, output=output, resources=resources)
-        fit = residency(resources.registers, resources.warps_per_block, resources.smem_bytes)
-        slots = gpu.sm_count * fit.blocks
+        slots = gpu.sm_count * resources.blocks_per_sm
         policy = self.policy_for(problem.counts, problem.K, problem.N, slots)
         launch_fn, keep, info = self._launch(dev, output, policy, slots)
         info.update({"policy": policy.label, "swap_max": policy.swap_max, "m64_max": policy.m64_max,
@@ -230,8 +228,7 @@ class K5Adaptive(NamedConfigVariant):
 def slots(variant: K5Adaptive) -> int:
     """Blocks a persistent k5 launch runs: one per SM (a 384-thread block takes all registers)."""
     gpu = require_sm90a(variant.name)
-    r = variant.resources(gpu.arch)
-    return gpu.sm_count * residency(r.registers, r.warps_per_block, r.smem_bytes).blocks
+    return gpu.sm_count * variant.resources(gpu.arch).blocks_per_sm
 
 
 def calibrate(copy_tbps: float, iterations: int = 30) -> Calibration:
