@@ -74,3 +74,15 @@ def test_a_table_needs_a_one_line_legend(legend: str) -> None:
 def test_dashes_do_not_change_a_columns_alignment() -> None:
     lines = format_table(("eta",), [(0.5,), ("-",), (1.0,)]).splitlines()
     assert lines[2:] == ["0.500", "    -", "1.000"]
+
+
+def test_interleaved_rounds_keep_the_median_of_their_medians():
+    from moe_gemm.notebook import _merge_rounds
+
+    rounds = [{"variant": "v", "median_ms": m, "min_ms": m - 0.1, "max_ms": m + 0.2, "useful_tflops": 10.0 / m,
+               "scheduled_tflops": 20.0 / m} for m in (1.0, 2.0, 4.0)]
+    merged = _merge_rounds(rounds)
+    assert merged["median_ms"] == 2.0 and merged["round_medians_ms"] == [1.0, 2.0, 4.0] and merged["rounds"] == 3
+    assert merged["min_ms"] == pytest.approx(0.9) and merged["max_ms"] == pytest.approx(4.2)
+    assert merged["useful_tflops"] == pytest.approx(5.0) and merged["scheduled_tflops"] == pytest.approx(10.0)
+    assert rounds[0]["median_ms"] == 1.0 and "rounds" not in rounds[0]  # the round's own record is untouched

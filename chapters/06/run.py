@@ -273,6 +273,7 @@ def graph_replays(calibration) -> list[dict[str, Any]]:
     import numpy as np
 
     from moe_gemm.bench import progress
+    from moe_gemm.problem import Problem
     from moe_gemm.reference import check_output
     from moe_gemm.timing import time_launches
     from moe_gemm.variants.k5 import DeviceLayer
@@ -283,7 +284,7 @@ def graph_replays(calibration) -> list[dict[str, Any]]:
     for skew in GRAPH_SKEWS:
         progress(f"[graph] replay with the s={skew:g} routing")
         problem = Workload(16384, skew).problem(0)
-        problem = type(problem)(a=problem.a, b=base.b, counts=problem.counts, skew=skew)
+        problem = Problem(a=problem.a, b=base.b, counts=problem.counts, skew=skew)
         check = check_output(layer(problem.a, problem.counts), problem)
         timing = time_launches(lambda _: layer.replay(), warmup=5, iterations=30)
         rows.append({"skew": skew, "rows": int(np.sum(problem.counts)), "passed": check.passed,
@@ -306,7 +307,7 @@ def run_on_gpu(args, gpu) -> int:
     from moe_gemm.bench import progress
     from moe_gemm.ceilings import roofline_ceilings
     from moe_gemm.compile_report import compile_table
-    from moe_gemm.notebook import checks_table, records_table, run_checks, run_interleaved, save_results
+    from moe_gemm.notebook import checks_table, records_table, run_checks, run_variants, save_results
     from moe_gemm.peers import TorchGroupedMM, torch_available
     from moe_gemm.roofline import roofline_basis
     from moe_gemm.variants.k5 import CHECKED, K5Adaptive, calibrate, slots
@@ -333,7 +334,7 @@ def run_on_gpu(args, gpu) -> int:
     timed = [variant(name, calibration) for name in (ADAPTIVE, *DEVICE, ORDERING)] + [variant(FIXED)]
     if not args.no_peers and torch_available():
         timed += [TorchGroupedMM(), TorchGroupedMM(k_major=True)]
-    records = run_interleaved(timed, grid(args), rounds=args.rounds, **timing)
+    records = run_variants(timed, grid(args), rounds=args.rounds, **timing)
     show(records_table(records, title="Every measurement", basis=basis,
                        columns=("variant", "workload", "ms", "tflops", "vs_peer", "roofline", "eta", "tiles")))
     for name in (ADAPTIVE, DEVICE[0], FIXED):

@@ -105,34 +105,18 @@ def checks_table(checks: Sequence[dict[str, Any]]) -> Table:
                         "<= 1e-2; C is filled with NaN before every launch.")
 
 
-def run_variants(variants: Sequence[Variant], workloads: Sequence[Workload], **timing: int) -> list[dict[str, Any]]:
+def run_variants(variants: Sequence[Variant], workloads: Sequence[Workload], rounds: int = 1,
+                 **timing: int) -> list[dict[str, Any]]:
     """Check and time every variant on every workload; a variant that cannot take a workload is skipped.
 
     Each workload's inputs are drawn fresh and uploaded once, and every variant (peers
     included) runs on those same buffers, so the ratios in the table compare like with like.
+
+    With ``rounds`` > 1 the timing is repeated in interleaved rounds (A B C, A B C, ...), each
+    variant prepared afresh every round (new output and list allocations), and a record keeps the
+    median of its rounds' medians and every round's median (``round_medians_ms``): a slow spell of
+    the GPU, or an unlucky allocation, then shows as spread instead of as a ratio.
     """
-    records = []
-    for workload in workloads:
-        progress(f"[{workload.label}] drawing and uploading inputs")
-        sets = input_sets(workload.problem)
-        for variant in variants:
-            progress(f"[{workload.label}] {variant.name}: check, then time")
-            try:
-                records.append(measure(variant, sets, **timing))
-            except ValueError as unsupported:  # raised before any launch: the variant cannot take this input
-                progress(f"[{workload.label}] {variant.name}: skipped ({unsupported})")
-        del sets
-    return records
-
-
-def run_interleaved(variants: Sequence[Variant], workloads: Sequence[Workload], rounds: int = 3,
-                    **timing: int) -> list[dict[str, Any]]:
-    """:func:`run_variants`, but timed in ``rounds`` interleaved rounds per workload (A B C, A B C,
-    ...), each variant prepared afresh every round (new output and list allocations). A record
-    keeps the median of its rounds' medians and every round's median (``round_medians_ms``): a
-    slow spell of the GPU, or an unlucky allocation, then shows as spread instead of as a ratio."""
-    import statistics
-
     records = []
     for workload in workloads:
         progress(f"[{workload.label}] drawing and uploading inputs")
@@ -142,27 +126,33 @@ def run_interleaved(variants: Sequence[Variant], workloads: Sequence[Workload], 
         for round_ in range(rounds):
             for variant in variants:
                 if round_ == 0:
-                    progress(f"[{workload.label}] {variant.name}: check")
+                    progress(f"[{workload.label}] {variant.name}: check, then time")
                     try:
                         checks[variant.name] = verify(variant, sets[0])
-                    except ValueError as unsupported:  # raised before any launch
+                    except ValueError as unsupported:  # raised before any launch: the variant cannot take this input
                         progress(f"[{workload.label}] {variant.name}: skipped ({unsupported})")
                         continue
                 if variant.name in checks:
                     rounds_of.setdefault(variant.name, []).append(
                         measure(variant, sets, check=checks[variant.name], **timing))
-        for name, measured in rounds_of.items():
-            medians = [r["median_ms"] for r in measured]
-            record = dict(measured[0])
-            record.update(median_ms=statistics.median(medians), min_ms=min(r["min_ms"] for r in measured),
-                          max_ms=max(r["max_ms"] for r in measured), round_medians_ms=medians, rounds=len(medians))
-            scale = measured[0]["median_ms"] / record["median_ms"]
-            record["useful_tflops"] = measured[0]["useful_tflops"] * scale
-            if "scheduled_tflops" in record:
-                record["scheduled_tflops"] = measured[0]["scheduled_tflops"] * scale
-            records.append(record)
+        records += [measured[0] if rounds == 1 else _merge_rounds(measured) for measured in rounds_of.values()]
         del sets
     return records
+
+
+def _merge_rounds(measured: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One record from a variant's records of several rounds: the median of their medians."""
+    import statistics
+
+    medians = [r["median_ms"] for r in measured]
+    record = dict(measured[0])
+    record.update(median_ms=statistics.median(medians), min_ms=min(r["min_ms"] for r in measured),
+                  max_ms=max(r["max_ms"] for r in measured), round_medians_ms=medians, rounds=len(medians))
+    scale = measured[0]["median_ms"] / record["median_ms"]
+    record["useful_tflops"] = measured[0]["useful_tflops"] * scale
+    if "scheduled_tflops" in record:
+        record["scheduled_tflops"] = measured[0]["scheduled_tflops"] * scale
+    return record
 
 
 def peer_ratio(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
