@@ -16,3 +16,15 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="no NVIDIA GPU")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture
+def sm90a():
+    """The GPU, where it runs sm_90a code (k3 and k5: wgmma and setmaxnreg exist only in that target,
+    whose code runs on no other architecture); the test is skipped anywhere else."""
+    from moe_gemm.gpu import detect_gpu
+
+    gpu = detect_gpu()
+    if gpu is None or gpu.compute_capability != (9, 0):
+        pytest.skip("needs an sm_90a GPU (compute capability 9.0)")
+    return gpu

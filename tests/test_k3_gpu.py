@@ -16,23 +16,15 @@ from moe_gemm.variants.k3 import LADDER, K3Wgmma
 pytestmark = pytest.mark.gpu
 
 
-def _needs_sm90a():
-    gpu = detect_gpu()
-    if gpu is None or gpu.compute_capability != (9, 0):
-        pytest.skip("k3 runs on sm_90a (compute capability 9.0)")
-    return gpu
-
-
 @pytest.fixture(params=list(LADDER))
 def variant(request):
     return K3Wgmma(request.param)
 
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: c.name)
-def test_edge_cases_exact(variant, case):
+def test_edge_cases_exact(variant, case, sm90a):
     from moe_gemm.bench import verify
 
-    _needs_sm90a()
     problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
     check = verify(variant, problem, exact=True)
     assert check.passed, f"{variant.name} on '{case.name}': {check.describe()}"
@@ -42,10 +34,9 @@ def test_edge_cases_exact(variant, case):
     (8, 1000, 1024, 384, 1.2),   # 16 K steps: the ring wraps many times
     (3, 300, 192, 136, 0.0),     # three K steps, N with a partial box
 ])
-def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):  # noqa: N803
+def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew, sm90a):  # noqa: N803
     from moe_gemm.bench import verify
 
-    _needs_sm90a()
     check = verify(variant, make_problem(experts, tokens, K, N, skew, seed=11))
     assert check.passed, f"{variant.name}: {check.describe()}"
 
@@ -60,13 +51,12 @@ def _counts_for_units(variant: K3Wgmma, units: int, N: int) -> np.ndarray:  # no
 
 
 @pytest.mark.parametrize("where", ["below", "at", "above"])
-def test_persistent_grids_below_at_and_above_the_sm_slots(variant, where):
+def test_persistent_grids_below_at_and_above_the_sm_slots(variant, where, sm90a):
     from moe_gemm.bench import verify
 
-    gpu = _needs_sm90a()
     if not variant.config.persistent:
         pytest.skip("one block per tile: no persistent grid")
-    slots = gpu.sm_count // variant.config.cluster
+    slots = sm90a.sm_count // variant.config.cluster
     units = {"below": slots // 3, "at": slots, "above": 2 * slots + 5}[where]
     N = variant.bn + 8  # noqa: N806 - a second, 8-column N tile
     problem = problem_from_counts(_counts_for_units(variant, units, N), 128, N, values="integer", seed=7)
@@ -74,12 +64,11 @@ def test_persistent_grids_below_at_and_above_the_sm_slots(variant, where):
     assert check.passed, f"{variant.name}, {where} ({units} units): {check.describe()}"
 
 
-def test_aligned_offset_views_work():
+def test_aligned_offset_views_work(sm90a):
     """A and B may live at any 16-byte-aligned address, not only at the start of an allocation."""
     from moe_gemm.bench import verify
     from moe_gemm.device import DeviceArray, DeviceProblem
 
-    _needs_sm90a()
     problem = problem_from_counts(np.array([70, 130]), 128, 200, values="integer", seed=5)
     dev = DeviceProblem(problem)
     for name, host in (("a", problem.a), ("b", problem.b)):
@@ -91,10 +80,9 @@ def test_aligned_offset_views_work():
 
 
 @pytest.mark.parametrize("which", ["a", "b"])
-def test_misaligned_pointers_refused_before_launch(which):
+def test_misaligned_pointers_refused_before_launch(which, sm90a):
     from moe_gemm.device import DeviceArray, DeviceProblem
 
-    _needs_sm90a()
     problem = problem_from_counts(np.array([40, 90]), 128, 200, values="integer", seed=1)
     dev = DeviceProblem(problem)
     host = getattr(problem, which)

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from moe_gemm.edge_cases import EDGE_CASES, EDGE_K, EDGE_N
-from moe_gemm.gpu import detect_gpu
-from moe_gemm.problem import BF16, make_problem, problem_from_counts
-from moe_gemm.variants.k5 import CHECKED, DeviceLayer, K5Adaptive
+from moe_gemm.problem import BF16, Problem, make_problem, problem_from_counts
+from moe_gemm.variants.k5 import CHECKED, DeviceLayer, K5Adaptive, K5Config
 
 pytestmark = pytest.mark.gpu
 
@@ -24,79 +23,66 @@ EXTRA_ROUTINGS = {
 }
 
 
-def _needs_sm90a():
-    gpu = detect_gpu()
-    if gpu is None or gpu.compute_capability != (9, 0):
-        pytest.skip("k5 runs on sm_90a (compute capability 9.0)")
-    return gpu
-
-
 @pytest.fixture(params=list(CHECKED))
 def variant(request):
     return K5Adaptive(request.param)
 
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: c.name)
-def test_edge_cases_exact(variant, case):
+def test_edge_cases_exact(variant, case, sm90a):
     from moe_gemm.bench import verify
 
-    _needs_sm90a()
     problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
     check = verify(variant, problem, exact=True)
     assert check.passed, f"{variant.name} on '{case.name}': {check.describe()}"
 
 
 @pytest.mark.parametrize("name", list(EXTRA_ROUTINGS))
-def test_extra_routings_exact(variant, name):
+def test_extra_routings_exact(variant, name, sm90a):
     from moe_gemm.bench import verify
 
-    _needs_sm90a()
     problem = problem_from_counts(np.array(EXTRA_ROUTINGS[name]), 256, 328, values="integer", seed=5)
     check = verify(variant, problem, exact=True)
     assert check.passed, f"{variant.name} on '{name}': {check.describe()}"
 
 
-def test_random_data_at_the_seed_shape_within_tolerance(variant):
+def test_random_data_at_the_seed_shape_within_tolerance(variant, sm90a):
     from moe_gemm.bench import verify
 
-    _needs_sm90a()
     check = verify(variant, make_problem(64, 2048, 1024, 2688, 1.2, seed=11))
     assert check.passed, f"{variant.name}: {check.describe()}"
 
 
-def test_persistent_grid_walks_many_tiles_per_block():
+def test_persistent_grid_walks_many_tiles_per_block(sm90a):
     """More tiles than SM slots several times over, every kind in the list, exact."""
     from moe_gemm.bench import verify
 
-    _needs_sm90a()
     counts = np.tile([300, 40, 100, 7, 0, 128], 40)  # 240 experts: M128, SWAP and M64 remainders
     check = verify(K5Adaptive("k5/swap"), problem_from_counts(counts, 128, 392, values="integer", seed=2), exact=True)
     assert check.passed, check.describe()
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_device_schedule_matches_the_host_schedule_bit_for_bit(seed):
+def test_device_schedule_matches_the_host_schedule_bit_for_bit(seed, sm90a):
     from moe_gemm.bench import run_once
     from moe_gemm.device import DeviceProblem
 
-    _needs_sm90a()
     rng = np.random.default_rng(seed)
     experts = int(rng.integers(1, 80))
     counts = rng.integers(0, 300, experts) * (rng.random(experts) > 0.3)  # about a third empty
     problem = problem_from_counts(counts, 256, 264, seed=seed)
     device, host = K5Adaptive("k5/device"), K5Adaptive("k5/host")
     host.calibration = device.calibration
-    host.config = type(host.config)("host", device.policy_for(counts, 256, 264, 132))  # the device's policy
+    host.config = K5Config("host", device.policy_for(counts, 256, 264, 132))  # the device's policy
     dev = DeviceProblem(problem)
     np.testing.assert_array_equal(run_once(device, dev).view(np.uint16), run_once(host, dev).view(np.uint16))
 
 
-def test_one_graph_replayed_with_changing_routings():
+def test_one_graph_replayed_with_changing_routings(sm90a):
     """Capture once; replay with routings that change every time, M_tot = 0 and a full buffer
     included; every replay exact."""
     from moe_gemm.reference import check_output
 
-    _needs_sm90a()
     experts, capacity = 16, 900
     rng = np.random.default_rng(0)
     first = problem_from_counts(np.full(experts, 1), EDGE_K, EDGE_N, values="integer", seed=1)
@@ -106,16 +92,15 @@ def test_one_graph_replayed_with_changing_routings():
                  for _ in range(6)]
     for counts in routings:
         problem = problem_from_counts(counts, EDGE_K, EDGE_N, values="integer", seed=int(counts.sum()))
-        problem = type(problem)(a=problem.a, b=first.b, counts=problem.counts)
+        problem = Problem(a=problem.a, b=first.b, counts=problem.counts)
         out = layer(problem.a, counts)
         check = check_output(out.astype(BF16), problem, exact=True)
         assert check.passed, f"routing {counts.tolist()}: {check.describe()}"
 
 
-def test_refusals_before_any_launch():
+def test_refusals_before_any_launch(sm90a):
     from moe_gemm.device import DeviceProblem
 
-    _needs_sm90a()
     with pytest.raises(ValueError, match="at most 256 experts"):
         K5Adaptive("k5/device").prepare(DeviceProblem(problem_from_counts(np.ones(257, dtype=int), 64, 64)))
     with pytest.raises(ValueError, match="multiple of BK = 64"):
