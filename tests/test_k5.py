@@ -160,3 +160,19 @@ def test_the_kernel_and_the_python_share_their_constants():
     assert constant("MAX_EXPERTS") == MAX_EXPERTS and constant("TOKEN_BOX_ROWS") == TOKEN_BOX_ROWS
     assert [f"{k.name} = {k.value}" for k in TileKind] == re.findall(r"(M128 = 0|M64 = 1|SWAP = 2)", source)
     assert {c.kernel_name for c in VARIANT_CONFIGS.values()} == {"k5_adaptive<4, false>", "k5_adaptive<4, true>"}
+
+
+def test_the_models_choice_is_made_once_per_routing_and_calibration(monkeypatch):
+    import moe_gemm.variants.k5 as k5
+    from moe_gemm.cost_model import nominal_calibration
+
+    calls = []
+    real = k5.choose_policy
+    monkeypatch.setattr(k5, "choose_policy", lambda *a: calls.append(a) or real(*a))
+    variant, counts = K5Adaptive("k5/host"), expert_counts(64, 2048, 1.2)
+    first = variant.policy_for(counts, 1024, 2688, 132)
+    assert variant.policy_for(counts.copy(), 1024, 2688, 132) == first and len(calls) == 1
+    variant.policy_for(expert_counts(64, 2048, 0.0), 1024, 2688, 132)
+    assert len(calls) == 2  # another routing
+    variant.calibration = nominal_calibration()
+    assert variant.policy_for(counts, 1024, 2688, 132) == first and len(calls) == 3  # another calibration
