@@ -2,7 +2,7 @@
 //
 //   python chapters/02/run.py            # check, time and tabulate every configuration
 //
-// One block computes one BM x 128 tile of C from the flat tile list (moe_gemm.tiles.tile_list):
+// One block computes one BM x 128 tile of C from the flat tile list (moe_gemm.model.tiles.tile_list):
 // descriptor (expert, row0, rows, col0) says which rows of A, which expert's B and which columns.
 // The block walks K in slices of BK = 32 through a ring of STAGES (2 or 3) shared-memory buffers
 // that cp.async fills ahead of the slice being multiplied. Eight warps split the tile 2 (M) x 4 (N),

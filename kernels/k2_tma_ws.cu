@@ -5,7 +5,7 @@
 //   pytest tests/test_k2.py                # compiles every STAGES for sm_90a, no GPU needed
 //
 // One block computes one 128 x 128 tile of C, named by a descriptor (expert, row0, rows, col0) of
-// the flat tile list (python/moe_gemm/tiles.py). Per K step of BK = 64 the producer asks TMA for
+// the flat tile list (python/moe_gemm/model/tiles.py). Per K step of BK = 64 the producer asks TMA for
 //   A     rows row0 .. row0+127, columns k .. k+63        one 2-D box, 128 x 128 B  = 16 KB
 //   B[e]  rows k .. k+63, columns col0 .. col0+63         one 3-D box,  64 x 128 B  =  8 KB
 //   B[e]  rows k .. k+63, columns col0+64 .. col0+127     one 3-D box,  64 x 128 B  =  8 KB
@@ -49,7 +49,7 @@ struct Residency {
 // --8<-- [end:config]
 
 // B's two panels make up the tile's columns. The host requests STAGES * STAGE_BYTES +
-// SWIZZLE_ALIGN bytes of dynamic shared memory (python/moe_gemm/variants/k2.py).
+// SWIZZLE_ALIGN bytes of dynamic shared memory (python/moe_gemm/variants/k2/__init__.py).
 static_assert(BN == 2 * PANEL_N, "two 64-column B panels per stage");
 static_assert(STAGE_BYTES % SWIZZLE_ALIGN == 0, "every stage and panel starts on a 1 KB boundary");
 

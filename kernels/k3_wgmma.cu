@@ -21,7 +21,7 @@
 //   A     rows row0 .. row0+BM-1, 64 of K          one 2-D box,  BM x 128 B
 //   B[e]  64 of K x BN columns                     BN/64 boxes of 64 x 64 bf16 (8 KB each)
 // and the descriptors the consumers build from its address are checked, for every k16 step, by
-// the numpy descriptor interpreter in python/moe_gemm/descriptors.py (tests/test_descriptors.py).
+// the numpy descriptor interpreter in python/moe_gemm/cuda/descriptors.py (tests/test_descriptors.py).
 #include "ptx.cuh"
 
 namespace k3 {

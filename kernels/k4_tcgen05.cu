@@ -44,7 +44,7 @@ constexpr int ACCUMULATORS = 2;               // TMEM buffers: the epilogue of t
 constexpr int CHUNK = 32;                     // columns per tcgen05.ld (.32x32b.x32: 32 registers)
 
 // The descriptors' constant fields and k16 steps come from the host as an OperandPlan (ptx.cuh),
-// built by moe_gemm.tcgen05.smem_plan so that the descriptors the GPU runs are the ones CI
+// built by moe_gemm.variants.k4.tcgen05.smem_plan so that the descriptors the GPU runs are the ones CI
 // interprets; mn64_bytes is not read here, because one tcgen05.mma covers all 128 rows and all
 // BN columns of the tile.
 

@@ -1,7 +1,7 @@
 // k5_adaptive.cu: chapter 06's kernel. One persistent launch over a *mixed* tile list: each
 // expert's remainder rows go in a tile of the shape a policy picks for them, and the list is
 // either built on the host (the policy chosen per routing by the cost model in
-// python/moe_gemm/cost_model.py) or found by the kernel itself from the device-side expert
+// python/moe_gemm/variants/k5/cost_model.py) or found by the kernel itself from the device-side expert
 // offsets, so that a launch needs no host round trip.
 //
 //   python chapters/06/run.py              # check, calibrate, time the grid (needs an sm_90a GPU)

@@ -243,8 +243,8 @@ __device__ __forceinline__ void wgmma_wait() {
 // --8<-- [start:descriptor]
 // How a kernel addresses one operand tile and builds its descriptors: the constant fields of the
 // descriptor (LBO, SBO, swizzle; for tcgen05 also the fixed version bits) and the start-address
-// steps between sub-tiles, built on the host (moe_gemm.descriptors.operand_plan for wgmma,
-// moe_gemm.tcgen05 for tcgen05) so that the descriptors the GPU runs are the ones CI interprets.
+// steps between sub-tiles, built on the host (moe_gemm.cuda.descriptors.operand_plan for wgmma,
+// moe_gemm.variants.k4.tcgen05 for tcgen05) so that the descriptors the GPU runs are the ones CI interprets.
 // Sub-tile (64-row or 64-column block j, k16 step kk) of a tile at shared address `tile` has the
 // descriptor matrix_descriptor(bits, tile + j * mn64_bytes + kk * k16_bytes).
 struct OperandPlan {

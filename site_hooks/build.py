@@ -6,7 +6,7 @@ Three jobs, all at build time, so that the built site needs no network to be rea
    ``site_docs/figures/NN/`` from the chapter's recorded results, and the tables only the compiler or
    the routing arithmetic can give. A chapter with no figures.py yet is skipped. A failing figure
    script fails the build. (The pages' prose and measured numbers are not generated here: the
-   macros plugin reads them from the results files, moe_gemm.pages.)
+   macros plugin reads them from the results files, moe_gemm.site.pages.)
 2. Resolve the pymdownx.snippets ``base_path`` against the repository root, so that includes of
    marked regions of real source files (``--8<-- "kernels/k1.cu:mainloop"``) work whatever the
    current directory is.

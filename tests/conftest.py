@@ -9,7 +9,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
-    from moe_gemm.gpu import detect_gpu  # asks the driver only when some test needs the answer
+    from moe_gemm.cuda.gpu import detect_gpu  # asks the driver only when some test needs the answer
 
     if detect_gpu() is not None:
         return
@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(config, items):
 def sm90a():
     """The GPU, where it runs sm_90a code (k3 and k5: wgmma and setmaxnreg exist only in that target,
     whose code runs on no other architecture); the test is skipped anywhere else."""
-    from moe_gemm.gpu import detect_gpu
+    from moe_gemm.cuda.gpu import detect_gpu
 
     gpu = detect_gpu()
     if gpu is None or gpu.compute_capability != (9, 0):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm import build
-from moe_gemm.build import (CompileError, ResourceError, compile_kernel, opcode_counts, parse_ptxas_report,
-                            sass_report, target_arch)
+from moe_gemm.cuda import nvrtc
+from moe_gemm.cuda.nvrtc import CompileError, compile_kernel, target_arch
+from moe_gemm.cuda.ptxas import ResourceError, parse_ptxas_report
+from moe_gemm.cuda.sass import opcode_counts, sass, sass_report
 
 TINY = r"""
 template <int SCALE>
@@ -45,20 +46,20 @@ def kernels(tmp_path, monkeypatch):
     """An empty kernels/ folder and an empty cache, both private to the test."""
     folder = tmp_path / "kernels"
     folder.mkdir()
-    monkeypatch.setattr(build, "KERNEL_DIR", folder)
+    monkeypatch.setattr(nvrtc, "KERNEL_DIR", folder)
     monkeypatch.setenv("MOE_GEMM_CACHE", str(tmp_path / "cache"))
     return folder
 
 
 def _count_nvrtc_calls(monkeypatch) -> list:
     calls = []
-    real = build._nvrtc_compile
+    real = nvrtc._nvrtc_compile
 
     def counting(*args, **kwargs):
         calls.append(args[:4])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(build, "_nvrtc_compile", counting)
+    monkeypatch.setattr(nvrtc, "_nvrtc_compile", counting)
     return calls
 
 
@@ -75,14 +76,14 @@ def test_cache_hit_skips_nvrtc_and_returns_the_same_kernel(kernels, monkeypatch)
 
 @pytest.mark.parametrize("change", ["source", "name", "arch", "defines", "options", "header"])
 def test_cache_misses_when_any_part_of_the_key_changes(kernels, monkeypatch, change):
-    (kernels / "tiny.cu").write_text(TINY)
-    (kernels / "common.cuh").write_text("// a header every kernel may include\n")
+    (kernels / "tiny.cu").write_text('#include "common.cuh"\n' + TINY)
+    (kernels / "common.cuh").write_text("// a header the kernel includes\n")
     base = {"name": "scale<2>", "arch": "sm_90a", "defines": {"OFFSET": 1}, "options": ()}
     compile_kernel("tiny.cu", base["name"], arch=base["arch"], defines=base["defines"], options=base["options"])
     calls = _count_nvrtc_calls(monkeypatch)
     changed = dict(base)
     if change == "source":
-        (kernels / "tiny.cu").write_text(TINY + "\n// edited\n")
+        (kernels / "tiny.cu").write_text('#include "common.cuh"\n' + TINY + "\n// edited\n")
     elif change == "name":
         changed["name"] = "scale<3>"
     elif change == "arch":
@@ -98,10 +99,34 @@ def test_cache_misses_when_any_part_of_the_key_changes(kernels, monkeypatch, cha
     assert len(calls) == 1, f"changing the {change} should recompile"
 
 
-def test_cache_key_includes_the_nvrtc_version(monkeypatch):
-    key = build._cache_key("src", "k", "sm_90a", [], ())
-    monkeypatch.setattr(build, "nvrtc_version", lambda: "99.9")
-    assert build._cache_key("src", "k", "sm_90a", [], ()) != key
+def test_a_header_the_kernel_does_not_include_leaves_the_cache_alone(kernels, monkeypatch):
+    (kernels / "tiny.cu").write_text(TINY)
+    compile_kernel("tiny.cu", "scale<2>", arch="sm_90a", defines={"OFFSET": 1})
+    (kernels / "unrelated.cuh").write_text("// another kernel's header\n")
+    calls = _count_nvrtc_calls(monkeypatch)
+    compile_kernel("tiny.cu", "scale<2>", arch="sm_90a", defines={"OFFSET": 1})
+    assert not calls
+
+
+def test_cache_key_includes_the_nvrtc_version(kernels, monkeypatch):
+    (kernels / "tiny.cu").write_text(TINY)
+    key = nvrtc._cache_key("tiny.cu", "k", "sm_90a", [], (), kernels)
+    monkeypatch.setattr(nvrtc, "nvrtc_version", lambda: "99.9")
+    assert nvrtc._cache_key("tiny.cu", "k", "sm_90a", [], (), kernels) != key
+
+
+def test_a_header_two_includes_away_rebuilds_the_kernel(kernels, monkeypatch):
+    """tiny.cu includes outer.cuh, which includes inner.cuh: editing inner.cuh must recompile."""
+    (kernels / "inner.cuh").write_text("#pragma once\n#define OFFSET 1\n")
+    (kernels / "outer.cuh").write_text('#pragma once\n#include "inner.cuh"\n')
+    (kernels / "tiny.cu").write_text('#include "outer.cuh"\n' + TINY)
+    first = compile_kernel("tiny.cu", "scale<2>", arch="sm_90a")
+    calls = _count_nvrtc_calls(monkeypatch)
+    assert compile_kernel("tiny.cu", "scale<2>", arch="sm_90a").cubin == first.cubin and not calls
+    (kernels / "inner.cuh").write_text("#pragma once\n#define OFFSET 2\n")
+    second = compile_kernel("tiny.cu", "scale<2>", arch="sm_90a")
+    assert len(calls) == 1, "an edit two includes down must miss the cache"
+    assert second.cubin != first.cubin
 
 
 def test_use_cache_false_always_compiles(kernels, monkeypatch):
@@ -225,7 +250,7 @@ def test_sass_from_either_tool(kernels, tool):
 
 def test_unknown_disassembler_is_refused():
     with pytest.raises(ValueError, match="tool must be one of"):
-        build.sass(b"", tool="objdump")
+        sass(b"", tool="objdump")
 
 
 def test_sass_report_row(kernels):
@@ -240,18 +265,18 @@ def test_sass_report_row(kernels):
 # ---- which architecture ---------------------------------------------------------------------------
 
 def test_target_arch_without_a_gpu_needs_a_name(monkeypatch):
-    import moe_gemm.gpu
+    import moe_gemm.cuda.gpu
 
-    monkeypatch.setattr(moe_gemm.gpu, "detect_gpu", lambda: None)
+    monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda: None)
     assert target_arch("sm_100a") == "sm_100a"
     with pytest.raises(ValueError, match="name the architecture"):
         target_arch(None)
 
 
 def test_target_arch_is_the_running_gpus(monkeypatch):
-    import moe_gemm.gpu
-    from moe_gemm.gpu import GpuInfo
+    import moe_gemm.cuda.gpu
+    from moe_gemm.cuda.gpu import GpuInfo
 
     h200 = GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
-    monkeypatch.setattr(moe_gemm.gpu, "detect_gpu", lambda: h200)
+    monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda: h200)
     assert target_arch(None) == "sm_90a"

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from moe_gemm import ceilings
-from moe_gemm.build import compile_kernel, opcode_counts
+from moe_gemm.cuda.nvrtc import compile_kernel
+from moe_gemm.cuda.sass import opcode_counts
+from moe_gemm.measure import ceilings
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 
@@ -45,7 +46,7 @@ def test_ceiling_value_reads_records():
 
 @pytest.mark.gpu
 def test_ceilings_on_the_gpu():
-    from moe_gemm.gpu import detect_gpu
+    from moe_gemm.cuda.gpu import detect_gpu
 
     gpu = detect_gpu()
     if gpu is None or gpu.compute_capability < (8, 0):

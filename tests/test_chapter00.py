@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_gemm.results import chapter_module
-from moe_gemm.workload_tables import estimate_table, routing_table, tile_count_table
+from moe_gemm.core.chapters import chapter_module
+from moe_gemm.site.workload_tables import estimate_table, routing_table, tile_count_table
 
 CHAPTER = Path(__file__).resolve().parents[1] / "chapters" / "00"
 

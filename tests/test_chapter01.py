@@ -1,7 +1,7 @@
 """Chapter 01's page against its own results, without a GPU.
 
 site_docs/01-fp32-baseline.md carries its own prose, and every number in it is read from
-chapters/01/results/h200.json at build time (moe_gemm.pages). The tests below pin each qualitative
+chapters/01/results/h200.json at build time (moe_gemm.site.pages). The tests below pin each qualitative
 claim the prose makes to the same results file, so that a rerun which flips a claim (the skewed run
 no longer on its eta-only estimate, K = 8192 no longer at the K = 1024 rate, ...) fails here until
 the sentence is rewritten. They also check that the prediction figures.py draws is the page's.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_gemm.pages import Pages
-from moe_gemm.results import chapter_module
+from moe_gemm.core.chapters import chapter_module
+from moe_gemm.site.pages import Pages
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "chapters" / "01" / "results" / "h200.json"
@@ -62,7 +62,7 @@ def _issue_share(k0, clock) -> float:
 def test_every_recorded_check_passed(pages, k0):
     checks = pages.section("01", "k0_checks")
     assert len(checks) >= 10 and all(str(c.result).startswith("ok") for c in checks)
-    assert sum(c.check == "exact" for c in checks) >= 8  # every edge case of moe_gemm.edge_cases, exactly
+    assert sum(c.check == "exact" for c in checks) >= 8  # every edge case of moe_gemm.model.edge_cases, exactly
     assert max(r.rel_error for r in k0.values()) <= 1e-2
 
 

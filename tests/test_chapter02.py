@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from moe_gemm import profile
-from moe_gemm.notebook import Workload
-from moe_gemm.results import chapter_module, write_results
+from moe_gemm.core.chapters import chapter_module
+from moe_gemm.measure import profile
+from moe_gemm.measure.results import write_results
+from moe_gemm.model.workloads import Workload
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,8 +33,8 @@ def _record(variant, tokens, skew, tflops, bm=None, registers=64, smem=27648):
               "median_ms": 2 * tokens * 1024 * 2688 / (tflops * 1e9), "min_ms": 0.1, "max_ms": 1.0,
               "useful_tflops": tflops, "rel_error": 1e-3}
     if bm is not None:
-        from moe_gemm.routing import expert_counts
-        from moe_gemm.tiles import eta, tile_count
+        from moe_gemm.model.routing import expert_counts
+        from moe_gemm.model.tiles import eta, tile_count
 
         counts = expert_counts(64, tokens, skew)
         record.update({"bm": bm, "bn": 128, "eta": eta(counts, bm), "tiles": tile_count(counts, 2688, bm, 128),
@@ -54,9 +55,9 @@ PROVENANCE = {"gpu": "synthetic test GPU", "compute_capability": "9.0", "driver"
 
 
 def test_no_gpu_path_prints_the_compile_report_and_exits_0(run02, monkeypatch, capsys):
-    import moe_gemm.gpu
+    import moe_gemm.cuda.gpu
 
-    monkeypatch.setattr(moe_gemm.gpu, "detect_gpu", lambda: None)
+    monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda: None)
     assert run02.main(["--profile", "--no-peers"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("No NVIDIA GPU was found, so k1 is compiled for sm_90a and not run.\n")
@@ -126,22 +127,22 @@ def test_ncu_output_without_a_report_is_an_error():
 
 
 def test_profile_target_counts_the_launches_before_the_profiled_one():
-    from moe_gemm.profile_target import launches_before_profiled
+    from moe_gemm.measure.profile_target import launches_before_profiled
 
     assert launches_before_profiled(10) == 11  # the checked launch, then ten warm-ups
 
 
 def test_sanitize_target_without_a_gpu_exits_0(monkeypatch, capsys):
-    import moe_gemm.gpu
-    from moe_gemm import sanitize_target
+    import moe_gemm.cuda.gpu
+    from moe_gemm.measure import sanitize_target
 
-    monkeypatch.setattr(moe_gemm.gpu, "detect_gpu", lambda: None)
+    monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda: None)
     assert sanitize_target.main(["k1"]) == 0
     assert "nothing to sanitize" in capsys.readouterr().err
 
 
 def test_sanitize_target_refuses_unknown_names():
-    from moe_gemm import sanitize_target
+    from moe_gemm.measure import sanitize_target
 
     with pytest.raises(ValueError, match="unknown variant"):
         sanitize_target.main(["k1/bm48"])
@@ -190,11 +191,11 @@ def test_figures_main_runs_as_the_docs_hook_calls_it(figures02, tmp_path, monkey
 
 
 def test_sanitizer_command_runs_this_module_under_the_tool():
-    from moe_gemm.sanitize_target import sanitizer_command
+    from moe_gemm.measure.sanitize_target import sanitizer_command
 
     command = sanitizer_command("racecheck", ["k1/bm64", "k1"], sanitizer="/opt/cuda/bin/compute-sanitizer")
     assert command[:5] == ["/opt/cuda/bin/compute-sanitizer", "--tool", "racecheck", "--error-exitcode", "1"]
-    assert command[-4:] == ["-m", "moe_gemm.sanitize_target", "k1/bm64", "k1"]
+    assert command[-4:] == ["-m", "moe_gemm.measure.sanitize_target", "k1/bm64", "k1"]
 
 
 # ---- the main-loop parser ----------------------------------------------------------------------------
@@ -242,7 +243,7 @@ class Recorded:
         self.profiles = {p["variant"]: p for p in data["profile"]}
 
     def record(self, variant, workload=BALANCED):
-        from moe_gemm.notebook import find_measurement
+        from moe_gemm.measure.results import find_measurement
 
         found = find_measurement(self.data["records"], variant, workload)
         assert found is not None, (variant, workload)
@@ -252,7 +253,7 @@ class Recorded:
         return self.record(variant, workload)["useful_tflops"]
 
     def ceiling(self, name):
-        from moe_gemm.ceilings import ceiling_value
+        from moe_gemm.measure.ceilings import ceiling_value
 
         return ceiling_value(self.data["ceilings"], name)
 
@@ -278,7 +279,7 @@ def _wave_efficiency(tiles, slots):
 
 @pytest.fixture(scope="module")
 def recorded():
-    from moe_gemm.results import load_results
+    from moe_gemm.measure.results import load_results
 
     assert RESULTS.is_file(), "chapters/02/results/h200.json is committed with the chapter"
     return Recorded(load_results(RESULTS))

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from moe_gemm.notebook import find_measurement
-from moe_gemm.results import chapter_module
+from moe_gemm.core.chapters import chapter_module
+from moe_gemm.measure.results import find_measurement
 
 CHAPTER = Path(__file__).resolve().parents[1] / "chapters" / "03"
 
 
 @pytest.fixture
 def no_gpu(monkeypatch):
-    import moe_gemm.gpu
+    import moe_gemm.cuda.gpu
 
-    monkeypatch.setattr(moe_gemm.gpu, "detect_gpu", lambda ordinal=0: None)
+    monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda ordinal=0: None)
 
 
 def _record(variant: str, tokens: int, skew: float, tflops: float, **extra) -> dict:
@@ -31,8 +31,8 @@ def _record(variant: str, tokens: int, skew: float, tflops: float, **extra) -> d
 
 def synthetic_records() -> list[dict]:
     """Made-up numbers with the shape of a real run, for exercising the table code only."""
-    from moe_gemm.routing import expert_counts
-    from moe_gemm.tiles import eta
+    from moe_gemm.model.routing import expert_counts
+    from moe_gemm.model.tiles import eta
 
     records = []
     for tokens, skew in ((16384, 0.0), (16384, 1.2), (2048, 0.0)):
@@ -209,14 +209,14 @@ def test_claim_peer_ahead_except_at_2048_rows(recorded):
 
 
 def test_claim_not_memory_bound_at_16k_and_ceilings(recorded):
-    from moe_gemm.roofline import compulsory_bytes
+    from moe_gemm.model.roofline import compulsory_bytes
 
     data, ch02, run = recorded
     best = _tf(data, run, "k2/s3", "16k s=0")
     tbps = compulsory_bytes(64, 16384, 1024, 2688) / (best["median_ms"] * 1e-3) / 1e12
     assert tbps < 0.6 * 4.22  # "the compulsory bytes need well under the copy ceiling"
     if ch02 is not None:
-        from moe_gemm.ceilings import ceiling_value
+        from moe_gemm.measure.ceilings import ceiling_value
 
         assert ceiling_value(ch02["ceilings"], "mma_sync") < ceiling_value(ch02["ceilings"], "dense_bf16")
 
@@ -265,7 +265,7 @@ def test_claim_skewed_beats_the_eta_only_estimate_and_waves_do_not_explain_it(re
 
 
 def test_claim_2048_rows_pay_for_their_padding(recorded):
-    from moe_gemm.roofline import H200_COPY_TBPS, compulsory_bytes, roofline_tflops
+    from moe_gemm.model.roofline import H200_COPY_TBPS, compulsory_bytes, roofline_tflops
 
     data, _, run = recorded
     rows = {r["variant"]: r for r in data["stages"]}
@@ -281,7 +281,7 @@ def test_claim_2048_rows_pay_for_their_padding(recorded):
 
 
 def test_claim_model_residency_is_ncus(recorded):
-    from moe_gemm.occupancy import residency
+    from moe_gemm.model.occupancy import residency
 
     data, _, run = recorded
     for v in STAGES:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_gemm.results import chapter_module
+from moe_gemm.core.chapters import chapter_module
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "chapters" / "04" / "results" / "h200.json"
@@ -151,8 +151,8 @@ def test_skew_k3_keeps_more_than_eta_and_more_than_the_peer(data):
 
 
 def test_small_batch_is_memory_bound_and_64_row_tiles_do_not_help(data):
-    from moe_gemm.problem import useful_flops
-    from moe_gemm.roofline import compulsory_bytes
+    from moe_gemm.model.problem import useful_flops
+    from moe_gemm.model.roofline import compulsory_bytes
 
     ceilings = {c["variant"]: c for c in data["ceilings"]}
     copy = ceilings["ceiling/copy"]["tbps"]

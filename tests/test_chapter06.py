@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_gemm.results import chapter_module
+from moe_gemm.core.chapters import chapter_module
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "chapters" / "06" / "results" / "h200.json"

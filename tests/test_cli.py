@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm.cli import add_problem_arguments, chapter_parser, ignored_flags, run_main, tile_size
+from moe_gemm.core.cli import add_problem_arguments, chapter_parser, ignored_flags, run_main, tile_size
 
 
 def _parser():
@@ -84,7 +84,7 @@ def test_ignored_flags_name_what_was_given_and_why() -> None:
 def test_why_not_sm90a_names_the_reason_or_none():
     from types import SimpleNamespace
 
-    from moe_gemm.cli import why_not_sm90a
+    from moe_gemm.core.cli import why_not_sm90a
 
     assert why_not_sm90a(None) == "there is no NVIDIA GPU on this machine"
     b200 = SimpleNamespace(name="NVIDIA B200", compute_capability=(10, 0))

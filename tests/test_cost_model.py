@@ -7,11 +7,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.cost_model import (COST_KEYS, Calibration, Prediction, calibration_from_times, calibration_routings,
-                                 calibration_rows, choose_policy, compulsory_bytes, greedy_policy, makespan,
-                                 nominal_calibration, predict, tile_times)
-from moe_gemm.mixed_tiles import FIXED_128, Policy, mixed_tile_list
-from moe_gemm.routing import expert_counts
+from moe_gemm.model.routing import expert_counts
+from moe_gemm.variants.k5.cost_model import (
+    COST_KEYS,
+    Calibration,
+    Prediction,
+    calibration_from_times,
+    calibration_routings,
+    calibration_rows,
+    choose_policy,
+    compulsory_bytes,
+    greedy_policy,
+    makespan,
+    nominal_calibration,
+    predict,
+    tile_times,
+)
+from moe_gemm.variants.k5.mixed_tiles import FIXED_128, Policy, mixed_tile_list
 
 COSTS = {"M128": 8.0, "M64": 9.0, "SWAP16": 3.0, "SWAP32": 4.0, "SWAP48": 5.0, "SWAP64": 6.5}
 

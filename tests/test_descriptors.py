@@ -8,10 +8,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_gemm.descriptors import (MatrixLayout, canonical_offset, decode_wgmma, encode_wgmma, operand_plan,
-                                  read_operand, swizzle, tma_write_box)
-from moe_gemm.problem import BF16
-from moe_gemm.variants.k3 import LADDER, K3Config, plans, stage_image, warpgroup_descriptors
+from moe_gemm.cuda.descriptors import (
+    MatrixLayout,
+    canonical_offset,
+    decode_wgmma,
+    encode_wgmma,
+    operand_plan,
+    read_operand,
+    swizzle,
+    tma_write_box,
+)
+from moe_gemm.model.problem import BF16
+from moe_gemm.variants.k3.config import LADDER, K3Config
+from moe_gemm.variants.k3.maps import plans
+from moe_gemm.variants.k3.mirror import stage_image, warpgroup_descriptors
 
 
 def integer_tile(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

@@ -409,9 +409,9 @@ def test_nothing_is_cut_off(browser, served_site, page, width):
     assert not seen["clipped"], f"{page} at {width} px: cut off outside a scroll container: {seen['clipped']}"
     assert not seen["page_scrolls_sideways"], f"{page} at {width} px: the whole page scrolls sideways"
     if width == 1400 and page != "index.md":
-        from moe_gemm.style import DISPLAY_WIDTH_PX
+        from moe_gemm.site.style import DISPLAY_WIDTH_PX
 
-        # The figures are sized for this width (moe_gemm.style): a narrower article shrinks their text.
+        # The figures are sized for this width (moe_gemm.site.style): a narrower article shrinks their text.
         assert seen["article_width"] >= DISPLAY_WIDTH_PX, (page, seen["article_width"])
 
 

@@ -10,15 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_gemm.problem import problem_from_counts
-from moe_gemm.results import chapter_module
-from moe_gemm.tiles import tile_list
+from moe_gemm.core.chapters import chapter_module
+from moe_gemm.model.problem import problem_from_counts
+from moe_gemm.model.tiles import tile_list
 from moe_gemm.variants import k0 as k0_module
-from moe_gemm.variants.k0 import (BK, SIMULATOR_COUNTS, SIMULATOR_K, SIMULATOR_N, K0Fp32, SimulatorResult,
-                                  check_inputs, conversion_probes, expected_bf16_bits, micro_tile_origin,
-                                  simulator_check)
-
-
+from moe_gemm.variants.k0 import BK, K0Fp32, check_inputs, micro_tile_origin
+from moe_gemm.variants.k0 import simulator as k0_simulator
+from moe_gemm.variants.k0.simulator import (
+    SIMULATOR_COUNTS,
+    SIMULATOR_K,
+    SIMULATOR_N,
+    SimulatorResult,
+    conversion_probes,
+    expected_bf16_bits,
+    simulate,
+    simulator_check,
+)
 
 # ---- the simulator ---------------------------------------------------------------------------
 
@@ -51,7 +58,7 @@ def test_simulator_conversions_match_ml_dtypes(simulated):
 def test_simulate_refuses_outside_the_simulator():
     problem = problem_from_counts(np.array([3, 0, 5]), 16, 8, values="integer", seed=0)
     with pytest.raises(RuntimeError, match="NUMBA_ENABLE_CUDASIM=1"):
-        k0_module.simulate(problem)
+        simulate(problem)
 
 
 # ---- the conversions' expected values ---------------------------------------------------------
@@ -94,7 +101,7 @@ def test_micro_tile_map_covers_the_tile_once():
 
 
 def test_wrapper_agrees_with_the_kernel_source():
-    module = k0_module._kernel_module()  # imports numba.cuda (no GPU needed) and checks BM, BN, BK, THREADS
+    module = k0_module.kernel_module()  # imports numba.cuda (no GPU needed) and checks BM, BN, BK, THREADS
     assert module.A_STRIDE % 4 == 0  # 16-byte rows in a_s: every fragment read can be an LDS.128
     assert not module.SIMULATOR
 
@@ -109,9 +116,9 @@ def test_variant_is_registered():
 # ---- the peers' rules (no torch, no GPU needed) ---------------------------------------------
 
 def test_peers_are_registered_and_absent_without_a_gpu():
-    from moe_gemm.gpu import detect_gpu
-    from moe_gemm.peers import PEER_GROUPED_MM, PEER_LOOP, TorchGroupedMM, TorchLoop, available_peers
+    from moe_gemm.cuda.gpu import detect_gpu
     from moe_gemm.variants import registry
+    from moe_gemm.variants.peer.torch import PEER_GROUPED_MM, PEER_LOOP, TorchGroupedMM, TorchLoop, available_peers
 
     assert isinstance(registry.get(PEER_GROUPED_MM), TorchGroupedMM)
     assert isinstance(registry.get(PEER_LOOP), TorchLoop)
@@ -127,7 +134,7 @@ def test_peers_are_registered_and_absent_without_a_gpu():
     (4, 64, 64, 0, 2, "B to start on a 16-byte boundary"),
 ])
 def test_grouped_mm_rules(experts, K, N, a, b, match):  # noqa: N803
-    from moe_gemm.peers import check_grouped_mm_inputs
+    from moe_gemm.variants.peer.torch import check_grouped_mm_inputs
 
     with pytest.raises(ValueError, match=match):
         check_grouped_mm_inputs(experts, K, N, a, b)
@@ -137,22 +144,22 @@ def test_grouped_mm_rules(experts, K, N, a, b, match):  # noqa: N803
 # ---- chapter 01's scripts ----------------------------------------------------------------------
 
 def test_run_without_a_gpu_checks_in_the_simulator_and_exits_0(monkeypatch, capsys):
-    from moe_gemm.reference import Check
+    from moe_gemm.model.reference import Check
 
     canned = SimulatorResult(check=Check(0.0, 0, 0, exact=True), conversions_ok=True, conversion_mismatches=0,
                              tiles=8, seconds=1.0)
-    monkeypatch.setattr(k0_module, "simulator_check", lambda: canned)  # the real one runs above
+    monkeypatch.setattr(k0_simulator, "simulator_check", lambda: canned)  # the real one runs above
     assert chapter_module("01", "run").main(["--simulate"]) == 0
     out = capsys.readouterr().out
     assert "numba's CUDA simulator" in out and "ok (exact, 0 mismatches" in out
 
 
 def test_run_without_a_gpu_fails_on_a_wrong_answer(monkeypatch):
-    from moe_gemm.reference import Check
+    from moe_gemm.model.reference import Check
 
     wrong = SimulatorResult(check=Check(0.5, 0, 7, exact=True), conversions_ok=True, conversion_mismatches=0,
                             tiles=8, seconds=1.0)
-    monkeypatch.setattr(k0_module, "simulator_check", lambda: wrong)
+    monkeypatch.setattr(k0_simulator, "simulator_check", lambda: wrong)
     assert chapter_module("01", "run").main(["--simulate"]) == 1
 
 

@@ -1,4 +1,4 @@
-"""k0 and the torch peers on the GPU: every edge case of moe_gemm.edge_cases exactly, random data within
+"""k0 and the torch peers on the GPU: every edge case of moe_gemm.model.edge_cases exactly, random data within
 tolerance, the bf16 conversions on the device, the compiled kernel's resources and SASS, the NaN
 poison of an unwritten tile, launches ordered on the harness stream, and the inputs each variant
 must refuse before any launch. Skipped cleanly where there is no GPU."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.edge_cases import EDGE_CASES
-from moe_gemm.problem import BF16, make_problem, problem_from_counts
+from moe_gemm.model.edge_cases import EDGE_CASES
+from moe_gemm.model.problem import BF16, make_problem, problem_from_counts
 from moe_gemm.variants.k0 import K0Fp32
 
 pytestmark = pytest.mark.gpu
@@ -24,7 +24,7 @@ def k0():
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: c.name)
 def test_edge_cases_exact(k0, case):
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
     check = verify(k0, problem, exact=True)
@@ -33,7 +33,7 @@ def test_edge_cases_exact(k0, case):
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: c.name)
 def test_edge_cases_random_within_tolerance(k0, case):
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     problem = problem_from_counts(case.counts_array(), case.K, case.N, values="random", seed=4)
     check = verify(k0, problem)
@@ -47,7 +47,7 @@ def test_edge_cases_random_within_tolerance(k0, case):
     (3, 300, 16, 40, 0.0),       # a single K slice, a single partial N tile
 ])
 def test_random_data_within_tolerance(k0, experts, tokens, K, N, skew):  # noqa: N803
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     problem = make_problem(experts, tokens, K, N, skew, seed=11)
     check = verify(k0, problem)
@@ -55,7 +55,7 @@ def test_random_data_within_tolerance(k0, experts, tokens, K, N, skew):  # noqa:
 
 
 def test_bf16_conversions_on_the_device():
-    from moe_gemm.variants.k0 import conversion_probes, convert_round_trip, expected_bf16_bits
+    from moe_gemm.variants.k0.simulator import conversion_probes, convert_round_trip, expected_bf16_bits
 
     probes = conversion_probes(4096, seed=1)
     bits, widened = convert_round_trip(probes)
@@ -67,9 +67,9 @@ def test_bf16_conversions_on_the_device():
 
 def test_an_unwritten_tile_stays_nan_and_fails_the_check(k0):
     """Launch over all tiles but the last: the harness's NaN poison must show in exactly that tile."""
-    from moe_gemm.device import BF16_NAN_BITS, DeviceProblem, synchronize
-    from moe_gemm.reference import check_output
-    from moe_gemm.tiles import tile_list
+    from moe_gemm.cuda.device import BF16_NAN_BITS, DeviceProblem, synchronize
+    from moe_gemm.model.reference import check_output
+    from moe_gemm.model.tiles import tile_list
 
     problem = problem_from_counts(np.array([70, 0, 33]), 64, 136, values="integer", seed=2)
     dev = DeviceProblem(problem)
@@ -110,8 +110,8 @@ def test_sass_inner_loop_uses_vector_shared_loads_and_no_local_memory(k0):
 # ---- launches go to the harness stream ----------------------------------------------------------
 
 def _timed_ms(variant, problem) -> float:
-    from moe_gemm.device import DeviceProblem
-    from moe_gemm.timing import time_launches
+    from moe_gemm.cuda.device import DeviceProblem
+    from moe_gemm.cuda.timing import time_launches
 
     prepared = variant.prepare(DeviceProblem(problem))
     return time_launches(lambda _: prepared.launch(), warmup=2, iterations=5).median_ms
@@ -126,7 +126,7 @@ def test_k0_launches_are_timed_on_the_harness_stream(k0):
 # ---- the peers -----------------------------------------------------------------------------------
 
 def _peers():
-    from moe_gemm.peers import available_peers
+    from moe_gemm.variants.peer.torch import available_peers
 
     return available_peers()
 
@@ -144,7 +144,7 @@ def peer(request):
     (8, 1000, 256, 200, 1.2),
 ])
 def test_peers_match_the_reference(peer, experts, tokens, K, N, skew):  # noqa: N803
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     check = verify(peer, make_problem(experts, tokens, K, N, skew, seed=5))
     assert check.passed, f"{peer.name}: {check.describe()}"
@@ -152,7 +152,7 @@ def test_peers_match_the_reference(peer, experts, tokens, K, N, skew):  # noqa: 
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: c.name)
 def test_peers_on_the_edge_cases(peer, case):
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     problem = problem_from_counts(case.counts_array(), case.K, case.N, values="random", seed=6)
     check = verify(peer, problem)
@@ -161,9 +161,9 @@ def test_peers_on_the_edge_cases(peer, case):
 
 def test_peer_output_is_what_the_peer_wrote(peer):
     """The output object must hold the peer's result, not a stale or poisoned buffer."""
-    from moe_gemm.bench import run_once
-    from moe_gemm.device import DeviceProblem
-    from moe_gemm.reference import reference_gemm
+    from moe_gemm.cuda.device import DeviceProblem
+    from moe_gemm.measure.check import run_once
+    from moe_gemm.model.reference import reference_gemm
 
     # K = 16: every sum of products of integers in [-3, 3] is at most 144, exact in bf16, so the
     # comparison involves no rounding at all.
@@ -183,7 +183,7 @@ def test_peers_are_timed_on_the_harness_stream(peer):
 # ---- inputs refused before any launch -----------------------------------------------------------
 
 def test_k0_refuses_k_not_a_multiple_of_16(k0):
-    from moe_gemm.device import DeviceProblem
+    from moe_gemm.cuda.device import DeviceProblem
 
     dev = DeviceProblem(problem_from_counts(np.array([10, 20]), 40, 64, values="integer", seed=0))
     with pytest.raises(ValueError, match="multiple of BK = 16"):
@@ -192,7 +192,7 @@ def test_k0_refuses_k_not_a_multiple_of_16(k0):
 
 @pytest.mark.parametrize("which", ["a", "b"])
 def test_k0_refuses_wrong_dtype_or_shape_on_the_device(k0, which):
-    from moe_gemm.device import DeviceArray, DeviceProblem
+    from moe_gemm.cuda.device import DeviceArray, DeviceProblem
 
     problem = problem_from_counts(np.array([10, 20]), 32, 64, values="integer", seed=0)
     dev = DeviceProblem(problem)
@@ -211,8 +211,8 @@ def test_k0_refuses_wrong_dtype_or_shape_on_the_device(k0, which):
     (1024, 8, 8, "fewer than 1024 groups"),
 ])
 def test_grouped_mm_refuses_what_it_cannot_take(experts, K, N, match):  # noqa: N803
-    from moe_gemm.device import DeviceProblem
-    from moe_gemm.peers import PEER_GROUPED_MM
+    from moe_gemm.cuda.device import DeviceProblem
+    from moe_gemm.variants.peer.torch import PEER_GROUPED_MM
 
     peers = [p for p in _peers() if p.name == PEER_GROUPED_MM]
     if not peers:

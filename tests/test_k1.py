@@ -9,12 +9,12 @@ import re
 import numpy as np
 import pytest
 
-from moe_gemm.build import opcode_counts
-from moe_gemm.fragments import k1_address, ldmatrix_x4_delivers, mma_a, mma_b, mma_c
-from moe_gemm.gpu import GpuInfo
-from moe_gemm.occupancy import residency
+from moe_gemm.cuda.gpu import GpuInfo
+from moe_gemm.cuda.sass import opcode_counts
+from moe_gemm.model.occupancy import residency
 from moe_gemm.variants import k1, registry
 from moe_gemm.variants.k1 import CONFIGS, SASS_OPCODES, K1MmaSync, all_configs, check_inputs
+from moe_gemm.variants.k1.fragments import k1_address, ldmatrix_x4_delivers, mma_a, mma_b, mma_c
 
 ARCHES = ("sm_80", "sm_90a")
 def _id(config):
@@ -187,7 +187,7 @@ class _FakeDeviceProblem:
 
 
 def _problem(K=128, N=200):  # noqa: N803
-    from moe_gemm.problem import problem_from_counts
+    from moe_gemm.model.problem import problem_from_counts
 
     return problem_from_counts(np.array([40, 90]), K, N, values="integer", seed=1)
 

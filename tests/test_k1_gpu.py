@@ -1,4 +1,4 @@
-"""k1 on the GPU: every edge case of moe_gemm.edge_cases exactly for every configuration, random data
+"""k1 on the GPU: every edge case of moe_gemm.model.edge_cases exactly for every configuration, random data
 within tolerance, and the inputs the kernel cannot take refused before any launch. Skipped
 cleanly where there is no GPU."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.edge_cases import EDGE_CASES
-from moe_gemm.gpu import detect_gpu
-from moe_gemm.problem import BF16, make_problem, problem_from_counts
+from moe_gemm.cuda.gpu import detect_gpu
+from moe_gemm.model.edge_cases import EDGE_CASES
+from moe_gemm.model.problem import BF16, make_problem, problem_from_counts
 from moe_gemm.variants.k1 import K1MmaSync, all_configs
 
 pytestmark = pytest.mark.gpu
@@ -28,7 +28,7 @@ def variant(request):
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: c.name)
 def test_edge_cases_exact(variant, case):
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     _needs_ampere()
     problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
@@ -39,7 +39,7 @@ def test_edge_cases_exact(variant, case):
 def test_partial_tiles_leave_the_next_experts_rows_alone(variant):
     """Experts of 1, 33 and 95 rows: every tile is partial, and each tile's padding rows are the next
     expert's real rows. A kernel writing past `rows` would overwrite them with wrong values."""
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     _needs_ampere()
     problem = problem_from_counts(np.array([1, 33, 95, 2]), 64, 136, values="integer", seed=4)
@@ -53,7 +53,7 @@ def test_partial_tiles_leave_the_next_experts_rows_alone(variant):
     (3, 300, 96, 136, 0.0),       # an odd number of K slices, N with a partial second tile
 ])
 def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):  # noqa: N803
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     _needs_ampere()
     problem = make_problem(experts, tokens, K, N, skew, seed=11)
@@ -63,8 +63,8 @@ def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):  # 
 
 def test_aligned_offset_views_work():
     """A and B may live at any 16-byte-aligned address, not only at the start of an allocation."""
-    from moe_gemm.bench import verify
-    from moe_gemm.device import DeviceArray, DeviceProblem
+    from moe_gemm.cuda.device import DeviceArray, DeviceProblem
+    from moe_gemm.measure.check import verify
 
     _needs_ampere()
     problem = problem_from_counts(np.array([70, 130]), 128, 200, values="integer", seed=5)
@@ -79,7 +79,7 @@ def test_aligned_offset_views_work():
 @pytest.mark.parametrize("which", ["a", "b"])
 @pytest.mark.parametrize("offset", [2, 8])
 def test_misaligned_pointers_refused_before_launch(which, offset):
-    from moe_gemm.device import DeviceArray, DeviceProblem
+    from moe_gemm.cuda.device import DeviceArray, DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), 128, 200, values="integer", seed=1)
     dev = DeviceProblem(problem)
@@ -96,7 +96,7 @@ def test_misaligned_pointers_refused_before_launch(which, offset):
     (128, 204, "N to be a multiple of 8"),
 ])
 def test_shapes_refused_before_launch(K, N, rule):  # noqa: N803
-    from moe_gemm.device import DeviceProblem
+    from moe_gemm.cuda.device import DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), K, N, values="integer", seed=1)
     with pytest.raises(ValueError, match=rule):
@@ -107,7 +107,7 @@ def test_old_gpu_refused():
     gpu = detect_gpu()
     if gpu is None or gpu.compute_capability >= (8, 0):
         pytest.skip("only meaningful on a GPU older than sm_80")
-    from moe_gemm.device import DeviceProblem
+    from moe_gemm.cuda.device import DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), 128, 200, values="integer", seed=1)
     with pytest.raises(ValueError, match="sm_80"):
@@ -116,9 +116,9 @@ def test_old_gpu_refused():
 
 def test_timed_launches_keep_giving_the_right_answer():
     """The timing loop reuses one prepared launch; its output must still be right afterwards."""
-    from moe_gemm.bench import verify
-    from moe_gemm.device import DeviceProblem, synchronize
-    from moe_gemm.reference import check_output
+    from moe_gemm.cuda.device import DeviceProblem, synchronize
+    from moe_gemm.measure.check import verify
+    from moe_gemm.model.reference import check_output
 
     _needs_ampere()
     problem = make_problem(16, 3000, 256, 264, 0.8, seed=9)

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm.build import opcode_counts
-from moe_gemm.occupancy import residency
-from moe_gemm.tensormap import TiledMap, batched_matrix_map, matrix_map
-from moe_gemm.variants.k2 import (STAGE_BYTES, STAGE_CHOICES, WARPS_PER_BLOCK, K2TmaWs, check_inputs,
-                                  dynamic_smem_bytes, tensor_maps)
+from moe_gemm.cuda.sass import opcode_counts
+from moe_gemm.cuda.tensormap import TiledMap, batched_matrix_map, matrix_map
+from moe_gemm.model.occupancy import residency
+from moe_gemm.variants.k2 import (
+    STAGE_BYTES,
+    STAGE_CHOICES,
+    WARPS_PER_BLOCK,
+    K2TmaWs,
+    check_inputs,
+    dynamic_smem_bytes,
+    tensor_maps,
+)
 
 OPCODES = ("UTMALDG", "SYNCS", "HMMA.16816.F32.BF16", "LDSM")
 

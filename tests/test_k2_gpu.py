@@ -1,4 +1,4 @@
-"""k2 on the GPU: every edge case of moe_gemm.edge_cases exactly, random data within tolerance, and the
+"""k2 on the GPU: every edge case of moe_gemm.model.edge_cases exactly, random data within tolerance, and the
 inputs TMA cannot take refused before any launch. Skipped cleanly where there is no GPU; on a GPU
 older than sm_90 the variant must refuse with a ValueError, which is checked too."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.edge_cases import EDGE_CASES
-from moe_gemm.gpu import detect_gpu
-from moe_gemm.problem import BF16, make_problem, problem_from_counts
+from moe_gemm.cuda.gpu import detect_gpu
+from moe_gemm.model.edge_cases import EDGE_CASES
+from moe_gemm.model.problem import BF16, make_problem, problem_from_counts
 from moe_gemm.variants.k2 import STAGE_CHOICES, K2TmaWs
 
 pytestmark = pytest.mark.gpu
@@ -28,7 +28,7 @@ def variant(request):
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: c.name)
 def test_edge_cases_exact(variant, case):
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     _needs_hopper()
     problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
@@ -42,7 +42,7 @@ def test_edge_cases_exact(variant, case):
     (3, 300, 192, 136, 0.0),     # K of three steps, N with a partial second panel
 ])
 def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):  # noqa: N803
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     _needs_hopper()
     problem = make_problem(experts, tokens, K, N, skew, seed=11)
@@ -52,8 +52,8 @@ def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):  # 
 
 def test_aligned_offset_views_work():
     """A and B may live at any 16-byte-aligned address, not only at the start of an allocation."""
-    from moe_gemm.bench import verify
-    from moe_gemm.device import DeviceArray, DeviceProblem
+    from moe_gemm.cuda.device import DeviceArray, DeviceProblem
+    from moe_gemm.measure.check import verify
 
     _needs_hopper()
     problem = problem_from_counts(np.array([70, 130]), 128, 200, values="integer", seed=5)
@@ -69,7 +69,7 @@ def test_aligned_offset_views_work():
 @pytest.mark.parametrize("which", ["a", "b"])
 @pytest.mark.parametrize("offset", [2, 8])
 def test_misaligned_pointers_refused_before_launch(which, offset):
-    from moe_gemm.device import DeviceArray, DeviceProblem
+    from moe_gemm.cuda.device import DeviceArray, DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), 128, 200, values="integer", seed=1)
     dev = DeviceProblem(problem)
@@ -86,7 +86,7 @@ def test_misaligned_pointers_refused_before_launch(which, offset):
     (128, 204, "N to be a multiple of 8"),
 ])
 def test_shapes_refused_before_launch(K, N, rule):  # noqa: N803
-    from moe_gemm.device import DeviceProblem
+    from moe_gemm.cuda.device import DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), K, N, values="integer", seed=1)
     with pytest.raises(ValueError, match=rule):
@@ -97,7 +97,7 @@ def test_old_gpu_refused():
     gpu = detect_gpu()
     if gpu is None or gpu.compute_capability >= (9, 0):
         pytest.skip("only meaningful on a GPU older than sm_90")
-    from moe_gemm.device import DeviceProblem
+    from moe_gemm.cuda.device import DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), 128, 200, values="integer", seed=1)
     with pytest.raises(ValueError, match="sm_90"):

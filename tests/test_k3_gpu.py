@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.edge_cases import EDGE_CASES
-from moe_gemm.gpu import detect_gpu
-from moe_gemm.problem import BF16, make_problem, problem_from_counts
-from moe_gemm.variants.k3 import LADDER, K3Wgmma
+from moe_gemm.cuda.gpu import detect_gpu
+from moe_gemm.model.edge_cases import EDGE_CASES
+from moe_gemm.model.problem import BF16, make_problem, problem_from_counts
+from moe_gemm.variants.k3 import K3Wgmma
+from moe_gemm.variants.k3.config import LADDER
 
 pytestmark = pytest.mark.gpu
 
@@ -23,7 +24,7 @@ def variant(request):
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: c.name)
 def test_edge_cases_exact(variant, case, sm90a):
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
     check = verify(variant, problem, exact=True)
@@ -35,7 +36,7 @@ def test_edge_cases_exact(variant, case, sm90a):
     (3, 300, 192, 136, 0.0),     # three K steps, N with a partial box
 ])
 def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew, sm90a):  # noqa: N803
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     check = verify(variant, make_problem(experts, tokens, K, N, skew, seed=11))
     assert check.passed, f"{variant.name}: {check.describe()}"
@@ -52,7 +53,7 @@ def _counts_for_units(variant: K3Wgmma, units: int, N: int) -> np.ndarray:  # no
 
 @pytest.mark.parametrize("where", ["below", "at", "above"])
 def test_persistent_grids_below_at_and_above_the_sm_slots(variant, where, sm90a):
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     if not variant.config.persistent:
         pytest.skip("one block per tile: no persistent grid")
@@ -66,8 +67,8 @@ def test_persistent_grids_below_at_and_above_the_sm_slots(variant, where, sm90a)
 
 def test_aligned_offset_views_work(sm90a):
     """A and B may live at any 16-byte-aligned address, not only at the start of an allocation."""
-    from moe_gemm.bench import verify
-    from moe_gemm.device import DeviceArray, DeviceProblem
+    from moe_gemm.cuda.device import DeviceArray, DeviceProblem
+    from moe_gemm.measure.check import verify
 
     problem = problem_from_counts(np.array([70, 130]), 128, 200, values="integer", seed=5)
     dev = DeviceProblem(problem)
@@ -81,7 +82,7 @@ def test_aligned_offset_views_work(sm90a):
 
 @pytest.mark.parametrize("which", ["a", "b"])
 def test_misaligned_pointers_refused_before_launch(which, sm90a):
-    from moe_gemm.device import DeviceArray, DeviceProblem
+    from moe_gemm.cuda.device import DeviceArray, DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), 128, 200, values="integer", seed=1)
     dev = DeviceProblem(problem)
@@ -98,7 +99,7 @@ def test_misaligned_pointers_refused_before_launch(which, sm90a):
     (128, 204, "N to be a multiple of 8"),
 ])
 def test_shapes_refused_before_launch(K, N, rule):  # noqa: N803
-    from moe_gemm.device import DeviceProblem
+    from moe_gemm.cuda.device import DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), K, N, values="integer", seed=1)
     with pytest.raises(ValueError, match=rule):
@@ -109,7 +110,7 @@ def test_other_gpus_refused():
     gpu = detect_gpu()
     if gpu is None or gpu.compute_capability == (9, 0):
         pytest.skip("only meaningful on a GPU that is not sm_90a")
-    from moe_gemm.device import DeviceProblem
+    from moe_gemm.cuda.device import DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), 128, 200, values="integer", seed=1)
     with pytest.raises(ValueError, match="sm_90a"):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from moe_gemm.build import opcode_counts
-from moe_gemm.gpu import GpuInfo
-from moe_gemm.occupancy import residency
-from moe_gemm.results import chapter_module
+from moe_gemm.core.chapters import chapter_module
+from moe_gemm.cuda.gpu import GpuInfo
+from moe_gemm.cuda.sass import opcode_counts
+from moe_gemm.model.occupancy import residency
 from moe_gemm.variants import k4
 
 CHAPTER = Path(__file__).resolve().parents[1] / "chapters" / "05"
@@ -139,9 +139,9 @@ def test_blackwell_is_accepted(capability):
 # --------------------------------------------------------------------------- chapter 05's run.py
 
 def test_run_py_on_an_h200_compiles_and_says_k4_was_not_run(monkeypatch, capsys):
-    import moe_gemm.gpu
+    import moe_gemm.cuda.gpu
 
-    monkeypatch.setattr(moe_gemm.gpu, "detect_gpu", lambda ordinal=0: gpu("NVIDIA H200", (9, 0)))
+    monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda ordinal=0: gpu("NVIDIA H200", (9, 0)))
     assert chapter_module("05").main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("k4 was not run here: ") and "needs compute capability 10.x" in out
@@ -152,7 +152,7 @@ def test_run_py_on_an_h200_compiles_and_says_k4_was_not_run(monkeypatch, capsys)
 
 
 def test_run_py_as_a_program_without_blackwell_exits_0():
-    from moe_gemm.gpu import detect_gpu
+    from moe_gemm.cuda.gpu import detect_gpu
 
     if detect_gpu() is not None and detect_gpu().compute_capability in k4.SUPPORTED_CAPABILITIES:
         pytest.skip("a Blackwell GPU is here: run.py would check and time k4")
@@ -176,10 +176,10 @@ def test_figures_are_generated_without_a_gpu(tmp_path):
 
 def test_k4_loads_its_operands_through_k3s_tensor_maps():
     """k4's prepare() builds A and B maps with k3.operand_maps; on the CPU the maps' own rules are checked."""
-    from moe_gemm.variants import k3
+    from moe_gemm.variants.k3.maps import operand_maps
 
     for name, config in k4.CONFIGS.items():
-        a_map, b_map = k3.operand_maps(config, 0x10000, 0x20000, 1000, 8, 1024, 2688)
+        a_map, b_map = operand_maps(config, 0x10000, 0x20000, 1000, 8, 1024, 2688)
         assert a_map.box == (64, 128), name  # 64 of K x BM = 128 rows
         assert b_map.box == (64, 64, 1), name
         assert b_map.name == ("B" if config.b_layout == "kn" else "B^T"), name

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.edge_cases import EDGE_CASES
-from moe_gemm.gpu import detect_gpu
-from moe_gemm.problem import make_problem, problem_from_counts
+from moe_gemm.cuda.gpu import detect_gpu
+from moe_gemm.model.edge_cases import EDGE_CASES
+from moe_gemm.model.problem import make_problem, problem_from_counts
 from moe_gemm.variants.k4 import CONFIGS, SUPPORTED_CAPABILITIES, K4Tcgen05
 
 pytestmark = pytest.mark.gpu
@@ -32,7 +32,7 @@ def variant(request):
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: c.name)
 def test_edge_cases_exact(variant, case):
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     _needs_blackwell()
     problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
@@ -46,7 +46,7 @@ def test_edge_cases_exact(variant, case):
     (3, 300, 192, 136, 0.0),      # three K steps, N ending inside a B box and inside a 32-column chunk
 ])
 def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):  # noqa: N803
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     _needs_blackwell()
     check = verify(variant, make_problem(experts, tokens, K, N, skew, seed=11))
@@ -54,7 +54,7 @@ def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):  # 
 
 
 def test_other_gpus_refuse_before_launch(variant):
-    from moe_gemm.device import DeviceProblem
+    from moe_gemm.cuda.device import DeviceProblem
 
     if detect_gpu() is None or _runs_k4():
         pytest.skip("only meaningful on a GPU that cannot run k4")

@@ -11,14 +11,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_gemm.build import opcode_counts
-from moe_gemm.descriptors import decode_wgmma, read_operand, tma_write_box
-from moe_gemm.mixed_tiles import (BM, BN, FIXED_128, POLICIES, SWAP_COLS, SWAP_MAX_ROWS, Policy, TileKind,
-                                  device_schedule, kind_counts, mixed_eta, mixed_tile_list, unpack)
-from moe_gemm.problem import BF16
-from moe_gemm.routing import expert_counts
-from moe_gemm.variants.k5 import (MAX_EXPERTS, TOKEN_BOX_ROWS, VARIANT_CONFIGS, K5Adaptive, swap_descriptors,
-                                  swap_stage_image)
+from moe_gemm.cuda.descriptors import decode_wgmma, read_operand, tma_write_box
+from moe_gemm.cuda.sass import opcode_counts
+from moe_gemm.model.problem import BF16
+from moe_gemm.model.routing import expert_counts
+from moe_gemm.variants.k5 import K5Adaptive
+from moe_gemm.variants.k5.config import MAX_EXPERTS, TOKEN_BOX_ROWS, VARIANT_CONFIGS
+from moe_gemm.variants.k5.mirror import swap_descriptors, swap_stage_image
+from moe_gemm.variants.k5.mixed_tiles import (
+    BM,
+    BN,
+    FIXED_128,
+    POLICIES,
+    SWAP_COLS,
+    SWAP_MAX_ROWS,
+    Policy,
+    TileKind,
+    device_schedule,
+    kind_counts,
+    mixed_eta,
+    mixed_tile_list,
+    unpack,
+)
 
 KERNEL = Path(__file__).resolve().parents[1] / "kernels" / "k5_adaptive.cu"
 OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "STSM", "SHFL", "USETMAXREG", "LDL", "STL")
@@ -164,7 +178,7 @@ def test_the_kernel_and_the_python_share_their_constants():
 
 def test_the_models_choice_is_made_once_per_routing_and_calibration(monkeypatch):
     import moe_gemm.variants.k5 as k5
-    from moe_gemm.cost_model import nominal_calibration
+    from moe_gemm.variants.k5.cost_model import nominal_calibration
 
     calls = []
     real = k5.choose_policy

@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.edge_cases import EDGE_CASES, EDGE_K, EDGE_N
-from moe_gemm.problem import BF16, Problem, make_problem, problem_from_counts
-from moe_gemm.variants.k5 import CHECKED, DeviceLayer, K5Adaptive, K5Config
+from moe_gemm.model.edge_cases import EDGE_CASES, EDGE_K, EDGE_N
+from moe_gemm.model.problem import BF16, Problem, make_problem, problem_from_counts
+from moe_gemm.variants.k5 import K5Adaptive
+from moe_gemm.variants.k5.config import CHECKED, K5Config
+from moe_gemm.variants.k5.layer import DeviceLayer
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +32,7 @@ def variant(request):
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: c.name)
 def test_edge_cases_exact(variant, case, sm90a):
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
     check = verify(variant, problem, exact=True)
@@ -39,7 +41,7 @@ def test_edge_cases_exact(variant, case, sm90a):
 
 @pytest.mark.parametrize("name", list(EXTRA_ROUTINGS))
 def test_extra_routings_exact(variant, name, sm90a):
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     problem = problem_from_counts(np.array(EXTRA_ROUTINGS[name]), 256, 328, values="integer", seed=5)
     check = verify(variant, problem, exact=True)
@@ -47,7 +49,7 @@ def test_extra_routings_exact(variant, name, sm90a):
 
 
 def test_random_data_at_the_seed_shape_within_tolerance(variant, sm90a):
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     check = verify(variant, make_problem(64, 2048, 1024, 2688, 1.2, seed=11))
     assert check.passed, f"{variant.name}: {check.describe()}"
@@ -55,7 +57,7 @@ def test_random_data_at_the_seed_shape_within_tolerance(variant, sm90a):
 
 def test_persistent_grid_walks_many_tiles_per_block(sm90a):
     """More tiles than SM slots several times over, every kind in the list, exact."""
-    from moe_gemm.bench import verify
+    from moe_gemm.measure.check import verify
 
     counts = np.tile([300, 40, 100, 7, 0, 128], 40)  # 240 experts: M128, SWAP and M64 remainders
     check = verify(K5Adaptive("k5/swap"), problem_from_counts(counts, 128, 392, values="integer", seed=2), exact=True)
@@ -64,8 +66,8 @@ def test_persistent_grid_walks_many_tiles_per_block(sm90a):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_device_schedule_matches_the_host_schedule_bit_for_bit(seed, sm90a):
-    from moe_gemm.bench import run_once
-    from moe_gemm.device import DeviceProblem
+    from moe_gemm.cuda.device import DeviceProblem
+    from moe_gemm.measure.check import run_once
 
     rng = np.random.default_rng(seed)
     experts = int(rng.integers(1, 80))
@@ -81,7 +83,7 @@ def test_device_schedule_matches_the_host_schedule_bit_for_bit(seed, sm90a):
 def test_one_graph_replayed_with_changing_routings(sm90a):
     """Capture once; replay with routings that change every time, M_tot = 0 and a full buffer
     included; every replay exact."""
-    from moe_gemm.reference import check_output
+    from moe_gemm.model.reference import check_output
 
     experts, capacity = 16, 900
     rng = np.random.default_rng(0)
@@ -99,7 +101,7 @@ def test_one_graph_replayed_with_changing_routings(sm90a):
 
 
 def test_refusals_before_any_launch(sm90a):
-    from moe_gemm.device import DeviceProblem
+    from moe_gemm.cuda.device import DeviceProblem
 
     with pytest.raises(ValueError, match="at most 256 experts"):
         K5Adaptive("k5/device").prepare(DeviceProblem(problem_from_counts(np.ones(257, dtype=int), 64, 64)))

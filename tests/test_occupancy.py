@@ -6,8 +6,17 @@ import math
 
 import pytest
 
-from moe_gemm.occupancy import (HOPPER, Residency, SMLimits, blocks_per_sm, issue_rate, max_registers_for,
-                                registers_per_warp, residency, sm_ipc)
+from moe_gemm.model.occupancy import (
+    HOPPER,
+    Residency,
+    SMLimits,
+    blocks_per_sm,
+    issue_rate,
+    max_registers_for,
+    registers_per_warp,
+    residency,
+    sm_ipc,
+)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""moe_gemm.pages, the macros the docs pages read their numbers through: on a small synthetic results
+"""moe_gemm.site.pages, the macros the docs pages read their numbers through: on a small synthetic results
 file, directly and through a real mkdocs build, and against the CLI's table on the recorded files."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_gemm.pages import Number, PageDataError, Pages, change, display_command, fmt, pct
+from moe_gemm.site.numbers import Number, PageDataError, change, fmt, pct
+from moe_gemm.site.pages import Pages, display_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,7 +159,7 @@ def _mini_site(tmp_path: Path, page: str) -> subprocess.CompletedProcess:
         site_name: macros test
         plugins:
           - macros:
-              modules: [moe_gemm.pages]
+              modules: [moe_gemm.site.pages]
               on_undefined: strict
               on_error_fail: true
         markdown_extensions: [tables, pymdownx.details]
@@ -194,7 +195,7 @@ def test_a_missing_record_fails_the_build(tmp_path):
 
 @pytest.mark.parametrize("chapter", ("01", "02", "03"))
 def test_cli_and_page_show_the_same_roofline(chapter, capsys):
-    from moe_gemm.notebook import show_recorded
+    from moe_gemm.site.records import show_recorded
 
     show_recorded(chapter)
     cli = capsys.readouterr().out
@@ -214,10 +215,10 @@ def test_the_documented_examples_hold_on_the_recorded_files():
     """Every '``{{ ... }}`` gives ``X``' in the module's docstring renders to X on the recorded results."""
     import jinja2
 
-    import moe_gemm.pages
+    import moe_gemm.site.pages
 
     inside = r"(?:(?!``).)*?"  # within one ``...`` span
-    examples = re.findall(rf"``((?:\{{%{inside}%\}})?\{{\{{{inside}\}}\}})``\s+gives\s+``([^`]+)``", moe_gemm.pages.__doc__,
+    examples = re.findall(rf"``((?:\{{%{inside}%\}})?\{{\{{{inside}\}}\}})``\s+gives\s+``([^`]+)``", moe_gemm.site.pages.__doc__,
                           re.S)
     assert len(examples) >= 4
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)

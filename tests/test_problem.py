@@ -5,8 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.problem import (BF16, INTEGER_RANGE, Problem, make_problem, problem_from_counts, useful_flops,
-                              validate_inputs)
+from moe_gemm.model.problem import (
+    BF16,
+    INTEGER_RANGE,
+    Problem,
+    make_problem,
+    problem_from_counts,
+    useful_flops,
+    validate_inputs,
+)
 
 
 def _inputs(tokens: int = 12, experts: int = 3, K: int = 16, N: int = 8):  # noqa: N803

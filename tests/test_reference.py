@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.problem import BF16, make_problem, problem_from_counts
-from moe_gemm.reference import REL_TOLERANCE, check_output, reference_gemm, relative_error
+from moe_gemm.model.problem import BF16, make_problem, problem_from_counts
+from moe_gemm.model.reference import REL_TOLERANCE, check_output, reference_gemm, relative_error
 
 
 def _float64_product(problem) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm.report import Table, format_cell, format_table, markdown_table
+from moe_gemm.core.tables import Table, format_cell, format_table, markdown_table
 
 
 def test_format_cell() -> None:
@@ -77,7 +77,7 @@ def test_dashes_do_not_change_a_columns_alignment() -> None:
 
 
 def test_interleaved_rounds_keep_the_median_of_their_medians():
-    from moe_gemm.notebook import _merge_rounds
+    from moe_gemm.measure.runs import _merge_rounds
 
     rounds = [{"variant": "v", "median_ms": m, "min_ms": m - 0.1, "max_ms": m + 0.2, "useful_tflops": 10.0 / m,
                "scheduled_tflops": 20.0 / m} for m in (1.0, 2.0, 4.0)]

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from moe_gemm import results
-from moe_gemm.results import (PROVENANCE_KEYS, RECORD_KEYS, find_record, load_results, provenance, results_path,
-                              write_results)
+from moe_gemm.measure import provenance as provenance_module
+from moe_gemm.measure.provenance import PROVENANCE_KEYS, provenance
+from moe_gemm.measure.results import RECORD_KEYS, find_record, load_results, results_path, write_results
 
 SCHEMA_PROVENANCE_KEYS = {"gpu", "compute_capability", "driver", "cuda", "packages", "git_commit", "date", "command"}
 SCHEMA_RECORD_KEYS = {"variant", "experts", "K", "N", "tokens", "skew", "median_ms", "min_ms", "max_ms",
@@ -95,7 +95,7 @@ def test_load_rejects_other_json(tmp_path) -> None:
 
 
 def test_provenance_without_a_gpu(monkeypatch) -> None:
-    monkeypatch.setattr(results, "detect_gpu", lambda: None)
+    monkeypatch.setattr(provenance_module, "detect_gpu", lambda: None)
     prov = provenance(command=["python", "chapters/00/run.py", "--skew", "1.2"])
     assert SCHEMA_PROVENANCE_KEYS <= set(prov)
     assert prov["gpu"] == "none"

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from moe_gemm.routing import counts_from_offsets, expert_counts, expert_offsets, routing_summary
+from moe_gemm.model.routing import counts_from_offsets, expert_counts, expert_offsets, routing_summary
 
 
 @pytest.mark.parametrize(("skew", "largest", "smallest"), [(1.2, 4793, 32), (0.0, 256, 256)])

@@ -1,6 +1,6 @@
 """compute-sanitizer on every CUDA C++ kernel: each configuration of a family on every edge case,
 under memcheck, racecheck and synccheck. Clean means no report, exit status 0 and every answer
-exact (moe_gemm.sanitize_target checks each output against the reference)."""
+exact (moe_gemm.measure.sanitize_target checks each output against the reference)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from moe_gemm.gpu import detect_gpu
-from moe_gemm.sanitize_target import find_compute_sanitizer, sanitizer_command
+from moe_gemm.cuda.gpu import detect_gpu
+from moe_gemm.measure.sanitize_target import find_compute_sanitizer, sanitizer_command
 
 pytestmark = pytest.mark.gpu
 

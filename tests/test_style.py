@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm.style import DISPLAY_WIDTH_PX, MIN_TEXT_PX, displayed_text_px, new_figure, save_figure
+from moe_gemm.site.style import DISPLAY_WIDTH_PX, MIN_TEXT_PX, displayed_text_px, new_figure, save_figure
 
 
 def test_text_shrinks_with_a_wide_figure_and_not_below_its_own_size():

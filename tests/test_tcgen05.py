@@ -15,11 +15,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.descriptors import MatrixLayout, operand_plan, read_operand, tma_write_box
-from moe_gemm.problem import BF16
-from moe_gemm.tcgen05 import (InstrDescriptor, Tcgen05Plan, decode_instr, decode_smem, encode_instr, encode_smem,
-                              smem_from_wgmma, smem_plan, tmem_address, tmem_allocation, valid_shape)
+from moe_gemm.cuda.descriptors import MatrixLayout, operand_plan, read_operand, tma_write_box
+from moe_gemm.model.problem import BF16
 from moe_gemm.variants import k4
+from moe_gemm.variants.k4.tcgen05 import (
+    InstrDescriptor,
+    Tcgen05Plan,
+    decode_instr,
+    decode_smem,
+    encode_instr,
+    encode_smem,
+    smem_from_wgmma,
+    smem_plan,
+    tmem_address,
+    tmem_allocation,
+    valid_shape,
+)
 
 SHARED_MEMORY_BYTES = 228 * 1024
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.problem import useful_flops
-from moe_gemm.routing import expert_counts, expert_offsets
-from moe_gemm.tiles import (TILE_FIELDS, eta, eta_estimate, m_tiles_per_expert, scheduled_flops, tile_count,
-                            tile_list)
+from moe_gemm.model.problem import useful_flops
+from moe_gemm.model.routing import expert_counts, expert_offsets
+from moe_gemm.model.tiles import (
+    TILE_FIELDS,
+    eta,
+    eta_estimate,
+    m_tiles_per_expert,
+    scheduled_flops,
+    tile_count,
+    tile_list,
+)
 
 E, K, N = 64, 1024, 2688
 

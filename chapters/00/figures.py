@@ -14,14 +14,22 @@ from pathlib import Path
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from moe_gemm.cli import run_main
-from moe_gemm.occupancy import issue_rate, max_registers_for, registers_per_warp, residency, sm_ipc
-from moe_gemm.report import Table
-from moe_gemm.routing import expert_counts
-from moe_gemm.style import BM_COLORS, figures_main, new_figure, save_figure
-from moe_gemm.tiles import eta
-from moe_gemm.workload_tables import (SEED_B300_K2_LABEL, SEED_B300_K2_TFLOPS, SEED_SKEWS, estimate_table,
-                                      roofline_table, routing_table, skew_label, tile_count_table)
+from moe_gemm.core.cli import run_main
+from moe_gemm.core.tables import Table
+from moe_gemm.model.occupancy import issue_rate, max_registers_for, registers_per_warp, residency, sm_ipc
+from moe_gemm.model.routing import expert_counts
+from moe_gemm.model.tiles import eta
+from moe_gemm.site.style import BM_COLORS, figures_main, new_figure, save_figure
+from moe_gemm.site.workload_tables import (
+    SEED_B300_K2_LABEL,
+    SEED_B300_K2_TFLOPS,
+    SEED_SKEWS,
+    estimate_table,
+    roofline_table,
+    routing_table,
+    skew_label,
+    tile_count_table,
+)
 
 CHAPTER = "00"
 EXPERTS, K, N = 64, 1024, 2688
@@ -116,7 +124,7 @@ def eta_against_skew():
 
 
 def occupancy_checks() -> Table:
-    """The seed's register-limit checks, recomputed by moe_gemm.occupancy."""
+    """The seed's register-limit checks, recomputed by moe_gemm.model.occupancy."""
     rows = []
     for label, regs, warps in (("k1/BM=128", 95, 8), ("k2/S3", 123, 9), ("k2/S2", 94, 9)):
         per_warp = registers_per_warp(regs)

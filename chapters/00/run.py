@@ -13,10 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from moe_gemm.cli import add_problem_arguments, chapter_parser, run_main, tile_size
-from moe_gemm.routing import expert_counts
-from moe_gemm.workload_tables import (SEED_B300_K2_LABEL, SEED_B300_K2_TFLOPS, estimate_table, eta_detail_table,
-                                      routing_table, skew_label, tile_count_table)
+from moe_gemm.core.cli import add_problem_arguments, chapter_parser, run_main, tile_size
+from moe_gemm.model.routing import expert_counts
+from moe_gemm.site.workload_tables import (
+    SEED_B300_K2_LABEL,
+    SEED_B300_K2_TFLOPS,
+    estimate_table,
+    eta_detail_table,
+    routing_table,
+    skew_label,
+    tile_count_table,
+)
 
 SEED_SKEWS_SHOWN = (0.0, 1.2)  # the seed's balanced and skewed routings
 SEED_SHAPE = (64, 1024, 2688)  # E, K, N of the seed's B300 rate the estimate scales

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from moe_gemm.cli import chapter_parser, run_main
-from moe_gemm.notebook import PEER, Workload, find_measurement
-from moe_gemm.results import load_results, results_path
-from moe_gemm.style import COLORS, FIGURE_ROOT, new_figure, save_figure
+from moe_gemm.core.cli import chapter_parser, run_main
+from moe_gemm.measure.results import find_measurement, load_results, results_path
+from moe_gemm.model.workloads import Workload
+from moe_gemm.site.records import PEER
+from moe_gemm.site.style import COLORS, FIGURE_ROOT, new_figure, save_figure
 
 CHAPTER = "01"
 GPU = "h200"
@@ -179,7 +180,7 @@ def layout_figure():
 
 def write_outputs(root: Path = FIGURE_ROOT, results: Path | None = None) -> list[Path]:
     """The layout figure (from the kernel's thread map) and, when the results file exists, the
-    throughput figure. The page's tables and numbers come from the results file by moe_gemm.pages."""
+    throughput figure. The page's tables and numbers come from the results file by moe_gemm.site.pages."""
     written = [save_figure(layout_figure(), CHAPTER, "layout", root)]
     path = results or results_path(CHAPTER, GPU)
     if path.is_file():

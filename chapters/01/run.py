@@ -6,7 +6,7 @@
     python chapters/01/run.py --simulate    # the no-GPU path: k0 in numba's CUDA simulator
 
 With a GPU it first checks k0 against the numpy reference on every edge case of
-moe_gemm.edge_cases (exact, on integer-valued inputs) and on random data, then times it at the seed configuration
+moe_gemm.model.edge_cases (exact, on integer-valued inputs) and on random data, then times it at the seed configuration
 (E=64, N=2688: 16,384 rows at s=0 and s=1.2, 2,048 rows at s=0, and 16,384 rows with K=8192)
 beside torch._grouped_mm and a per-expert torch loop from the same run, prints the table
 (useful TFLOP/s, ratio to torch._grouped_mm, eta, registers and shared memory as numba reports
@@ -23,14 +23,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
-from moe_gemm.occupancy import residency
-from moe_gemm.report import Table
+from moe_gemm.core.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
+from moe_gemm.core.tables import Table
+from moe_gemm.model.occupancy import residency
 
 CHAPTER = "01"
 PEER = "peer/torch_grouped_mm"
 # The H200's FP32 ceilings: the datasheet figure (132 SMs x 128 FP32 lanes x 2 FLOP x 1.98 GHz),
-# and the register-only FFMA microbenchmark (moe_gemm.ceilings), measured again in every run; the
+# and the register-only FFMA microbenchmark (moe_gemm.measure.ceilings), measured again in every run; the
 # same microbenchmark's result on this project's H200 before this chapter's run stands in only if
 # that fails.
 FP32_DATASHEET_TFLOPS = 67.0
@@ -53,8 +53,8 @@ def parse_args(argv: Sequence[str] | None):
 # --------------------------------------------------------------------------- no GPU
 
 def run_simulator(args) -> int:
-    from moe_gemm.notebook import show_recorded
-    from moe_gemm.variants.k0 import SIMULATOR_COUNTS, SIMULATOR_K, SIMULATOR_N, simulator_check
+    from moe_gemm.site.records import show_recorded
+    from moe_gemm.variants.k0.simulator import SIMULATOR_COUNTS, SIMULATOR_K, SIMULATOR_N, simulator_check
 
     note = ignored_flags(args, ("--quick", "--no-peers"), "the simulator path times nothing")
     if note:
@@ -75,10 +75,10 @@ def run_simulator(args) -> int:
 
 def check_k0(k0) -> tuple[Table, bool]:
     """Every edge case exactly, then random data to a relative error of 1e-2; (table, all passed)."""
-    from moe_gemm.bench import verify
-    from moe_gemm.edge_cases import EDGE_CASES
-    from moe_gemm.problem import make_problem, problem_from_counts
-    from moe_gemm.tiles import tile_count
+    from moe_gemm.measure.check import verify
+    from moe_gemm.model.edge_cases import EDGE_CASES
+    from moe_gemm.model.problem import make_problem, problem_from_counts
+    from moe_gemm.model.tiles import tile_count
 
     rows, passed = [], True
     for case in EDGE_CASES:
@@ -134,8 +134,8 @@ def occupancy_table(k0) -> tuple[Table, dict[str, Any]]:
 
 def measure_fp32_ceilings() -> list[dict[str, Any]]:
     """The ceilings of this run: FFMA (k0's instruction), plus copy and dense bf16 for the roofline."""
-    from moe_gemm.bench import progress
-    from moe_gemm.ceilings import measure_ceilings
+    from moe_gemm.measure.ceilings import measure_ceilings
+    from moe_gemm.measure.check import progress
 
     progress("measuring the ceilings (FFMA, copy, dense bf16, mma.sync) ...")
     try:
@@ -148,7 +148,7 @@ def measure_fp32_ceilings() -> list[dict[str, Any]]:
 
 
 def ffma_ceiling(ceilings: list[dict[str, Any]]) -> tuple[float, str]:
-    from moe_gemm.ceilings import ceiling_value
+    from moe_gemm.measure.ceilings import ceiling_value
 
     measured = ceiling_value(ceilings, "ffma")
     return (measured, "measured") if measured else (FP32_FFMA_EARLIER_TFLOPS, "earlier run")
@@ -156,7 +156,8 @@ def ffma_ceiling(ceilings: list[dict[str, Any]]) -> tuple[float, str]:
 
 def ceiling_table(records: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -> Table:
     """k0 against its own instruction's ceiling: the H200's FP32 rate."""
-    from moe_gemm.notebook import Workload, peer_ratio
+    from moe_gemm.model.workloads import Workload
+    from moe_gemm.site.records import peer_ratio
 
     ffma, source = ffma_ceiling(ceilings)
     rows = []
@@ -178,11 +179,14 @@ def ceiling_table(records: list[dict[str, Any]], ceilings: list[dict[str, Any]])
 
 
 def run_gpu(args, gpu) -> int:
-    from moe_gemm.bench import progress
-    from moe_gemm.notebook import SEED_WORKLOADS, Workload, records_table, run_variants, save_results
-    from moe_gemm.peers import available_peers
-    from moe_gemm.roofline import roofline_basis
+    from moe_gemm.measure.check import progress
+    from moe_gemm.measure.results import save_results
+    from moe_gemm.measure.runs import run_variants
+    from moe_gemm.model.roofline import roofline_basis
+    from moe_gemm.model.workloads import SEED_WORKLOADS, Workload
+    from moe_gemm.site.records import records_table
     from moe_gemm.variants.k0 import K0Fp32
+    from moe_gemm.variants.peer.torch import available_peers
 
     print(f"GPU: {gpu.name} (sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}, {gpu.sm_count} SMs)\n")
     k0 = K0Fp32()
@@ -232,7 +236,7 @@ def run_gpu(args, gpu) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from moe_gemm.gpu import detect_gpu
+    from moe_gemm.cuda.gpu import detect_gpu
 
     gpu = None if args.simulate else detect_gpu()
     if gpu is None:

@@ -9,7 +9,7 @@
 * From chapters/02/results/h200.json: the BM sweep (two and three stages), tile fill at 2,048 rows,
   and the issue model and stall breakdown from Nsight Compute's counters. A figure whose data the
   file lacks is not drawn. The page's own tables and numbers come from the same file through
-  moe_gemm.pages.
+  moe_gemm.site.pages.
 """
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ from typing import Any
 
 import numpy as np
 
-from moe_gemm import fragments
-from moe_gemm.cli import chapter_parser, run_main
-from moe_gemm.notebook import PEER, Workload, find_measurement
-from moe_gemm.occupancy import HOPPER, registers_per_warp, residency
-from moe_gemm.report import markdown_table
-from moe_gemm.results import load_results, results_path
-from moe_gemm.roofline import roofline_basis, roofline_tflops
-from moe_gemm.routing import expert_counts
-from moe_gemm.style import BM_COLORS, COLORS, FIGURE_ROOT, new_figure, save_figure
-from moe_gemm.tiles import eta, eta_estimate
+from moe_gemm.core.cli import chapter_parser, run_main
+from moe_gemm.core.tables import markdown_table
+from moe_gemm.measure.results import find_measurement, load_results, results_path
+from moe_gemm.model.occupancy import HOPPER, registers_per_warp, residency
+from moe_gemm.model.roofline import roofline_basis, roofline_tflops
+from moe_gemm.model.routing import expert_counts
+from moe_gemm.model.tiles import eta, eta_estimate
+from moe_gemm.model.workloads import Workload
+from moe_gemm.site.records import PEER
+from moe_gemm.site.style import BM_COLORS, COLORS, FIGURE_ROOT, new_figure, save_figure
+from moe_gemm.variants.k1 import fragments
 
 CHAPTER = "02"
 GPU = "h200"

@@ -11,7 +11,7 @@ With an NVIDIA GPU of sm_80 or newer (the recorded numbers come from an H200) it
    FRAG_DB, and with a three-stage ring) for the GPU
    and prints the compile report: registers, shared memory, spills, blocks per SM from the
    occupancy model and what limits them, and the SASS instructions the chapter is about;
-2. checks every configuration on the edge cases of moe_gemm.edge_cases (exact, integer-valued
+2. checks every configuration on the edge cases of moe_gemm.model.edge_cases (exact, integer-valued
    inputs) and on random data; a wrong answer stops the run with exit status 1;
 3. measures the ceilings this chapter is judged against: copy bandwidth, cuBLAS bf16, FP32 FFMA
    and bf16 mma.sync, each with a register-only or library kernel;
@@ -33,9 +33,18 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, kernel_not_run, run_main, timing_options
-from moe_gemm.notebook import checks_table, find_measurement, run_checks
-from moe_gemm.report import Table
+from moe_gemm.core.cli import (
+    add_timing_arguments,
+    chapter_parser,
+    ignored_flags,
+    kernel_not_run,
+    run_main,
+    timing_options,
+)
+from moe_gemm.core.tables import Table
+from moe_gemm.measure.results import find_measurement
+from moe_gemm.measure.runs import run_checks
+from moe_gemm.site.records import checks_table
 
 CHAPTER = "02"
 ARCH = "sm_90a"  # what the no-GPU path compiles for: the recorded GPU's target
@@ -96,8 +105,8 @@ def ceilings_table(ceilings: list[dict[str, Any]]) -> Table:
 
 def model_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per k1 variant: resources and residency, and the eta-only estimate against each measurement."""
-    from moe_gemm.occupancy import residency
-    from moe_gemm.tiles import eta_estimate
+    from moe_gemm.model.occupancy import residency
+    from moe_gemm.model.tiles import eta_estimate
 
     rows = []
     for name in SWEEP:
@@ -161,8 +170,8 @@ def profile_table(profiles: list[dict[str, Any]], compile_rows: list[dict[str, A
 # --------------------------------------------------------------------------- GPU work
 
 def run_profiles(variants) -> list[dict[str, Any]]:
-    from moe_gemm import profile
-    from moe_gemm.bench import progress
+    from moe_gemm.measure import profile
+    from moe_gemm.measure.check import progress
 
     tokens, skew = PROFILE_WORKLOAD
     profiles = []
@@ -176,11 +185,14 @@ def run_profiles(variants) -> list[dict[str, Any]]:
 
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.ceilings import measure_ceilings
-    from moe_gemm.notebook import SEED_WORKLOADS, records_table, run_variants, save_results
-    from moe_gemm.peers import available_peers
-    from moe_gemm.roofline import roofline_basis
+    from moe_gemm.measure.ceilings import measure_ceilings
+    from moe_gemm.measure.results import save_results
+    from moe_gemm.measure.runs import run_variants
+    from moe_gemm.model.roofline import roofline_basis
+    from moe_gemm.model.workloads import SEED_WORKLOADS
+    from moe_gemm.site.records import records_table
     from moe_gemm.variants.k1 import all_configs, compile_report
+    from moe_gemm.variants.peer.torch import available_peers
 
     timing = timing_options(args)
     print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
@@ -225,7 +237,7 @@ def not_run_sentence(gpu, arch: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from moe_gemm.gpu import detect_gpu
+    from moe_gemm.cuda.gpu import detect_gpu
 
     gpu = detect_gpu()
     if gpu is None or gpu.compute_capability < (8, 0):
@@ -233,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         note = ignored_flags(args, ("--quick", "--no-peers", "--profile"), "nothing is timed or profiled without a GPU")
         if note:
             print(note + "\n")
-        from moe_gemm.notebook import show_recorded
+        from moe_gemm.site.records import show_recorded
         from moe_gemm.variants.k1 import compile_report
 
         print(compile_table(compile_report(ARCH)).text(), end="\n\n")

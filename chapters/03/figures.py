@@ -6,7 +6,7 @@ Always written, no GPU needed: the compile report (NVRTC for sm_90a) and the sch
 work of BM = 128 tiles at the seed workloads, as markdown tables for site_docs/03-tma-warp-specialization.md,
 and the schematic of the producer/consumer ring. From chapters/03/results/h200.json: the progression
 and STAGES figures (the seed's B300 numbers appear in the progression as a labelled reference series,
-never as measurements). The page's own tables and numbers come from the results file by moe_gemm.pages.
+never as measurements). The page's own tables and numbers come from the results file by moe_gemm.site.pages.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from pathlib import Path
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-from moe_gemm.cli import run_main
-from moe_gemm.notebook import find_measurement, short_label
-from moe_gemm.report import Table
-from moe_gemm.results import chapter_module, recorded, results_path
-from moe_gemm.routing import expert_counts
-from moe_gemm.style import COLORS, FIGURE_ROOT, family_color, figures_main, new_figure, save_figure
-from moe_gemm.tiles import eta, scheduled_flops, tile_count
+from moe_gemm.core.chapters import chapter_module
+from moe_gemm.core.cli import run_main
+from moe_gemm.core.tables import Table
+from moe_gemm.measure.results import find_measurement, recorded, results_path
+from moe_gemm.model.routing import expert_counts
+from moe_gemm.model.tiles import eta, scheduled_flops, tile_count
+from moe_gemm.model.workloads import Workload
+from moe_gemm.site.style import COLORS, FIGURE_ROOT, family_color, figures_main, new_figure, save_figure
 
 CHAPTER = "03"
 GPU_SLUG = "h200"
@@ -116,7 +117,7 @@ def ring_diagram(stages: int = 3, steps: int = 6):
 # --------------------------------------------------------------------------- measured figures
 
 def progression_figure(records: list[dict], run):
-    keys = list(dict.fromkeys(short_label(r) for r in records))
+    keys = list(dict.fromkeys(Workload.of(r).short_label for r in records))
     variants = list(dict.fromkeys(r["variant"] for r in records))
     fig, ax = new_figure(9.0, 4.8)
     width = 0.8 / len(keys)

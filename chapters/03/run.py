@@ -6,7 +6,7 @@
     python chapters/03/run.py --profile     # also Nsight Compute's occupancy counters for k2
 
 With an sm_90 GPU (the recorded numbers come from an H200) it first checks every STAGES
-configuration of k2 on the edge cases of moe_gemm.edge_cases (exact, integer-valued inputs) and on
+configuration of k2 on the edge cases of moe_gemm.model.edge_cases (exact, integer-valued inputs) and on
 random data, then times the best variant of each chapter so far, k0, k1 and k2 with STAGES = 2, 3
 and 4, beside torch._grouped_mm (CUTLASS) at the seed configuration (E=64, K=1024, N=2688;
 16,384 rows at s=0 and s=1.2, and 2,048 rows), prints the progression and the STAGES table with
@@ -25,12 +25,21 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, kernel_not_run, run_main, timing_options
-from moe_gemm.notebook import checks_table, find_measurement, run_checks, short_label
-from moe_gemm.occupancy import residency
-from moe_gemm.report import Table
-from moe_gemm.results import results_path
-from moe_gemm.tiles import eta_estimate
+from moe_gemm.core.cli import (
+    add_timing_arguments,
+    chapter_parser,
+    ignored_flags,
+    kernel_not_run,
+    run_main,
+    timing_options,
+)
+from moe_gemm.core.tables import Table
+from moe_gemm.measure.results import find_measurement, results_path
+from moe_gemm.measure.runs import run_checks
+from moe_gemm.model.occupancy import residency
+from moe_gemm.model.tiles import eta_estimate
+from moe_gemm.model.workloads import Workload
+from moe_gemm.site.records import checks_table
 
 CHAPTER = "03"
 ARCH = "sm_90a"
@@ -83,7 +92,7 @@ def progression_variants(with_peers: bool) -> list:
 
     variants = [K0Fp32(), k1_variant(best_k1_name()), *k2_variants()]
     if with_peers:
-        from moe_gemm.peers import available_peers
+        from moe_gemm.variants.peer.torch import available_peers
 
         variants += list(available_peers())
     return variants
@@ -118,7 +127,7 @@ def limiters(fit) -> str:
 
 
 def compiled_opcodes(compiled) -> dict[str, int]:
-    from moe_gemm.build import opcode_counts
+    from moe_gemm.cuda.sass import opcode_counts
 
     return opcode_counts(compiled.sass(), OPCODES)
 
@@ -145,7 +154,7 @@ def compile_table(rows: list[dict[str, Any]]) -> Table:
 
 def progression_table(records: list[dict[str, Any]]) -> Table:
     """Useful TFLOP/s per variant and workload, with the speed-up over k0 and the ratio to the peer."""
-    keys = list(dict.fromkeys(short_label(r) for r in records))
+    keys = list(dict.fromkeys(Workload.of(r).short_label for r in records))
     variants = list(dict.fromkeys(r["variant"] for r in records))
     first = keys[0] if keys else ""
     k0 = find_measurement(records, "k0", first)
@@ -170,7 +179,7 @@ def stages_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per k2 STAGES: resources, the model's blocks per SM, the measurements and the eta-only estimates."""
     rows = []
     for record in records:
-        if not record["variant"].startswith("k2/") or short_label(record) != "16k s=0":
+        if not record["variant"].startswith("k2/") or Workload.of(record).short_label != "16k s=0":
             continue
         name = record["variant"]
         fit = residency(record["registers"], record["warps_per_block"], record["smem_bytes"])
@@ -209,7 +218,7 @@ def stages_table(rows: list[dict[str, Any]]) -> Table:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from moe_gemm.gpu import detect_gpu
+    from moe_gemm.cuda.gpu import detect_gpu
 
     gpu = detect_gpu()
     if gpu is None or gpu.compute_capability < (9, 0):
@@ -219,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if note:
             print(note + "\n")
         print(compile_table(compile_report()).text(), end="\n\n")
-        from moe_gemm.notebook import show_recorded
+        from moe_gemm.site.records import show_recorded
 
         if show_recorded(CHAPTER) != 0:
             print(f"(no recorded results for chapter {CHAPTER} yet)")
@@ -233,7 +242,10 @@ def not_run_sentence(gpu, arch: str) -> str:
 
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.notebook import SEED_WORKLOADS, records_table, run_variants, save_results
+    from moe_gemm.measure.results import save_results
+    from moe_gemm.measure.runs import run_variants
+    from moe_gemm.model.workloads import SEED_WORKLOADS
+    from moe_gemm.site.records import records_table
 
     timing = timing_options(args)
     print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
@@ -268,8 +280,8 @@ def run_on_gpu(args, gpu) -> int:
 def profile_k2() -> list[dict[str, Any]]:
     """Nsight Compute's occupancy limits, achieved warps and scheduler counters for each k2 STAGES
     at 16,384 balanced rows (one profiled launch each, in a subprocess under ncu)."""
-    from moe_gemm import profile
-    from moe_gemm.bench import progress
+    from moe_gemm.measure import profile
+    from moe_gemm.measure.check import progress
 
     rows = []
     for variant in k2_variants():

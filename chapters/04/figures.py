@@ -20,11 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from moe_gemm.cli import run_main
-from moe_gemm.notebook import Workload
-from moe_gemm.results import chapter_module, recorded
-from moe_gemm.roofline import roofline_basis
-from moe_gemm.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
+from moe_gemm.core.chapters import chapter_module
+from moe_gemm.core.cli import run_main
+from moe_gemm.measure.results import recorded
+from moe_gemm.model.roofline import roofline_basis
+from moe_gemm.model.workloads import Workload
+from moe_gemm.site.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
 
 CHAPTER = "04"
 EXPERTS, K, N = 64, 1024, 2688
@@ -127,7 +128,7 @@ def epilogue_figure(data: dict[str, Any]):
 
 
 def compile_markdown() -> str:
-    from moe_gemm.compile_report import compile_table
+    from moe_gemm.site.compile_report import compile_table
 
     return compile_table(RUN.compile_report(RUN.ARCH), RUN.OPCODES, RUN.OPCODE_LABELS,
                          legend=RUN.COMPILE_LEGEND).markdown()

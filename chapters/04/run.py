@@ -27,10 +27,18 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import (add_timing_arguments, chapter_parser, ignored_flags, nonnegative_int, run_main,
-                          timing_options, why_not_sm90a)
-from moe_gemm.notebook import Workload, find_measurement
-from moe_gemm.report import Table
+from moe_gemm.core.cli import (
+    add_timing_arguments,
+    chapter_parser,
+    ignored_flags,
+    nonnegative_int,
+    run_main,
+    timing_options,
+    why_not_sm90a,
+)
+from moe_gemm.core.tables import Table
+from moe_gemm.measure.results import find_measurement
+from moe_gemm.model.workloads import Workload
 
 CHAPTER = "04"
 ARCH = "sm_90a"
@@ -67,7 +75,8 @@ def parse_args(argv: Sequence[str] | None):
 # --------------------------------------------------------------------------- variants and workloads
 
 def ladder(only: Sequence[str] | None = None) -> list:
-    from moe_gemm.variants.k3 import LADDER, K3Wgmma
+    from moe_gemm.variants.k3 import K3Wgmma
+    from moe_gemm.variants.k3.config import LADDER
 
     names = list(only) if only else list(LADDER)
     return [K3Wgmma(name) for name in names]
@@ -78,7 +87,7 @@ def workloads():
 
 
 def peers() -> list:
-    from moe_gemm.peers import TorchGroupedMM, torch_available
+    from moe_gemm.variants.peer.torch import TorchGroupedMM, torch_available
 
     return [TorchGroupedMM(), TorchGroupedMM(k_major=True)] if torch_available() else []
 
@@ -149,13 +158,13 @@ def targets_table(rows: Sequence[dict[str, Any]]) -> Table:
 # --------------------------------------------------------------------------- no GPU
 
 def compile_report(arch: str = ARCH, only: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    from moe_gemm.compile_report import compile_rows
+    from moe_gemm.site.compile_report import compile_rows
 
     return compile_rows(ladder(only), arch, OPCODES)
 
 
 def show_compile_report(rows: list[dict[str, Any]]) -> None:
-    from moe_gemm.compile_report import compile_table
+    from moe_gemm.site.compile_report import compile_table
 
     show(compile_table(rows, OPCODES, OPCODE_LABELS, legend=COMPILE_LEGEND))
 
@@ -168,7 +177,7 @@ def run_without_gpu(args, reason: str) -> int:
         print(note)
     print()
     show_compile_report(compile_report(ARCH, args.only))
-    from moe_gemm.notebook import show_recorded
+    from moe_gemm.site.records import show_recorded
 
     if show_recorded(CHAPTER) != 0:
         print(f"(no recorded results for chapter {CHAPTER} yet)")
@@ -183,8 +192,8 @@ def transpose_timing() -> dict[str, Any] | None:
         import torch
     except ImportError:
         return None
-    from moe_gemm.device import cuda_device, stream_handle
-    from moe_gemm.timing import time_launches
+    from moe_gemm.cuda.device import cuda_device, stream_handle
+    from moe_gemm.cuda.timing import time_launches
 
     cuda_device()
     with torch.cuda.stream(torch.cuda.ExternalStream(stream_handle())):
@@ -202,8 +211,8 @@ def fastest_rungs(records: Sequence[dict[str, Any]], count: int) -> list[str]:
 
 
 def profile_rungs(names: Sequence[str]) -> list[dict[str, Any]]:
-    from moe_gemm import profile
-    from moe_gemm.bench import progress
+    from moe_gemm.measure import profile
+    from moe_gemm.measure.check import progress
 
     rows = []
     for name in dict.fromkeys(names):
@@ -214,7 +223,7 @@ def profile_rungs(names: Sequence[str]) -> list[dict[str, Any]]:
 
 def repeat_child(names: str) -> int:
     """One repeat: the named variants and both peers at REPEAT_WORKLOADS, records as JSON on stdout."""
-    from moe_gemm.notebook import run_variants
+    from moe_gemm.measure.runs import run_variants
     from moe_gemm.variants.registry import get
 
     variants = [get(name) for name in names.split(",")] + peers()
@@ -226,7 +235,7 @@ def repeat_child(names: str) -> int:
 def repeats(names: Sequence[str], count: int) -> list[dict[str, Any]]:
     """``count`` more timings of ``names`` and the peers, each in a fresh process (new allocations,
     new CUDA context): what one run's numbers would look like if it were made again."""
-    from moe_gemm.bench import progress
+    from moe_gemm.measure.check import progress
 
     runs = []
     for repeat in range(1, count + 1):
@@ -282,11 +291,13 @@ def spread_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.bench import progress
-    from moe_gemm.ceilings import roofline_ceilings
-    from moe_gemm.compile_report import compile_table
-    from moe_gemm.notebook import checks_table, records_table, run_checks, run_variants, save_results
-    from moe_gemm.roofline import roofline_basis
+    from moe_gemm.measure.ceilings import roofline_ceilings
+    from moe_gemm.measure.check import progress
+    from moe_gemm.measure.results import save_results
+    from moe_gemm.measure.runs import run_checks, run_variants
+    from moe_gemm.model.roofline import roofline_basis
+    from moe_gemm.site.compile_report import compile_table
+    from moe_gemm.site.records import checks_table, records_table
     from moe_gemm.variants.registry import get
 
     timing = timing_options(args)
@@ -334,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.repeat_child:
         return repeat_child(args.repeat_child)
-    from moe_gemm.gpu import detect_gpu
+    from moe_gemm.cuda.gpu import detect_gpu
 
     gpu = detect_gpu()
     reason = why_not_sm90a(gpu)

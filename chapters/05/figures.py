@@ -7,7 +7,7 @@ output here is built when the site is built, from the compiler and the model, ne
 
 * compile_report_sm100a.md, compile_report_sm103a.md: NVRTC's resource report and SASS counts;
 * descriptors.png and descriptors.md: the bit layouts of the tcgen05 shared-memory and instruction
-  descriptors, filled in with the values k4 receives, from moe_gemm.tcgen05's encoders;
+  descriptors, filled in with the values k4 receives, from moe_gemm.variants.k4.tcgen05's encoders;
 * residency.md: the accumulator registers tensor memory takes off the register file, and the
   occupancy model's reading of k4's compiled registers and shared memory;
 * estimate.md: a model estimate of k4 on a B300, labelled as one, beside the seed's measured B300
@@ -21,16 +21,16 @@ from pathlib import Path
 
 from matplotlib.patches import Rectangle
 
-from moe_gemm.cli import run_main
-from moe_gemm.occupancy import HOPPER, registers_per_warp
-from moe_gemm.problem import useful_flops
-from moe_gemm.report import Table, markdown_table
-from moe_gemm.results import chapter_module
-from moe_gemm.roofline import compulsory_bytes
-from moe_gemm.routing import expert_counts
-from moe_gemm.style import FIGURE_ROOT, figures_main, new_figure, save_figure
-from moe_gemm.tcgen05 import decode_instr, decode_smem
-from moe_gemm.tiles import eta
+from moe_gemm.core.chapters import chapter_module
+from moe_gemm.core.cli import run_main
+from moe_gemm.core.tables import Table, markdown_table
+from moe_gemm.model.occupancy import HOPPER, registers_per_warp
+from moe_gemm.model.problem import useful_flops
+from moe_gemm.model.roofline import compulsory_bytes
+from moe_gemm.model.routing import expert_counts
+from moe_gemm.model.tiles import eta
+from moe_gemm.site.style import FIGURE_ROOT, figures_main, new_figure, save_figure
+from moe_gemm.variants.k4.tcgen05 import decode_instr, decode_smem
 
 CHAPTER = "05"
 EXPERTS, K, N = 64, 1024, 2688

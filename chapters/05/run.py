@@ -22,8 +22,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
-from moe_gemm.report import Table
+from moe_gemm.core.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
+from moe_gemm.core.tables import Table
 
 CHAPTER = "05"
 ARCHES = ("sm_100a", "sm_103a")
@@ -52,9 +52,9 @@ def k4_variants():
 # --------------------------------------------------------------------------- compile report
 
 def compile_report(arch: str) -> list[dict[str, Any]]:
-    """One row per k4 configuration compiled for ``arch``: moe_gemm.compile_report's rows, with
+    """One row per k4 configuration compiled for ``arch``: moe_gemm.site.compile_report's rows, with
     tensor memory as one more limit on blocks per SM."""
-    from moe_gemm.compile_report import compile_rows
+    from moe_gemm.site.compile_report import compile_rows
 
     variants = k4_variants()
     return [with_tensor_memory(row, variant) for row, variant in zip(compile_rows(variants, arch, OPCODES), variants)]
@@ -98,7 +98,7 @@ def unsupported_reason(gpu) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from moe_gemm.gpu import detect_gpu
+    from moe_gemm.cuda.gpu import detect_gpu
 
     gpu = detect_gpu()
     reason = unsupported_reason(gpu)
@@ -116,7 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.notebook import SEED_WORKLOADS, checks_table, records_table, run_checks, run_variants, save_results
+    from moe_gemm.measure.results import save_results
+    from moe_gemm.measure.runs import run_checks, run_variants
+    from moe_gemm.model.workloads import SEED_WORKLOADS
+    from moe_gemm.site.records import checks_table, records_table
     from moe_gemm.variants.registry import get
 
     timing = timing_options(args)
@@ -134,7 +137,7 @@ def run_on_gpu(args, gpu) -> int:
 
     timed = [get(K2_PEER), *variants]
     if not args.no_peers:
-        from moe_gemm.peers import available_peers
+        from moe_gemm.variants.peer.torch import available_peers
 
         timed += list(available_peers())
     records = run_variants(timed, SEED_WORKLOADS, **timing)

@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from moe_gemm.cli import run_main
-from moe_gemm.notebook import Workload
-from moe_gemm.results import chapter_module, recorded
-from moe_gemm.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
+from moe_gemm.core.chapters import chapter_module
+from moe_gemm.core.cli import run_main
+from moe_gemm.measure.results import recorded
+from moe_gemm.model.workloads import Workload
+from moe_gemm.site.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
 
 CHAPTER = "06"
 PANELS = (("k3/tmastore-bn192", "k3 (128-row tiles)"), ("k5/host", "k5/host (cost model)"),
@@ -112,8 +113,8 @@ def model_figure(data: dict[str, Any]):
 
 def calibration_figure(data: dict[str, Any]):
     """Microseconds one remainder costs in each shape (tile cost x column tiles), as calibrated."""
-    from moe_gemm.cost_model import COST_KEYS
-    from moe_gemm.mixed_tiles import TileKind, columns
+    from moe_gemm.variants.k5.cost_model import COST_KEYS
+    from moe_gemm.variants.k5.mixed_tiles import TileKind, columns
 
     calibration = data["calibration"]
     costs = [calibration["tile_us"][key] * columns(TileKind.SWAP if key.startswith("SWAP") else TileKind[key],
@@ -132,7 +133,7 @@ def calibration_figure(data: dict[str, Any]):
 
 
 def compile_markdown() -> str:
-    from moe_gemm.compile_report import compile_table
+    from moe_gemm.site.compile_report import compile_table
 
     return compile_table(RUN.compile_report(RUN.ARCH), RUN.OPCODES, {}, legend=RUN.COMPILE_LEGEND).markdown()
 

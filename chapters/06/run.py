@@ -24,10 +24,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.cli import (add_timing_arguments, chapter_parser, ignored_flags, nonnegative_float, positive_int,
-                          run_main, timing_options, why_not_sm90a)
-from moe_gemm.notebook import Workload, find_measurement
-from moe_gemm.report import Table
+from moe_gemm.core.cli import (
+    add_timing_arguments,
+    chapter_parser,
+    ignored_flags,
+    nonnegative_float,
+    positive_int,
+    run_main,
+    timing_options,
+    why_not_sm90a,
+)
+from moe_gemm.core.tables import Table
+from moe_gemm.measure.results import find_measurement
+from moe_gemm.model.workloads import Workload
 
 CHAPTER = "06"
 ARCH = "sm_90a"
@@ -103,9 +112,9 @@ def model_rows(cells: Sequence[Workload], calibration, records: Sequence[dict[st
                slots: int = 132) -> list[dict[str, Any]]:
     """Per cell: eta under each policy, the policies chosen, and the predicted time of the
     host-scheduled (cost model) and device-scheduled (greedy) launches beside the measured ones."""
-    from moe_gemm.cost_model import predict
-    from moe_gemm.mixed_tiles import FIXED_128, mixed_eta, mixed_tile_list
-    from moe_gemm.routing import expert_counts
+    from moe_gemm.model.routing import expert_counts
+    from moe_gemm.variants.k5.cost_model import predict
+    from moe_gemm.variants.k5.mixed_tiles import FIXED_128, mixed_eta, mixed_tile_list
 
     rows = []
     for cell in cells:
@@ -203,8 +212,8 @@ def targets_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def calibration_table(calibration) -> Table:
-    from moe_gemm.cost_model import COST_KEYS
-    from moe_gemm.mixed_tiles import TileKind, columns
+    from moe_gemm.variants.k5.cost_model import COST_KEYS
+    from moe_gemm.variants.k5.mixed_tiles import TileKind, columns
 
     rows = []
     for key in COST_KEYS:
@@ -227,22 +236,22 @@ def show(table: Table) -> None:
 # --------------------------------------------------------------------------- no GPU
 
 def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
-    from moe_gemm.compile_report import compile_rows
+    from moe_gemm.site.compile_report import compile_rows
     from moe_gemm.variants.k5 import K5Adaptive
 
     return compile_rows([K5Adaptive("k5/host"), K5Adaptive("k5/device")], arch, OPCODES)
 
 
 def show_compile_report(rows: list[dict[str, Any]]) -> None:
-    from moe_gemm.compile_report import compile_table
+    from moe_gemm.site.compile_report import compile_table
 
     show(compile_table(rows, OPCODES, {}, legend=COMPILE_LEGEND))
 
 
 def recorded_calibration():
     """The calibration in the recorded results, or the nominal one when there is none."""
-    from moe_gemm.cost_model import Calibration, nominal_calibration
-    from moe_gemm.results import recorded
+    from moe_gemm.measure.results import recorded
+    from moe_gemm.variants.k5.cost_model import Calibration, nominal_calibration
 
     data = recorded(CHAPTER)
     return Calibration.from_record(data["calibration"]) if data and "calibration" in data else nominal_calibration()
@@ -258,7 +267,7 @@ def run_without_gpu(args, reason: str) -> int:
     calibration = recorded_calibration()
     show(calibration_table(calibration))
     show(model_table(model_rows(grid(args), calibration)))
-    from moe_gemm.notebook import show_recorded
+    from moe_gemm.site.records import show_recorded
 
     if show_recorded(CHAPTER) != 0:
         print(f"(no recorded results for chapter {CHAPTER} yet)")
@@ -272,11 +281,11 @@ def graph_replays(calibration) -> list[dict[str, Any]]:
     16,384 rows, replayed with routings of three skews: each replay checked and timed."""
     import numpy as np
 
-    from moe_gemm.bench import progress
-    from moe_gemm.problem import Problem
-    from moe_gemm.reference import check_output
-    from moe_gemm.timing import time_launches
-    from moe_gemm.variants.k5 import DeviceLayer
+    from moe_gemm.cuda.timing import time_launches
+    from moe_gemm.measure.check import progress
+    from moe_gemm.model.problem import Problem
+    from moe_gemm.model.reference import check_output
+    from moe_gemm.variants.k5.layer import DeviceLayer
 
     rows = []
     base = Workload(16384, 0.0).problem(0)
@@ -304,13 +313,17 @@ def graph_table(rows: Sequence[dict[str, Any]]) -> Table:
 def run_on_gpu(args, gpu) -> int:
     import sys
 
-    from moe_gemm.bench import progress
-    from moe_gemm.ceilings import roofline_ceilings
-    from moe_gemm.compile_report import compile_table
-    from moe_gemm.notebook import checks_table, records_table, run_checks, run_variants, save_results
-    from moe_gemm.peers import TorchGroupedMM, torch_available
-    from moe_gemm.roofline import roofline_basis
-    from moe_gemm.variants.k5 import CHECKED, K5Adaptive, calibrate, slots
+    from moe_gemm.measure.ceilings import roofline_ceilings
+    from moe_gemm.measure.check import progress
+    from moe_gemm.measure.results import save_results
+    from moe_gemm.measure.runs import run_checks, run_variants
+    from moe_gemm.model.roofline import roofline_basis
+    from moe_gemm.site.compile_report import compile_table
+    from moe_gemm.site.records import checks_table, records_table
+    from moe_gemm.variants.k5 import K5Adaptive, slots
+    from moe_gemm.variants.k5.calibration import calibrate
+    from moe_gemm.variants.k5.config import CHECKED
+    from moe_gemm.variants.peer.torch import TorchGroupedMM, torch_available
 
     timing = timing_options(args)
     print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
@@ -354,7 +367,7 @@ def run_on_gpu(args, gpu) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from moe_gemm.gpu import detect_gpu
+    from moe_gemm.cuda.gpu import detect_gpu
 
     gpu = detect_gpu()
     reason = why_not_sm90a(gpu)

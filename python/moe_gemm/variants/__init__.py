@@ -2,5 +2,5 @@
 
 A wrapper validates the problem for its kernel (ValueError naming the constraint, before any
 launch), builds the kernel's tile list and launch configuration, and returns a
-:class:`~moe_gemm.bench.Prepared` launch. The kernels themselves live in ``kernels/``.
+:class:`~moe_gemm.cuda.variant.Prepared` launch. The kernels themselves live in ``kernels/``.
 """

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..bench import Resources
-from ..build import CompiledKernel, compile_kernel
-from ..device import DeviceProblem
-from ..problem import BF16
+from moe_gemm.cuda.device import DeviceProblem
+from moe_gemm.cuda.nvrtc import CompiledKernel, compile_kernel
+from moe_gemm.cuda.variant import Resources
+from moe_gemm.model.problem import BF16
 
 
 class CompiledVariant:

@@ -1,16 +1,15 @@
 """Variants by name, for the entry points that take one on the command line.
 
-``python -m moe_gemm.sanitize_target k1`` and ``python -m moe_gemm.profile_target k1/bm64 ...``
+``python -m moe_gemm.measure.sanitize_target k1`` and ``python -m moe_gemm.measure.profile_target k1/bm64 ...``
 are handed variant names, not objects; this module turns a name into a variant.
 
 How a kernel module joins: define, at module level,
 
     VARIANTS = {"k1/bm64": functools.partial(K1MmaSync, 64, False), ...}
 
-(name -> zero-argument factory) in ``moe_gemm/variants/<family>.py``, where ``<family>`` is the
-part of the name before the first '/' (``k0``, ``k1``, ``k2``, ...). Nothing here needs editing:
-the family's module is imported on first use. A family whose module lives elsewhere goes in
-:data:`FAMILY_MODULES`.
+(name -> zero-argument factory) in the package ``moe_gemm/variants/<family>/``, where ``<family>``
+is the part of the name before the first '/' (``k0``, ``k1``, ..., ``peer``). Nothing here needs
+editing: the family's package is imported on first use.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any
 
-# Families whose module is not moe_gemm.variants.<family>.
-FAMILY_MODULES = {"peer": "moe_gemm.peers"}
+# Modules of this package that are not kernel families.
+NOT_FAMILIES = {"registry", "compiled", "peer"}
 
 
 def family_of(name: str) -> str:
@@ -29,7 +28,7 @@ def family_of(name: str) -> str:
 
 
 def _family_variants(family: str) -> dict[str, Callable[[], Any]]:
-    module_name = FAMILY_MODULES.get(family, f"{__package__}.{family}")
+    module_name = f"{__package__}.{family}"
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
@@ -46,7 +45,7 @@ def families() -> list[str]:
     """Kernel families with a module in this package (k0, k1, ...), in order."""
     package = importlib.import_module(__package__)
     return sorted(m.name for m in pkgutil.iter_modules(package.__path__)
-                  if m.name != "registry" and not m.name.startswith("_"))
+                  if m.name not in NOT_FAMILIES and not m.name.startswith("_"))
 
 
 def names(family: str) -> list[str]:

@@ -1,0 +1,130 @@
+"""Command-line plumbing shared by the chapters' run.py: argument types and one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from moe_gemm.core.checks import require_int, require_nonnegative_float, require_tile_size
+
+
+def _argparse_type(check: Callable[[str, Any], Any], name: str, parse: Callable[[str], Any], kind: str):
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            # int("1.5") says "invalid literal for int() with base 10"; say what the flag wants.
+            raise argparse.ArgumentTypeError(f"{name} must be {kind}, got {text!r}") from None
+        try:
+            return check(name, value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    convert.__name__ = name
+    return convert
+
+
+def positive_int(name: str):
+    return _argparse_type(lambda n, v: require_int(n, v, minimum=1), name, int, "an integer")
+
+
+def nonnegative_int(name: str):
+    return _argparse_type(lambda n, v: require_int(n, v, minimum=0), name, int, "an integer")
+
+
+def nonnegative_float(name: str):
+    return _argparse_type(require_nonnegative_float, name, float, "a number")
+
+
+def tile_size(name: str):
+    return _argparse_type(require_tile_size, name, int, "an integer")
+
+
+class ChapterParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block): 'run.py: error: ... (see --help)'."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def chapter_parser(description: str | None) -> ChapterParser:
+    """The parser a chapter's run.py starts from; ``description`` is usually its module docstring."""
+    return ChapterParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_problem_arguments(parser: argparse.ArgumentParser, *, tokens: int = 16384, experts: int = 64,
+                          skew: float | None = 0.0, skew_default_help: str | None = None,
+                          K: int = 1024, N: int = 2688) -> None:  # noqa: N803
+    """--tokens, --experts, --skew, -K, -N with the seed configuration as defaults.
+
+    ``skew=None`` leaves --skew unset unless given, for a chapter whose default shows several
+    skews; ``skew_default_help`` then says which.
+    """
+    parser.add_argument("--tokens", type=nonnegative_int("--tokens"), default=tokens,
+                        help=f"routed rows M_tot (default {tokens:,})")
+    parser.add_argument("--experts", type=positive_int("--experts"), default=experts,
+                        help=f"number of experts E (default {experts})")
+    parser.add_argument("--skew", type=nonnegative_float("--skew"), default=skew,
+                        help="routing skew s: expert e gets rows in proportion to (e+1)^-s "
+                             f"(default {skew_default_help or skew})")
+    parser.add_argument("-K", type=positive_int("-K"), default=K, help=f"reduction dimension (default {K})")
+    parser.add_argument("-N", type=positive_int("-N"), default=N, help=f"output columns (default {N})")
+
+
+def ignored_flags(args: argparse.Namespace, flags: Sequence[str], reason: str) -> str | None:
+    """One line naming the given flags that cannot act here and why, or None if none was given.
+
+    ``flags`` are option strings ('--profile'); their argparse destinations are looked up on ``args``.
+    """
+    given = [flag for flag in flags if getattr(args, flag.lstrip("-").replace("-", "_"), False)]
+    if not given:
+        return None
+    verb = "was" if len(given) == 1 else "were"
+    return f"{' and '.join(given)} {verb} ignored: {reason}."
+
+
+def kernel_not_run(kernel: str, needs: str, gpu: Any, arch: str) -> str:
+    """Why ``kernel`` does not run on this machine (no GPU, or one older than it ``needs``), and what
+    the chapter's run does instead. ``gpu`` is a moe_gemm.cuda.gpu.GpuInfo or None."""
+    if gpu is None:
+        return f"No NVIDIA GPU was found, so {kernel} is compiled for {arch} and not run."
+    cc = f"sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
+    return f"{kernel} needs {needs} and {gpu.name} is {cc}, so {kernel} is compiled for {arch} and not run."
+
+
+def why_not_sm90a(gpu: Any) -> str | None:
+    """Why a wgmma kernel cannot run here (no GPU, or one that is not sm_90a), or None if it can.
+    ``gpu`` is a moe_gemm.cuda.gpu.GpuInfo or None; the reason completes "... is not run here because"."""
+    if gpu is None:
+        return "there is no NVIDIA GPU on this machine"
+    if gpu.compute_capability != (9, 0):
+        major, minor = gpu.compute_capability
+        return f"{gpu.name} is sm_{major}{minor} and wgmma runs only on sm_90a"
+    return None
+
+
+QUICK_TIMING = {"warmup": 5, "iterations": 20}  # --quick; the default is moe_gemm.cuda.timing's 10 and 50
+
+
+def add_timing_arguments(parser: argparse.ArgumentParser, *, peers: str = "torch._grouped_mm and the per-expert "
+                         "torch loop", quick_note: str = "") -> None:
+    """--quick and --no-peers, the flags every chapter that times kernels takes."""
+    parser.add_argument("--quick", action="store_true",
+                        help="5 warm-up and 20 timed launches per measurement instead of 10 and 50" + quick_note)
+    parser.add_argument("--no-peers", action="store_true", help=f"leave out {peers}")
+
+
+def timing_options(args: argparse.Namespace) -> dict[str, int]:
+    """The keyword arguments of moe_gemm.cuda.timing.time_launches that --quick asks for."""
+    return dict(QUICK_TIMING) if args.quick else {}
+
+
+def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> None:
+    """Run a chapter's main(): a ValueError becomes one line on stderr and exit status 2."""
+    try:
+        status = main(argv)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(status or 0)

@@ -1,0 +1,162 @@
+"""Device memory and the one stream every launch of the harness goes to.
+
+Memory goes through the CUDA driver API (cuda.bindings), whose calls have been stable across
+the cuda-python releases this project meets; the stream and events come from cuda.core. All
+of it lives in the device's primary context, which numba-cuda and torch share, so a numba
+kernel, an NVRTC kernel and torch._grouped_mm can be timed on one stream side by side.
+
+bf16 data is exposed through ``__cuda_array_interface__`` as raw 16-bit words (``<u2``):
+numba has no bf16 type, and torch reinterprets them with ``.view(torch.bfloat16)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from moe_gemm.model.problem import BF16, Problem
+from moe_gemm.model.routing import expert_offsets
+
+BF16_NAN_BITS = 0x7FC0  # the canonical bf16 quiet NaN: poison for outputs a kernel must write
+
+
+def check_driver(result: Any) -> Any:
+    """Unwrap a cuda.bindings driver call's (error, *values), raising on any error."""
+    from cuda.bindings import driver
+
+    if isinstance(result, tuple):
+        err, *values = result
+    else:
+        err, values = result, []
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, message = driver.cuGetErrorString(err)
+        text = message.decode() if isinstance(message, bytes) else str(message)
+        raise RuntimeError(f"CUDA driver error {int(err)} ({err.name}): {text}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@functools.cache
+def cuda_device():
+    """cuda.core's Device 0, made current (its primary context)."""
+    from cuda.core import Device
+
+    device = Device(0)
+    device.set_current()
+    return device
+
+
+@functools.cache
+def harness_stream():
+    """The stream every harness launch, copy and timing event uses."""
+    return cuda_device().create_stream()
+
+
+def stream_handle(stream=None) -> int:
+    """The raw CUstream value, for numba's external_stream and torch's ExternalStream."""
+    return int((stream or harness_stream()).handle)
+
+
+def synchronize() -> None:
+    harness_stream().sync()
+
+
+class DeviceArray:
+    """A C-contiguous device allocation with a numpy shape and dtype."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype | type) -> None:
+        from cuda.bindings import driver
+
+        cuda_device()
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        # cuMemAlloc rejects 0 bytes; one byte keeps the pointer valid for empty arrays.
+        self._ptr = check_driver(driver.cuMemAlloc(max(self.nbytes, 1)))
+        self._free = driver.cuMemFree
+
+    def view(self, byte_offset: int, shape: tuple[int, ...], dtype: np.dtype | type | None = None) -> DeviceArray:
+        """A non-owning array starting ``byte_offset`` bytes into this allocation (any offset, so
+        tests can hand a kernel the misaligned pointer it must refuse). It keeps this one alive."""
+        from cuda.bindings import driver
+
+        dtype = np.dtype(dtype or self.dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if byte_offset < 0 or byte_offset + nbytes > max(self.nbytes, 1):
+            raise ValueError(f"a view of {nbytes} bytes at offset {byte_offset} does not fit in {self.nbytes} bytes")
+        view = object.__new__(DeviceArray)
+        view.shape, view.dtype, view.nbytes = tuple(int(s) for s in shape), dtype, nbytes
+        view._ptr, view._free, view._base = driver.CUdeviceptr(self.ptr + byte_offset), None, self
+        return view
+
+    @property
+    def ptr(self) -> int:
+        return int(self._ptr)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __del__(self) -> None:
+        if getattr(self, "_ptr", None) is not None and getattr(self, "_free", None) is not None:
+            self._free(self._ptr)
+        self._ptr = None
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        typestr = "<u2" if self.dtype == BF16 else self.dtype.str
+        return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False), "version": 3,
+                "strides": None, "stream": None}  # one harness stream: no cross-stream sync needed
+
+    def upload(self, host: np.ndarray) -> DeviceArray:
+        from cuda.bindings import driver
+
+        host = np.ascontiguousarray(host)
+        if host.shape != self.shape or host.dtype != self.dtype:
+            raise ValueError(f"host array {host.shape} {host.dtype} does not match {self.shape} {self.dtype}")
+        if self.nbytes:
+            check_driver(driver.cuMemcpyHtoDAsync(self._ptr, host.ctypes.data, self.nbytes, stream_handle()))
+            synchronize()  # the host array may be freed once we return
+        return self
+
+    def download(self) -> np.ndarray:
+        from cuda.bindings import driver
+
+        host = np.empty(self.shape, dtype=self.dtype)
+        if self.nbytes:
+            synchronize()
+            check_driver(driver.cuMemcpyDtoH(host.ctypes.data, self._ptr, self.nbytes))
+        return host
+
+    def fill_u16(self, bits: int) -> None:
+        """Set every 16-bit word (e.g. to bf16 NaN before a launch), asynchronously on the stream."""
+        from cuda.bindings import driver
+
+        if self.dtype.itemsize != 2:
+            raise ValueError(f"fill_u16 needs a 2-byte dtype, got {self.dtype}")
+        if self.nbytes:
+            check_driver(driver.cuMemsetD16Async(self._ptr, bits, self.size, stream_handle()))
+
+
+def to_device(host: np.ndarray) -> DeviceArray:
+    host = np.ascontiguousarray(host)
+    return DeviceArray(host.shape, host.dtype).upload(host)
+
+
+class DeviceProblem:
+    """A problem's inputs on the device: A, B and the int32 expert offsets, plus the host copy."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.a = to_device(problem.a)
+        self.b = to_device(problem.b)
+        self.offsets = to_device(expert_offsets(problem.counts).astype(np.int32))
+
+    def new_output(self) -> DeviceArray:
+        """C [M_tot, N] bf16, poisoned with NaN so an unwritten element cannot pass a check."""
+        c = DeviceArray((self.problem.tokens, self.problem.N), BF16)
+        c.fill_u16(BF16_NAN_BITS)
+        return c

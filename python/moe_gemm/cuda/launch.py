@@ -1,0 +1,128 @@
+"""Loading compiled kernels and launching them on the harness stream.
+
+:func:`launch` goes through cuda.core, or through ``cuLaunchKernel`` when an argument (a TMA
+tensor map) has to be passed by value as a 128-byte struct. Kernel attributes (dynamic shared
+memory above 48 KB, the carveout) are set once per kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from moe_gemm.cuda.nvrtc import CompiledKernel
+
+DEFAULT_SMEM_LIMIT = 48 * 1024  # more dynamic shared memory than this needs an explicit opt-in
+
+
+class TensorMapArg:
+    """A 128-byte CUtensorMap passed by value (a __grid_constant__ kernel parameter)."""
+
+    def __init__(self, tensor_map: Any) -> None:
+        self.tensor_map = tensor_map  # a cuda.bindings driver.CUtensorMap
+
+    @property
+    def address(self) -> int:
+        return int(self.tensor_map.getPtr())
+
+
+@functools.cache
+def _loaded(cubin: bytes, symbol: str):
+    from cuda.core import ObjectCode
+
+    from moe_gemm.cuda.device import cuda_device
+
+    cuda_device()
+    return ObjectCode.from_cubin(cubin).get_kernel(symbol)
+
+
+@functools.cache
+def _allow_dynamic_smem(kernel, nbytes: int) -> None:
+    """Opt in once per kernel and size (cached: launches in a timing loop skip the call)."""
+    from cuda.bindings import driver
+
+    from moe_gemm.cuda.device import check_driver, cuda_device
+
+    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    check_driver(driver.cuKernelSetAttribute(attribute, nbytes, kernel.handle, cuda_device().device_id))
+
+
+@functools.cache
+def prefer_shared_memory(compiled: CompiledKernel, percent: int = 100) -> None:
+    """Ask for ``percent`` of the unified L1/shared-memory array as shared memory (a hint the
+    driver may override), so the carveout it picks never limits resident blocks below what the
+    registers allow. Once per kernel: cached."""
+    from cuda.bindings import driver
+
+    from moe_gemm.cuda.device import check_driver, cuda_device
+
+    kernel = _loaded(compiled.cubin, compiled.symbol)
+    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    check_driver(driver.cuKernelSetAttribute(attribute, percent, kernel.handle, cuda_device().device_id))
+
+
+def max_active_clusters(compiled: CompiledKernel, block: int, smem_bytes: int, cluster: int) -> int | None:
+    """How many clusters of ``cluster`` blocks the driver says can be resident at once (a persistent
+    cluster grid larger than that would run its last clusters after the first ones finish); None
+    where the driver cannot say. Clusters live inside one GPC, so this can be less than
+    SMs / cluster when a GPC has an odd number of usable SMs."""
+    from cuda.bindings import driver
+
+    from moe_gemm.cuda.device import check_driver, stream_handle
+
+    kernel = _loaded(compiled.cubin, compiled.symbol)
+    if smem_bytes > DEFAULT_SMEM_LIMIT:
+        _allow_dynamic_smem(kernel, smem_bytes)
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+    config.sharedMemBytes = smem_bytes
+    config.hStream = driver.CUstream(stream_handle())
+    config.numAttrs = 0  # the kernel's __cluster_dims__ gives the size
+    try:
+        return int(check_driver(driver.cuOccupancyMaxActiveClusters(driver.CUfunction(int(kernel.handle)), config)))
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _driver_launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, args: tuple) -> None:
+    """cuLaunchKernel with kernelParams built by hand: one pointer per argument's bytes."""
+    from cuda.bindings import driver
+
+    from moe_gemm.cuda.device import check_driver, stream_handle
+
+    holders: list[Any] = []
+    for arg in args:
+        if isinstance(arg, TensorMapArg):
+            holders.append(arg)
+        elif isinstance(arg, np.generic):
+            holders.append(np.array([arg]))
+        elif isinstance(arg, int):  # device pointers
+            holders.append(np.array([arg], dtype=np.uint64))
+        else:
+            raise TypeError(f"cannot pass {type(arg).__name__} to a kernel")
+    pointers = np.array([h.address if isinstance(h, TensorMapArg) else h.ctypes.data for h in holders],
+                        dtype=np.uint64)
+    check_driver(driver.cuLaunchKernel(driver.CUfunction(int(kernel.handle)), *grid, *block, smem,
+                                       driver.CUstream(stream_handle()), pointers.ctypes.data, 0))
+
+
+def launch(compiled: CompiledKernel, grid: int | tuple[int, ...], block: int | tuple[int, ...], smem_bytes: int,
+           *args: Any) -> None:
+    """Enqueue ``compiled`` on the harness stream. Pointers as int, scalars as numpy scalars."""
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as core_launch
+
+    from moe_gemm.cuda.device import harness_stream
+
+    kernel = _loaded(compiled.cubin, compiled.symbol)
+    if smem_bytes > DEFAULT_SMEM_LIMIT:
+        _allow_dynamic_smem(kernel, smem_bytes)
+    grid3 = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
+    block3 = tuple(block) + (1,) * (3 - len(block)) if isinstance(block, tuple) else (block, 1, 1)
+    if any(isinstance(arg, TensorMapArg) for arg in args):
+        _driver_launch(kernel, grid3, block3, smem_bytes, args)
+    else:
+        core_launch(harness_stream(), LaunchConfig(grid=grid3, block=block3, shmem_size=smem_bytes), kernel, *args)

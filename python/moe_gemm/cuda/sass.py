@@ -1,0 +1,61 @@
+"""SASS without a GPU: disassemble a CUBIN with the PyPI wheel's ``cuobjdump`` (no CUDA toolkit
+needed) and count the instructions a chapter is about."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from moe_gemm.cuda.nvrtc import CompiledKernel, cache_dir
+
+
+def _tool(name: str) -> str:
+    """A CUDA binary tool: the PyPI wheel's copy first (no toolkit needed), then PATH."""
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            for candidate in Path(root).glob(f"cu*/bin/{name}"):
+                if os.access(candidate, os.X_OK):
+                    return str(candidate)
+    except ImportError:
+        pass
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} not found: pip install nvidia-cuda-{name}")
+    return found
+
+
+def sass(cubin: bytes, tool: str = "cuobjdump") -> str:
+    """The CUBIN's SASS: ``cuobjdump -sass``, or ``nvdisasm -c`` (which also labels branch targets)."""
+    commands = {"cuobjdump": ["-sass"], "nvdisasm": ["-c"]}
+    if tool not in commands:
+        raise ValueError(f"tool must be one of {sorted(commands)}, got {tool!r}")
+    scratch = cache_dir() / f"sass-{os.getpid()}-{hashlib.sha256(cubin).hexdigest()[:16]}.cubin"
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    scratch.write_bytes(cubin)
+    try:
+        return subprocess.run([_tool(tool), *commands[tool], str(scratch)], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
+def opcode_counts(sass_text: str, opcodes: Iterable[str]) -> dict[str, int]:
+    """Static count of instructions whose mnemonic starts with each prefix (e.g. 'HMMA.16816.F32.BF16')."""
+    mnemonics = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass_text)
+    return {op: sum(m.startswith(op) for m in mnemonics) for op in opcodes}
+
+
+def sass_report(compiled: CompiledKernel, opcodes: Iterable[str] = ()) -> dict[str, Any]:
+    """One row of a compile report: ptxas's resource report and static counts of ``opcodes``."""
+    r = compiled.report
+    return {"kernel": compiled.name, "arch": compiled.arch, "registers": r.registers,
+            "static_smem_bytes": r.static_smem_bytes, "spill_bytes": r.spill_bytes,
+            "stack_frame_bytes": r.stack_frame_bytes, **opcode_counts(compiled.sass(), opcodes)}

@@ -1,0 +1,189 @@
+"""Scheduler counters from Nsight Compute, for the issue model of chapter 02 onward.
+
+:func:`profile_variant` runs ``ncu`` on :mod:`moe_gemm.measure.profile_target` in a subprocess: one
+variant on one workload, profiling a single launch after the checked one and the warm-ups, with
+the GPU's clocks left alone (``--clock-control none``, as in the timed runs). The CSV report is
+parsed into the quantities the model uses:
+
+* ``warps_per_scheduler`` (W): ``smsp__warps_active.avg.per_cycle_active``
+* ``cycles_per_issue`` (L, "warp cycles per issued instruction"):
+  ``smsp__average_warp_latency_per_inst_issued.ratio``
+* ``issue_active``: ``smsp__issue_active.avg.per_cycle_active``, the fraction of cycles a
+  scheduler issued (``issue_active_pct`` is the same as a percentage of peak)
+* ``ipc``: ``sm__inst_executed.avg.per_cycle_active``; ``instructions``: ``smsp__inst_executed.sum``
+* ``achieved_occupancy_pct``: ``sm__warps_active.avg.pct_of_peak_sustained_active``
+
+plus the per-reason stall breakdown (``stall_<reason>``, cycles per issued instruction; the
+reasons add up to about L) and the tensor pipe's utilisation where the GPU reports it. The model
+predicts ``issue_active ~= W / L`` per scheduler.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from moe_gemm.model.occupancy import issue_rate
+
+# The counters the issue model needs; a profile without them is no profile.
+CORE_METRICS = {
+    "warps_per_scheduler": "smsp__warps_active.avg.per_cycle_active",
+    "cycles_per_issue": "smsp__average_warp_latency_per_inst_issued.ratio",
+    "issue_active": "smsp__issue_active.avg.per_cycle_active",
+    "issue_active_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "ipc": "sm__inst_executed.avg.per_cycle_active",
+    "instructions": "smsp__inst_executed.sum",
+    "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "duration_ns": "gpu__time_duration.sum",
+}
+ESSENTIAL = ("warps_per_scheduler", "cycles_per_issue", "issue_active")
+STALL_REASONS = ("barrier", "short_scoreboard", "long_scoreboard", "wait", "math_pipe_throttle", "mio_throttle",
+                 "lg_throttle", "not_selected", "selected", "dispatch_stall", "no_instruction", "branch_resolving",
+                 "membar", "drain", "sleeping", "misc", "tex_throttle", "imc_miss", "gmma")
+OCCUPANCY_METRICS = {
+    "registers_per_thread": "launch__registers_per_thread",
+    "occupancy_limit_registers": "launch__occupancy_limit_registers",
+    "occupancy_limit_shared_mem": "launch__occupancy_limit_shared_mem",
+    "occupancy_limit_warps": "launch__occupancy_limit_warps",
+    "occupancy_limit_blocks": "launch__occupancy_limit_blocks",
+    "theoretical_occupancy_pct": "sm__maximum_warps_per_active_cycle_pct",
+    "achieved_warps_per_sm": "sm__warps_active.avg.per_cycle_active",
+}
+EXTRA_METRICS = {
+    **OCCUPANCY_METRICS,
+    "tensor_pipe_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    # wgmma (HGMMA) runs on the same tensor pipe; this counter names it explicitly on Hopper
+    "gmma_pipe_pct": "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "dram_throughput_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_bytes_read": "dram__bytes_read.sum",
+    "dram_bytes_write": "dram__bytes_write.sum",
+    "l2_hit_pct": "lts__t_sector_hit_rate.pct",
+    **{f"stall_{reason}": f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+       for reason in STALL_REASONS},
+}
+NCU_TIMEOUT_S = 600
+
+
+def find_ncu() -> str:
+    """The ncu binary: $NCU, PATH, then the usual CUDA toolkit and Nsight Compute folders."""
+    candidates = [os.environ.get("NCU"), shutil.which("ncu"),
+                  *sorted(glob.glob("/usr/local/cuda*/bin/ncu"), reverse=True),
+                  *sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"), reverse=True)]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError("ncu (Nsight Compute CLI) not found: put it on PATH or set NCU=/path/to/ncu")
+
+
+def _number(text: str) -> float | None:
+    text = text.strip().replace(",", "")
+    if not text or text.lower() in ("n/a", "nan"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_ncu_csv(text: str, metrics: Mapping[str, str]) -> dict[str, float]:
+    """Pick ``metrics`` (our name -> ncu metric name) out of ncu's ``--csv`` details output.
+
+    ncu writes one row per (kernel launch, metric) with "Metric Name" and "Metric Value"
+    columns; lines before the header (``==PROF==`` messages) are skipped. With several profiled
+    launches the last one wins. Numbers may carry thousands separators.
+    """
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise ValueError(f"no ncu CSV header in the output:\n{text[-2000:]}")
+    by_metric = {ncu_name: ours for ours, ncu_name in metrics.items()}
+    values: dict[str, float] = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        ours = by_metric.get(row.get("Metric Name", ""))
+        if ours is not None and (value := _number(row.get("Metric Value", ""))) is not None:
+            values[ours] = value
+    return values
+
+
+def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | None, skip: int) -> tuple[int, str, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "ncu.csv")
+        command = [find_ncu(), "--clock-control", "none", "--csv", "--print-units", "base", "--log-file", log,
+                   "--metrics", ",".join(metrics.values()), "--launch-skip", str(skip), "--launch-count", "1"]
+        if kernel_regex:
+            command += ["-k", f"regex:{kernel_regex}"]
+        proc = subprocess.run(command + target, capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
+        report = open(log).read() if os.path.exists(log) else ""
+    if '"ID"' not in report and '"ID"' in proc.stdout:  # an ncu that ignores --log-file for the CSV
+        report = proc.stdout
+    return proc.returncode, report, proc.stdout + proc.stderr
+
+
+def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int = 64, K: int = 1024,  # noqa: N803
+                    N: int = 2688, warmup: int | None = None, kernel_regex: str | None = None) -> dict[str, Any]:
+    """Profile one launch of ``variant_name`` on one workload; the counters as a dict.
+
+    ``kernel_regex`` defaults to the variant's ``kernel_function`` attribute (only its launches
+    are counted and profiled). If ncu rejects metrics this GPU or ncu version lacks, the profile
+    is retaken without them (the three the model needs, :data:`ESSENTIAL`, are never dropped).
+    """
+    from moe_gemm.measure.profile_target import DEFAULT_WARMUP, launches_before_profiled
+    from moe_gemm.variants.registry import get
+
+    warmup = DEFAULT_WARMUP if warmup is None else warmup
+    if kernel_regex is None:
+        kernel_regex = getattr(get(variant_name), "kernel_function", None)
+    target = [sys.executable, "-m", "moe_gemm.measure.profile_target", variant_name, str(tokens), str(skew),
+              "--experts", str(experts), "-K", str(K), "-N", str(N), "--warmup", str(warmup)]
+    skip = launches_before_profiled(warmup)
+    metrics = {**CORE_METRICS, **EXTRA_METRICS}
+    values: dict[str, float] = {}
+    code, report, output = 0, "", ""
+    for _ in range(4):  # drop the metrics this GPU or ncu version does not know, then retry
+        code, report, output = _run_ncu(target, metrics, kernel_regex, skip)
+        values = _parse_or_empty(report, metrics) if code == 0 else {}
+        if all(key in values for key in ESSENTIAL):
+            break
+        unknown = set(re.findall(r"[Ff]ailed to find metric:? *'?([\w.]+)", output + report))
+        if unknown:
+            metrics = {ours: name for ours, name in metrics.items() if name not in unknown or ours in ESSENTIAL}
+        elif metrics != CORE_METRICS:
+            metrics = dict(CORE_METRICS)
+        else:
+            break
+    if not all(key in values for key in ESSENTIAL):
+        raise RuntimeError(f"ncu gave no usable profile of {variant_name} (exit {code}):\n{output[-3000:]}\n"
+                           f"{report[-2000:]}")
+    return {"variant": variant_name, "experts": experts, "K": K, "N": N, "tokens": tokens, "skew": float(skew),
+            **values, "issue_model": model_issue(values)}
+
+
+def _parse_or_empty(report: str, metrics: Mapping[str, str]) -> dict[str, float]:
+    try:
+        return parse_ncu_csv(report, metrics)
+    except ValueError:
+        return {}
+
+
+def occupancy(variant_name: str, tokens: int = 16384, skew: float = 0.0, **workload: Any) -> dict[str, Any]:
+    """Nsight Compute's view of one variant's residency: the launch's occupancy limits (blocks per
+    SM allowed by registers, shared memory, warps, blocks), theoretical and achieved occupancy,
+    beside the scheduler counters of :func:`profile_variant` (it is the same single profile)."""
+    return profile_variant(variant_name, tokens, skew, **workload)
+
+
+def model_issue(counters: Mapping[str, float]) -> float | None:
+    """W / L per scheduler from measured W and L (the model's prediction of issue_active)."""
+    w, cycles = counters.get("warps_per_scheduler"), counters.get("cycles_per_issue")
+    if w is None or not cycles:
+        return None
+    return issue_rate(w, cycles)

@@ -1,0 +1,59 @@
+"""One variant, one workload, a known number of launches: the program Nsight Compute profiles.
+
+    python -m moe_gemm.measure.profile_target k1/bm64 16384 0.0 [--warmup 10]
+
+Launch order, which :func:`moe_gemm.measure.profile.profile_variant` relies on to pick the launch to
+profile with ``--launch-skip``: one checked launch (a wrong answer exits 1 before anything
+else runs), ``--warmup`` warm-up launches, then exactly one more launch: the profiled one.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from moe_gemm.core.cli import chapter_parser, nonnegative_float, nonnegative_int, run_main
+
+CHECK_LAUNCHES = 1
+DEFAULT_WARMUP = 10
+
+
+def launches_before_profiled(warmup: int = DEFAULT_WARMUP) -> int:
+    """How many launches of the kernel precede the one to profile."""
+    return CHECK_LAUNCHES + warmup
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = chapter_parser(__doc__)
+    parser.add_argument("variant", help="a variant name, e.g. k1/bm64")
+    parser.add_argument("tokens", type=nonnegative_int("tokens"), help="routed rows M_tot")
+    parser.add_argument("skew", type=nonnegative_float("skew"), help="routing skew s")
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("-K", type=int, default=1024)
+    parser.add_argument("-N", type=int, default=2688)
+    parser.add_argument("--warmup", type=nonnegative_int("--warmup"), default=DEFAULT_WARMUP)
+    args = parser.parse_args(argv)
+
+    from moe_gemm.cuda.device import DeviceProblem, synchronize
+    from moe_gemm.measure.check import verify
+    from moe_gemm.model.workloads import Workload
+    from moe_gemm.variants.registry import get
+
+    variant = get(args.variant)
+    workload = Workload(args.tokens, args.skew, args.experts, args.K, args.N)
+    dev = DeviceProblem(workload.problem(0))
+    check = verify(variant, dev)  # launch 1: checked
+    if not check.passed:
+        print(f"{variant.name}: wrong answer ({check.describe()}); not profiling", file=sys.stderr)
+        return 1
+    prepared = variant.prepare(dev)
+    for _ in range(args.warmup):
+        prepared.launch()
+    prepared.launch()  # the profiled launch
+    synchronize()
+    print(f"{variant.name} on {workload.label}: {check.describe()}, {args.warmup} warm-up launches, 1 profiled")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

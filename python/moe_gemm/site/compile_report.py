@@ -1,0 +1,51 @@
+"""The compile report a chapter prints where it cannot run its kernels: what ptxas and the SASS say.
+
+For each variant: registers, shared memory (static + dynamic), spills, warps per block, the
+blocks per SM the occupancy model allows from those numbers (and every limit that binds), and
+static counts of the SASS instructions the chapter is about. It needs NVRTC and the cuobjdump
+wheel, not a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from moe_gemm.core.tables import Table
+from moe_gemm.cuda.sass import opcode_counts
+from moe_gemm.model.occupancy import Residency, residency
+
+
+def limiters(fit: Residency) -> str:
+    """Every limit that binds ('registers = shared memory' on a tie), not just the first one."""
+    limits = {"registers": fit.by_registers, "shared memory": fit.by_smem, "warps": fit.by_warps,
+              "blocks": fit.by_blocks}
+    return " = ".join(name for name, blocks in limits.items() if blocks == fit.blocks)
+
+
+def compile_rows(variants: Sequence[Any], arch: str, opcodes: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per variant (anything with ``compile(arch)`` and ``resources(arch)``)."""
+    rows = []
+    for variant in variants:
+        compiled = variant.compile(arch)
+        resources = variant.resources(arch)
+        fit = residency(resources.registers, resources.warps_per_block, resources.smem_bytes)
+        rows.append({"variant": variant.name, "arch": arch, "registers": resources.registers,
+                     "smem_bytes": resources.smem_bytes, "spill_bytes": resources.spill_bytes,
+                     "warps_per_block": resources.warps_per_block, "blocks_per_sm": fit.blocks,
+                     "limiter": limiters(fit), "by_registers": fit.by_registers, "by_smem": fit.by_smem,
+                     "sass": opcode_counts(compiled.sass(), opcodes)})
+    return rows
+
+
+def compile_table(rows: Sequence[dict[str, Any]], opcodes: Sequence[str], labels: Mapping[str, str] | None = None,
+                  legend: str = "regs: per thread (ptxas); smem: static + dynamic per block; blocks/SM: the occupancy "
+                                "model's, and the limits that bind; the rest: static SASS instruction counts") -> Table:
+    labels = labels or {}
+    headers = ("kernel", "regs", "smem KB", "spills", "warps", "blocks/SM", "limited by",
+               *(labels.get(op, op) for op in opcodes))
+    body = tuple((r["variant"], r["registers"], f"{r['smem_bytes'] / 1024:.1f}", r["spill_bytes"],
+                  r["warps_per_block"], r["blocks_per_sm"], r["limiter"], *(r["sass"][op] for op in opcodes))
+                 for r in rows)
+    arch = rows[0]["arch"] if rows else "?"
+    return Table(headers, body, title=f"Compile report ({arch}, NVRTC)", legend=legend)

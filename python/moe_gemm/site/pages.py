@@ -1,0 +1,275 @@
+"""Numbers and tables for the docs pages, read from the recorded results files when the site is built.
+
+The pages under ``site_docs/`` are Jinja templates, rendered by mkdocs-macros-plugin before the
+markdown is converted (``mkdocs.yml``: ``plugins: - macros: modules: [moe_gemm.site.pages]``). The prose
+is written in the page; every measured number in it is a call into this module, which reads
+``chapters/<NN>/results/h200.json``. A lookup that finds nothing raises :class:`PageDataError` and
+the build fails: a page never shows a blank, a stale number or a guess where a measurement belongs.
+
+Workloads. Every lookup of a record takes the workload as keywords, defaulting to the seed
+configuration: ``tokens=16384, skew=0, experts=64, K=1024, N=2688``.
+
+Numbers. Values come back as :class:`Number`, a float that prints with its field's format
+(``useful_tflops`` as ``31.6``, ``median_ms`` as ``2.851``, integers as ``10,752``; see
+:func:`field_format`), so they can be printed as they are or used in arithmetic. Arithmetic gives a
+plain float: print it through ``fmt``, ``pct`` or ``change``.
+
+The macros (Jinja globals; ``fmt``, ``pct`` and ``change`` are filters too), with examples:
+
+``record(ch, variant, **workload)``
+    The whole record, as a :class:`Record` (a read-only mapping whose numbers are Numbers):
+    ``{% set k0 = record("01", "k0") %}{{ k0.tiles }}`` gives ``10,752``.
+``value(ch, variant, field, fmt=None, **workload)``
+    One field: ``{{ value("03", "k2/s3", "registers", tokens=16384, skew=0) }}`` gives ``96``.
+``tflops(ch, variant, fmt=".1f", **workload)`` and ``ms(ch, variant, fmt=".3f", **workload)``
+    Useful TFLOP/s and median milliseconds: ``{{ tflops("02", "k1/bm32", tokens=2048) }}`` gives ``99.0``.
+``spread(ch, variant, **workload)``
+    Fastest and slowest timed launch, for a noisy measurement: ``{{ spread("01", "peer/torch_loop") }}``
+    gives ``1.810-1.981 ms``.
+``ratio(ch, variant, other, field="useful_tflops", fmt=".2f", **workload)``
+    ``variant``'s field over ``other``'s on the same workload:
+    ``{{ ratio("03", "k2/s3", "peer/torch_grouped_mm") }}`` gives ``0.71``.
+``results_table(ch, variants=None, workloads=None, columns=None)``
+    A markdown table of records with its one-line legend, workload by workload, the columns of
+    ``moe_gemm.site.records.COLUMNS`` (the same cells ``run.py`` prints; "% roofline" names its basis):
+    ``{{ results_table("01", variants=["k0", "peer/torch_grouped_mm"], workloads=[(16384, 0), (2048, 0)],
+    columns=["variant", "workload", "tflops", "vs_peer", "roofline"]) }}``. A workload is a
+    ``(tokens, skew)`` pair or a dict of workload keywords.
+``section(ch, name)``
+    Any other top-level part of the file, wrapped like a record: ``{{ section("01", "k0_sass").FFMA }}``
+    gives ``256``.
+``entry(ch, name, variant, field=None, fmt=None)``
+    The item of a list section (``profile``, ``compile_report``, ``checks``, ``stages``) whose
+    ``variant`` is ``variant``, or one field of it: ``{{ entry("02", "profile", "k1/bm64", "cycles_per_issue") }}``
+    gives ``28.65``.
+``ceiling(ch, name)``
+    ``ceiling/<name>`` as measured in that chapter's run (TFLOP/s, or TB/s for ``copy``):
+    ``{{ ceiling("02", "mma_sync") }}`` gives ``630.4``.
+``roofline(ch, fmt=".0f", **workload)`` and ``roofline_basis(ch)``
+    The roofline in useful TFLOP/s on the chapter's basis (its run's measured ceilings, else the
+    fixed ones of ``moe_gemm.model.roofline``), and that basis in words.
+``provenance(ch)``
+    The chapter's provenance (GPU, driver, CUDA, packages, commit, date, command) as one
+    collapsible block; put it on its own line.
+``compulsory_bytes(**workload)``, ``eta(bm, **workload)``, ``residency(registers, warps, smem_bytes=0)``
+    The harness's models, for numbers derived from a measurement on the page.
+``fmt(x, spec=None)``, ``pct(x, digits=1)``, ``change(new, old, digits=1)``
+    ``fmt(0.0581, ".3f")`` is ``0.058``; ``pct(0.473)`` is ``47.3%``; ``change(388.8, 374.5)`` is ``+3.8%``.
+
+A page claims things about these numbers in words ("S = 3 beats S = 2 at every workload"); each
+such claim has a test against the same results file (``tests/test_chapterNN.py``), so a re-run that
+flips it fails until the sentence is rewritten.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from moe_gemm.measure.results import RECORDED_GPU
+from moe_gemm.model.occupancy import Residency
+from moe_gemm.model.occupancy import residency as _residency
+from moe_gemm.model.roofline import RooflineBasis, roofline_basis
+from moe_gemm.model.roofline import compulsory_bytes as _compulsory_bytes
+from moe_gemm.model.routing import expert_counts
+from moe_gemm.model.tiles import eta as _eta
+from moe_gemm.model.workloads import SEED, Workload
+from moe_gemm.site.numbers import FIELD_FORMATS, Number, PageDataError, Record, change, fmt, pct, wrap
+from moe_gemm.site.records import DEFAULT_COLUMNS, records_table
+
+
+def _workload(tokens: int = SEED.tokens, skew: float = SEED.skew, experts: int = SEED.experts,
+              K: int = SEED.K, N: int = SEED.N) -> Workload:  # noqa: N803
+    return Workload(int(tokens), float(skew), int(experts), int(K), int(N))
+
+
+def _as_workload(spec: Sequence[Any] | Mapping[str, Any]) -> Workload:
+    """(tokens, skew) or a dict of workload keywords, as results_table's ``workloads`` takes them."""
+    if isinstance(spec, Mapping):
+        return _workload(**spec)
+    return _workload(*spec)
+
+
+def display_command(command: str) -> str:
+    """The recorded command as a reader would type it: no interpreter path, no machine's folders."""
+    words = shlex.split(command)
+    if words and Path(words[0]).name.startswith("python"):
+        words[0] = "python"
+    return shlex.join(w[w.index("chapters/"):] if w.startswith("/") and "chapters/" in w else w for w in words)
+
+
+class Pages:
+    """The macros over one repository's results files (``root/chapters/NN/results/<gpu>.json``)."""
+
+    def __init__(self, root: Path, gpu: str = RECORDED_GPU) -> None:
+        self.root = Path(root)
+        self.gpu = gpu
+        self._cache: dict[Path, tuple[int, dict[str, Any]]] = {}
+
+    # ---- the results file
+
+    def path(self, ch: str) -> Path:
+        return self.root / "chapters" / ch / "results" / f"{self.gpu}.json"
+
+    def data(self, ch: str) -> dict[str, Any]:
+        """Chapter ``ch``'s results file, read again only when it changes (mkdocs serve)."""
+        path = self.path(ch)
+        if not path.is_file():
+            raise PageDataError(f"{path.relative_to(self.root)} does not exist: chapter {ch} has no recorded results")
+        stamp = path.stat().st_mtime_ns
+        if path not in self._cache or self._cache[path][0] != stamp:
+            self._cache[path] = (stamp, json.loads(path.read_text()))
+        return self._cache[path][1]
+
+    def _name(self, ch: str) -> str:
+        return f"chapters/{ch}/results/{self.gpu}.json"
+
+    # ---- records
+
+    def _raw_record(self, ch: str, variant: str, workload: Workload) -> dict[str, Any]:
+        for record in self.data(ch)["records"]:
+            if record["variant"] == variant and workload.matches(record):
+                return record
+        raise PageDataError(f"{self._name(ch)} has no record of {variant} at {workload.label}")
+
+    def record(self, ch: str, variant: str, **workload: Any) -> Record:
+        w = _workload(**workload)
+        return Record(self._raw_record(ch, variant, w), f"{self._name(ch)}: {variant} at {w.label}")
+
+    def value(self, ch: str, variant: str, field: str, fmt: str | None = None, **workload: Any) -> Number:
+        number = self.record(ch, variant, **workload)[field]
+        if not isinstance(number, Number):
+            raise PageDataError(f"{self._name(ch)}: {variant}'s {field} is {number!r}, not a number")
+        return Number(number, fmt) if fmt else number
+
+    def tflops(self, ch: str, variant: str, fmt: str = ".1f", **workload: Any) -> Number:
+        return self.value(ch, variant, "useful_tflops", fmt, **workload)
+
+    def ms(self, ch: str, variant: str, fmt: str = ".3f", **workload: Any) -> Number:
+        return self.value(ch, variant, "median_ms", fmt, **workload)
+
+    def spread(self, ch: str, variant: str, **workload: Any) -> str:
+        r = self.record(ch, variant, **workload)
+        return f"{r['min_ms']}-{r['max_ms']} ms"
+
+    def ratio(self, ch: str, variant: str, other: str, field: str = "useful_tflops", fmt: str = ".2f",
+              **workload: Any) -> Number:
+        return Number(self.value(ch, variant, field, **workload) / self.value(ch, other, field, **workload), fmt)
+
+    def results_table(self, ch: str, variants: Sequence[str] | None = None,
+                      workloads: Sequence[Any] | None = None, columns: Sequence[str] | None = None) -> str:
+        data = self.data(ch)
+        records = [r for r in data["records"] if not r["variant"].startswith("ceiling/")]
+        if workloads is None:
+            chosen = list(dict.fromkeys(Workload.of(r) for r in records))
+        else:
+            chosen = [_as_workload(w) for w in workloads]
+        names = list(variants) if variants is not None else list(dict.fromkeys(r["variant"] for r in records))
+        rows = []
+        for w in chosen:
+            present = [r for r in records if w.matches(r)]
+            for name in names:
+                found = [r for r in present if r["variant"] == name]
+                if not found and variants is not None and workloads is not None:
+                    raise PageDataError(f"{self._name(ch)} has no record of {name} at {w.label}")
+                rows += found
+        if not rows:
+            raise PageDataError(f"{self._name(ch)} has no records for this table")
+        table = records_table(rows, basis=roofline_basis(data), columns=columns or DEFAULT_COLUMNS,
+                              peers_from=records)
+        return table.markdown()
+
+    # ---- the other sections
+
+    def section(self, ch: str, name: str) -> Any:
+        data = self.data(ch)
+        if name not in data:
+            raise PageDataError(f"{self._name(ch)} has no section {name!r} (it has {', '.join(data)})")
+        return wrap(data[name], name, f"{self._name(ch)}: {name}")
+
+    def entry(self, ch: str, name: str, variant: str, field: str | None = None, fmt: str | None = None) -> Any:
+        items = self.section(ch, name)
+        found = next((item for item in items if isinstance(item, Mapping) and item.get("variant") == variant), None)
+        if found is None:
+            raise PageDataError(f"{self._name(ch)}: section {name!r} has no entry for {variant}")
+        if field is None:
+            return found
+        value = found[field]
+        return Number(value, fmt) if fmt and isinstance(value, Number) else value
+
+    def ceiling(self, ch: str, name: str) -> Number:
+        data = self.data(ch)
+        for item in [*(data.get("ceilings") or []), *data["records"]]:
+            if item.get("variant") == f"ceiling/{name}":
+                unit = "tbps" if "tbps" in item else "tflops"
+                return Number(item[unit], FIELD_FORMATS[unit])
+        raise PageDataError(f"{self._name(ch)} records no ceiling/{name}")
+
+    def basis(self, ch: str) -> RooflineBasis:
+        return roofline_basis(self.data(ch))
+
+    def roofline(self, ch: str, fmt: str = ".0f", **workload: Any) -> Number:
+        w = _workload(**workload)
+        return Number(self.basis(ch).tflops(w.experts, w.tokens, w.K, w.N), fmt)
+
+    def roofline_basis(self, ch: str) -> str:
+        b = self.basis(ch)
+        return f"{b.dense_tflops:.0f} TFLOP/s dense bf16 and {b.copy_tbps:.2f} TB/s copy, {b.source}"
+
+    def provenance(self, ch: str) -> str:
+        p = self.data(ch)["provenance"]
+        packages = p.get("packages") or {}
+        clocks = p.get("clocks") or {}
+        rows = [("GPU", f"{p['gpu']}, compute capability {p['compute_capability']}"
+                        + (f", {p['sm_count']} SMs" if p.get("sm_count") else "")),
+                ("driver", f"CUDA {p['driver']}"),
+                ("NVRTC", str((p.get("cuda") or {}).get("nvrtc", "-")))]
+        if clocks:
+            rows.append(("clocks when the file was written",
+                         f"SM {clocks.get('clocks.sm', '-')} (max {clocks.get('clocks.max.sm', '-')}), memory "
+                         f"{clocks.get('clocks.mem', '-')}, power limit {clocks.get('power.limit', '-')}"))
+        rows += [("packages", ", ".join(f"{name} {version}" for name, version in packages.items())),
+                 ("commit", f"`{p['git_commit']}`"), ("date", _date(p["date"])),
+                 ("command", f"`{display_command(p['command'])}`")]
+        body = "\n".join(f"    | {what} | {value} |" for what, value in rows)
+        return (f'??? info "Provenance: {self._name(ch)}"\n\n    | recorded | |\n    |:---|:---|\n{body}\n')
+
+    # ---- the harness's models, for numbers derived on the page
+
+    @staticmethod
+    def compulsory_bytes(**workload: Any) -> Number:
+        w = _workload(**workload)
+        return Number(_compulsory_bytes(w.experts, w.tokens, w.K, w.N), ",.0f")
+
+    @staticmethod
+    def eta(bm: int, **workload: Any) -> Number:
+        w = _workload(**workload)
+        return Number(_eta(expert_counts(w.experts, w.tokens, w.skew), bm), ".3f")
+
+    @staticmethod
+    def residency(registers: int, warps: int, smem_bytes: int = 0) -> Residency:
+        return _residency(int(registers), int(warps), int(smem_bytes))
+
+    def macros(self) -> dict[str, Any]:
+        names = ("record", "value", "tflops", "ms", "spread", "ratio", "results_table", "section", "entry",
+                 "ceiling", "roofline", "roofline_basis", "provenance", "compulsory_bytes", "eta", "residency")
+        return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change}
+
+
+def _date(iso: str) -> str:
+    """'2026-11-29T12:50:33+00:00' -> '2026-11-29 12:50 UTC'."""
+    when = dt.datetime.fromisoformat(iso).astimezone(dt.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def define_env(env: Any) -> None:
+    """mkdocs-macros-plugin's entry point: register the macros for the site under ``env.project_dir``."""
+    pages = Pages(Path(env.project_dir))
+    for name, function in pages.macros().items():
+        env.macro(function, name)
+    for function in (fmt, pct, change):
+        env.filter(function)

@@ -1,0 +1,128 @@
+"""Results records as tables: the columns every chapter's run.py prints and every page shows.
+
+A number on the site and the same number in a terminal come from one :class:`Column` definition,
+so they agree. The "vs peer" column is the ratio to ``torch._grouped_mm`` measured in the same run,
+on the same inputs; "% roofline" is against the ceilings of the record's own run.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from moe_gemm.core.tables import Table
+from moe_gemm.measure.results import RECORDED_GPU, load_results, results_path
+from moe_gemm.model.roofline import FIXED_BASIS, RooflineBasis, roofline_basis
+from moe_gemm.model.workloads import WORKLOAD_KEYS, Workload
+
+PEER = "peer/torch_grouped_mm"
+
+
+def checks_table(checks: Sequence[dict[str, Any]]) -> Table:
+    return Table(("variant", "case", "result"), tuple((c["variant"], c["case"], c["result"]) for c in checks),
+                 title="Checks against the numpy reference",
+                 legend="exact: integer-valued inputs, compared bit for bit; random: relative Frobenius error "
+                        "<= 1e-2; C is filled with NaN before every launch.")
+
+
+def peer_ratio(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
+    """record's useful TFLOP/s over torch._grouped_mm's on the same workload in the same run."""
+    for other in records:
+        if other["variant"] == PEER and all(other[k] == record[k] for k in WORKLOAD_KEYS):
+            return record["useful_tflops"] / other["useful_tflops"]
+    return None
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a records table: its header, its part of the legend, and its cell."""
+
+    header: str
+    legend: str
+    cell: Callable[[dict[str, Any], Sequence[dict[str, Any]], RooflineBasis], str]
+
+
+def _roofline_cell(r: dict[str, Any], _: Sequence[dict[str, Any]], basis: RooflineBasis) -> str:
+    return f"{100 * r['useful_tflops'] / basis.tflops(r['experts'], r['tokens'], r['K'], r['N']):.1f}"
+
+
+# The columns a results table can show, by name; run.py and the docs pages (moe_gemm.site.pages) draw
+# from the same definitions, so a number on the site and the same number in a terminal agree.
+COLUMNS: dict[str, Column] = {
+    "variant": Column("variant", "", lambda r, rs, b: r["variant"]),
+    "workload": Column("workload", "", lambda r, rs, b: Workload.of(r).label),
+    "ms": Column("median ms", "median ms: of the timed launches",
+                 lambda r, rs, b: f"{r['median_ms']:.3f}"),
+    "ms_range": Column("min-max ms", "min-max: fastest and slowest timed launch",
+                       lambda r, rs, b: f"{r['min_ms']:.3f}-{r['max_ms']:.3f}"),
+    "tflops": Column("TFLOP/s", "TFLOP/s: useful, 2 M_tot K N / median time",
+                     lambda r, rs, b: f"{r['useful_tflops']:,.1f}"),
+    "scheduled": Column("scheduled TFLOP/s", "scheduled: padding rows counted as work",
+                        lambda r, rs, b: _fmt(r.get("scheduled_tflops"), ",.1f")),
+    "vs_peer": Column("vs peer", "vs peer: over torch._grouped_mm on the same inputs in the same run",
+                      lambda r, rs, b: _fmt(peer_ratio(r, rs), ".2f")),
+    "roofline": Column("% roofline", "% roofline: of max(FLOP / dense bf16, bytes / copy) at the ceilings "
+                                     "in the header (TFLOP/s / TB/s)", _roofline_cell),
+    "eta": Column("eta", "eta: real rows / scheduled rows", lambda r, rs, b: _fmt(r.get("eta"), ".3f")),
+    "tiles": Column("tiles", "tiles: blocks launched", lambda r, rs, b: _fmt(r.get("tiles"), ",")),
+    "registers": Column("regs", "regs: per thread", lambda r, rs, b: _fmt(r.get("registers"), "d")),
+    "smem": Column("smem KB", "smem: per block",
+                   lambda r, rs, b: _fmt(None if r.get("smem_bytes") is None else r["smem_bytes"] / 1024, ".1f")),
+    "blocks": Column("blocks/SM", "blocks/SM: the occupancy model's, from registers and shared memory",
+                     lambda r, rs, b: _fmt(r.get("blocks_per_sm"), "d")),
+}
+DEFAULT_COLUMNS = ("variant", "workload", "ms", "ms_range", "tflops", "vs_peer", "roofline", "eta", "tiles",
+                   "registers", "smem", "blocks")
+HOST_BOUND = "peer/torch_loop"  # one call per expert from Python: its time is the launch loop's
+
+
+def column_header(name: str, basis: RooflineBasis) -> str:
+    header = COLUMNS[name].header
+    return f"{header} ({basis.label})" if name == "roofline" else header
+
+
+def records_legend(columns: Sequence[str], basis: RooflineBasis, host_bound: bool = False) -> str:
+    """One line naming what each column means and where the roofline's ceilings come from."""
+    parts = [COLUMNS[c].legend for c in columns if COLUMNS[c].legend]
+    if "roofline" in columns:
+        parts.append(f"ceilings {basis.source}")
+    if host_bound:
+        parts.append(f"{HOST_BOUND} is host-bound (one call per expert from Python) and noisy from run to run")
+    return "; ".join(parts) + "."
+
+
+def records_table(records: Sequence[dict[str, Any]], title: str | None = None,
+                  basis: RooflineBasis = FIXED_BASIS, columns: Sequence[str] = DEFAULT_COLUMNS,
+                  peers_from: Sequence[dict[str, Any]] | None = None) -> Table:
+    """The standard table: time, useful TFLOP/s, ratio to the peer, %roofline, eta, resources.
+
+    ``peers_from`` holds the records the "vs peer" column looks the peer up in (default: ``records``),
+    for a table that shows some of a run's records but compares them with its peer.
+    """
+    unknown = [c for c in columns if c not in COLUMNS]
+    if unknown:
+        raise ValueError(f"unknown column(s) {unknown}; known: {', '.join(COLUMNS)}")
+    lookup = records if peers_from is None else peers_from
+    rows = tuple(tuple(COLUMNS[c].cell(r, lookup, basis) for c in columns) for r in records)
+    return Table(tuple(column_header(c, basis) for c in columns), rows, title=title,
+                 legend=records_legend(columns, basis, any(r["variant"] == HOST_BOUND for r in records)))
+
+
+def show_recorded(chapter: str, gpu_slug: str = RECORDED_GPU, title: str | None = None) -> int:
+    """Print a chapter's recorded results (for machines with no GPU); 0 if found, 1 if not."""
+    path = results_path(chapter, gpu_slug)
+    if not path.is_file():
+        print(f"no recorded results at {path}", file=sys.stderr)
+        return 1
+    data = load_results(path)
+    prov = data["provenance"]
+    print(records_table(data["records"], basis=roofline_basis(data),
+                        title=title or f"Recorded on {prov['gpu']} ({prov['date']}, commit "
+                                       f"{prov['git_commit'][:12]})").text())
+    return 0

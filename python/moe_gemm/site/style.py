@@ -1,0 +1,107 @@
+"""One figure style for every chapter: the same fonts, colours and file format everywhere.
+
+A figure is read at the size the page shows it, not at its file's size: the page's content column
+(about :data:`DISPLAY_WIDTH_PX` wide on a 1400 px screen) scales a wider PNG down, text and all.
+:func:`save_figure` therefore refuses a figure whose smallest text would show smaller than
+:data:`MIN_TEXT_PX` at that width; a click still opens the file full size (glightbox).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # figures are files; no display is needed or wanted
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+
+from moe_gemm.core.paths import FIGURE_ROOT  # noqa: E402
+
+DPI = 130
+# The article's width on a 1400 px screen with both sidebars shown (site_docs/stylesheets/extra.css);
+# tests/test_docs.py measures it in Chromium and checks this value against it.
+DISPLAY_WIDTH_PX = 850
+MIN_TEXT_PX = 11.0  # the body text is 16 px; figure labels may be smaller, not much
+
+# One colour per kernel family, kept across chapters so a reader can follow k1 from page to page.
+COLORS = {
+    "k0": "#7f7f7f",
+    "k1": "#1f77b4",
+    "k2": "#2ca02c",
+    "k3": "#9467bd",
+    "peer": "#d62728",
+    "ceiling": "#000000",
+    "seed": "#ff7f0e",
+}
+BM_COLORS = {16: "#17becf", 32: "#1f77b4", 64: "#2ca02c", 128: "#d62728", 256: "#9467bd"}
+
+
+def family_color(variant: str) -> str:
+    """'k1/bm64' -> k1's colour; 'peer/torch_grouped_mm' -> the peer colour."""
+    return COLORS.get(variant.split("/", 1)[0], "#8c564b")
+
+
+def apply_style() -> None:
+    plt.rcParams.update({
+        "figure.dpi": 110,
+        "savefig.dpi": DPI,
+        "font.size": 12,
+        "axes.titlesize": 13,
+        "axes.labelsize": 12,
+        "xtick.labelsize": 11,
+        "ytick.labelsize": 11,
+        "legend.fontsize": 11,
+        "legend.title_fontsize": 11,
+        "figure.titlesize": 14,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "legend.frameon": False,
+    })
+
+
+def new_figure(width: float = 7.0, height: float = 3.6, **kwargs):
+    """A styled figure and axes (``plt.subplots`` arguments pass through)."""
+    apply_style()
+    return plt.subplots(figsize=(width, height), **kwargs)
+
+
+def displayed_text_px(fig, display_width_px: float = DISPLAY_WIDTH_PX) -> dict[str, float]:
+    """Each visible text of ``fig`` and its height in screen pixels once the page scales the PNG to fit."""
+    width_px = fig.get_figwidth() * DPI
+    scale = min(1.0, display_width_px / width_px)
+    return {t.get_text(): t.get_fontsize() * DPI / 72 * scale
+            for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()}
+
+
+def save_figure(fig, chapter: str, name: str, root: Path = FIGURE_ROOT) -> Path:
+    """Save as site_docs/figures/<chapter>/<name>.png and close the figure; refuse unreadable text."""
+    small = {text: px for text, px in displayed_text_px(fig).items() if px < MIN_TEXT_PX}
+    if small:
+        plt.close(fig)
+        worst = sorted(small.items(), key=lambda kv: kv[1])[:3]
+        raise ValueError(f"figure {chapter}/{name}: text would show below {MIN_TEXT_PX:g} px at the page's width "
+                         f"({DISPLAY_WIDTH_PX} px): " + "; ".join(f"{t[:40]!r} {px:.1f} px" for t, px in worst))
+    path = root / chapter / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def figures_main(description: str | None, write_outputs: Callable[[Path], list[Path]], chapter: str,
+                 argv: Sequence[str] | None = None) -> int:
+    """What a chapter's ``figures.py main()`` does: parse ``--out``, write everything, list the files."""
+    from moe_gemm.core.cli import chapter_parser
+
+    parser = chapter_parser(description)
+    parser.add_argument("--out", type=Path, default=FIGURE_ROOT,
+                        help=f"figure root; files go to OUT/{chapter}/ (default {FIGURE_ROOT})")
+    args = parser.parse_args(argv)
+    for path in write_outputs(args.out):
+        print(path)
+    return 0

@@ -1,0 +1,20 @@
+"""k5's TMA tensor maps: k3's, plus A in 16-row boxes for the M64 and SWAP tiles.
+"""
+
+from __future__ import annotations
+
+from moe_gemm.cuda.tensormap import TiledMap, matrix_map
+from moe_gemm.variants.k3.config import BK
+from moe_gemm.variants.k3.maps import operand_maps, output_map
+from moe_gemm.variants.k5.config import MAPS, TOKEN_BOX_ROWS
+
+
+# --8<-- [start:tensor_maps]
+def tensor_maps(a_address: int, b_address: int, c_address: int, tokens: int, experts: int, K: int,  # noqa: N803
+                N: int) -> tuple[TiledMap, ...]:  # noqa: N803
+    """A in 128-row boxes (M128 tiles), A again in 16-row boxes (M64 tiles take four; a SWAP tile
+    only the tokens it has, rounded up to 16), B [E, K, N] and C as k3 maps them."""
+    a_map, b_map = operand_maps(MAPS, a_address, b_address, tokens, experts, K, N)
+    tokens_map = matrix_map("A (tokens)", a_address, rows=tokens, cols=K, box_rows=TOKEN_BOX_ROWS, box_cols=BK)
+    return a_map, tokens_map, b_map, output_map(c_address, tokens, N)
+# --8<-- [end:tensor_maps]
