@@ -20,7 +20,14 @@
 //          (16, 32, 48 or 64), so a 5-row remainder pays for 16 rows, not 128.
 // B is B [E, K, N] as given; the ring, producer and stage layout are k3's, sized for the widest
 // stage (an M128 stage: A 128 x 64 and B 64 x 192, 40 KB).
-#include "k3_wgmma.cu"
+//
+// What k5 takes from k3 lives in the headers both include (namespace sm90): the block's shape
+// (wgmma_config.cuh), the stage release (tma_pipeline.cuh) and both epilogues (epilogues.cuh).
+#include "epilogues.cuh"
+#include "named_barriers.cuh"
+#include "ptx.cuh"
+#include "tma_pipeline.cuh"
+#include "wgmma_config.cuh"
 
 namespace k5 {
 
@@ -31,14 +38,13 @@ constexpr int BM = 128, BN = 192;             // the M128 tile; M64 tiles are 64
 constexpr int SWAP_COLS = 128;                // weight columns per swap tile: one 64-column box per warpgroup
 constexpr int SWAP_MAX_ROWS = 64;             // tokens per swap tile: the wgmma N, in steps of 16
 constexpr int TOKEN_BOX_ROWS = 16;            // M64 and SWAP tiles: A in boxes of 16 rows (2 KB), as many as needed
-constexpr unsigned TOKEN_BOX_BYTES = TOKEN_BOX_ROWS * k3::BK * 2;
+constexpr unsigned TOKEN_BOX_BYTES = TOKEN_BOX_ROWS * sm90::BK * 2;
 constexpr int MAX_EXPERTS = 256;              // the device schedule's prefix sums live in shared memory
-constexpr int WARPGROUP = k3::WARPGROUP;
-constexpr int PAIR_BARRIER = 3;               // named barrier of both consumer warpgroups (k3 uses 1 and 2)
+constexpr int WARPGROUP = sm90::WARPGROUP;
 
 // k3's configuration of its fastest BN = 192 rung supplies the stage layout and the epilogues.
 template <int STAGES>
-using K3 = k3::Config<BM, BN, 2, STAGES, 1, false, true>;
+using K3 = sm90::Config<BM, BN, 2, STAGES, 1, false, true>;
 
 // The remainder rule: r <= swap_max rows go in a SWAP tile, r <= m64_max in an M64 tile, larger
 // ones in an M128 tile. swap_max = 0 turns swap tiles off; m64_max = swap_max turns M64 tiles off.
@@ -152,10 +158,10 @@ struct TileSlots {
 // --8<-- [end:slots]
 
 // --8<-- [start:producer]
-// k3's producer loop, with the stage's contents set by the tile's kind: A as k3 loads it (one
-// 128-row box) for M128 tiles, else in 16-row boxes (four for M64, one per 16 tokens for SWAP),
-// and up to three (BN = 192) or two (SWAP_COLS = 128) B boxes, fewer at the N edge. A swap tile's
-// bytes are mostly weights: 16 tokens cost 2 KB a stage against its 16 KB of B.
+// k3's producer loop (tma_pipeline.cuh), with the stage's contents set by the tile's kind: A as
+// k3 loads it (one 128-row box) for M128 tiles, else in 16-row boxes (four for M64, one per 16
+// tokens for SWAP), and up to three (BN = 192) or two (SWAP_COLS = 128) B boxes, fewer at the N
+// edge. A swap tile's bytes are mostly weights: 16 tokens cost 2 KB a stage against its 16 KB of B.
 template <int STAGES, bool DEVICE_SCHEDULE>
 __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_tokens,
                                         const CUtensorMap* tmap_b, const int4* tiles, const Schedule& sched,
@@ -176,19 +182,19 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
         const unsigned a_box_bytes = whole ? Cfg::A_BYTES : TOKEN_BOX_BYTES;
         const CUtensorMap* a_map = whole ? tmap_a : tmap_tokens;
         const int width = swap ? SWAP_COLS : BN;
-        const int b_boxes = min(width / k3::BOX, (N - tile.rows.w + k3::BOX - 1) / k3::BOX);
-        const unsigned stage_tx = a_boxes * a_box_bytes + b_boxes * k3::BOX_BYTES;
+        const int b_boxes = min(width / sm90::BOX, (N - tile.rows.w + sm90::BOX - 1) / sm90::BOX);
+        const unsigned stage_tx = a_boxes * a_box_bytes + b_boxes * sm90::BOX_BYTES;
         for (int ks = 0; ks < k_steps; ++ks) {
             mbarrier_wait_parity(smem_u32(&empty[stage]), phase ^ 1);
             if (ks == 0) slots.slot[ordinal % TileSlots<STAGES>::COUNT] = packed;  // released by the arrive below
             const unsigned bar = smem_u32(&full[stage]);
             mbarrier_arrive_expect_tx(bar, stage_tx);
             const unsigned a_dst = ring + stage * Cfg::STAGE_BYTES;
-            const int k = ks * k3::BK;
+            const int k = ks * sm90::BK;
             for (int box = 0; box < a_boxes; ++box)
                 tma_load_2d(a_dst + box * a_box_bytes, a_map, k, tile.rows.y + box * TOKEN_BOX_ROWS, bar);
             for (int box = 0; box < b_boxes; ++box)
-                tma_load_3d(a_dst + Cfg::A_BYTES + box * k3::BOX_BYTES, tmap_b, tile.rows.w + box * k3::BOX, k,
+                tma_load_3d(a_dst + Cfg::A_BYTES + box * sm90::BOX_BYTES, tmap_b, tile.rows.w + box * sm90::BOX, k,
                             tile.rows.x, bar);
             if (++stage == STAGES) {
                 stage = 0;
@@ -217,11 +223,11 @@ __device__ __forceinline__ void k_loop(int k_steps, int split, int part, unsigne
             issue(ring + stage * Cfg::STAGE_BYTES, first);
             wgmma_commit();
             wgmma_wait<1>();  // as in k3: the previous stage is free once its group is done
-            if (previous >= 0) k3::release<1>(empty, previous);
+            if (previous >= 0) sm90::release<1>(empty, previous);
             previous = stage;
             first = false;
         } else {
-            k3::release<1>(empty, stage);  // the other warpgroup's stage: nothing of it is read here
+            sm90::release<1>(empty, stage);  // the other warpgroup's stage: nothing of it is read here
         }
         if (++stage == STAGES) {
             stage = 0;
@@ -229,7 +235,7 @@ __device__ __forceinline__ void k_loop(int k_steps, int split, int part, unsigne
         }
     }
     wgmma_wait<0>();
-    if (previous >= 0) k3::release<1>(empty, previous);
+    if (previous >= 0) sm90::release<1>(empty, previous);
 }
 // --8<-- [end:k_loop]
 
@@ -243,7 +249,7 @@ __device__ __forceinline__ void multiply_wide(float (&acc)[1][BN / 2], int k_ste
     k_loop<STAGES>(k_steps, split, part, ring, full, empty, stage, phase, [&](unsigned base, bool first) {
         const unsigned a_tile = base + a_slice * plan_k.mn64_bytes, b_tile = base + K3<STAGES>::A_BYTES;
 #pragma unroll
-        for (int kk = 0; kk < k3::BK / 16; ++kk)
+        for (int kk = 0; kk < sm90::BK / 16; ++kk)
             wgmma_bf16<BN, false, true>(acc[0], matrix_descriptor(plan_k.bits, a_tile + kk * plan_k.k16_bytes),
                                         matrix_descriptor(plan_mn.bits, b_tile + kk * plan_mn.k16_bytes),
                                         !first || kk > 0);
@@ -257,6 +263,8 @@ __device__ __forceinline__ void reduce_halves(float (&acc)[1][BN / 2], int warpg
     static_assert(WARPGROUP * BN / 2 * 4 <= K3<STAGES>::STAGING_BYTES, "the fp32 tile fits the C staging");
     const int thread = threadIdx.x % WARPGROUP;
     if (thread == 0) bulk_wait_read<0>();  // both warpgroups' earlier TMA stores are done reading it
+    // The consumers' own id (named_barriers.cuh): __syncthreads would also wait for the producer
+    // thread, which stops at a full ring until these warpgroups move on.
     named_barrier_sync(PAIR_BARRIER, 2 * WARPGROUP);
 #pragma unroll
     for (int j = 0; j < BN / 2; ++j)  // element j of every thread is adjacent: no bank conflicts
@@ -282,9 +290,9 @@ __device__ __forceinline__ void swap_tile(int4 tile, int warpgroup, int k_steps,
     static_assert(TN % 16 == 0 && TN <= SWAP_MAX_ROWS, "a swap tile holds 16, 32, 48 or 64 tokens");
     float acc[TN / 2] = {};
     k_loop<STAGES>(k_steps, 1, 0, ring, full, empty, stage, phase, [&](unsigned base, bool first) {
-        const unsigned weights = base + K3<STAGES>::A_BYTES + warpgroup * k3::BOX_BYTES, tokens = base;
+        const unsigned weights = base + K3<STAGES>::A_BYTES + warpgroup * sm90::BOX_BYTES, tokens = base;
 #pragma unroll
-        for (int kk = 0; kk < k3::BK / 16; ++kk)
+        for (int kk = 0; kk < sm90::BK / 16; ++kk)
             wgmma_bf16<TN, true, false>(acc, matrix_descriptor(plan_mn.bits, weights + kk * plan_mn.k16_bytes),
                                         matrix_descriptor(plan_k.bits, tokens + kk * plan_k.k16_bytes),
                                         !first || kk > 0);
@@ -293,7 +301,7 @@ __device__ __forceinline__ void swap_tile(int4 tile, int warpgroup, int k_steps,
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int col = tile.w + warpgroup * k3::BOX + warp * 16 + h * 8 + g;
+        const int col = tile.w + warpgroup * sm90::BOX + warp * 16 + h * 8 + g;
         if (col >= N) continue;
 #pragma unroll
         for (int j = 0; j < TN / 8; ++j)
@@ -338,9 +346,9 @@ __device__ __forceinline__ void consume(Tile tile, int warpgroup, int k_steps, u
     if (tile.kind == M128) {  // warpgroup w: rows 64w .. 64w + 63, every K step
         multiply_wide<STAGES>(acc, k_steps, 1, 0, warpgroup, ring, plan_k, plan_mn, full, empty, stage, phase);
         if (tile.rows.z >= (warpgroup + 1) * 64)
-            k3::store_tile_tma<Cfg>(acc, tile.rows, warpgroup, warpgroup, 0, my_staging, tmap_c, N);
+            sm90::store_tile_tma<Cfg>(acc, tile.rows, warpgroup, warpgroup, 0, my_staging, tmap_c, N);
         else
-            k3::store_tile<Cfg>(acc, tile.rows, warpgroup, 0, C, N);
+            sm90::store_tile<Cfg>(acc, tile.rows, warpgroup, 0, C, N);
         return;
     }
     // M64: both warpgroups on rows 0 .. 63, warpgroup w on the K steps ks % 2 == w
@@ -348,9 +356,9 @@ __device__ __forceinline__ void consume(Tile tile, int warpgroup, int k_steps, u
     reduce_halves<STAGES>(acc, warpgroup, partial);
     if (warpgroup == 1) return;
     if (tile.rows.z == 64)
-        k3::store_tile_tma<Cfg>(acc, tile.rows, 0, 0, 0, my_staging, tmap_c, N);
+        sm90::store_tile_tma<Cfg>(acc, tile.rows, 0, 0, 0, my_staging, tmap_c, N);
     else
-        k3::store_tile<Cfg>(acc, tile.rows, 0, 0, C, N);
+        sm90::store_tile<Cfg>(acc, tile.rows, 0, 0, C, N);
 }
 // --8<-- [end:consumer]
 
@@ -367,11 +375,11 @@ __device__ __forceinline__ void k5_body(const CUtensorMap* tmap_a, const CUtenso
     __shared__ Schedule sched;  // DEVICE_SCHEDULE only (3 KB)
     __shared__ TileSlots<STAGES> slots;
     extern __shared__ unsigned char dynamic_smem[];
-    const unsigned ring = (smem_u32(dynamic_smem) + k3::SWIZZLE_ALIGN - 1) & ~(k3::SWIZZLE_ALIGN - 1);
+    const unsigned ring = (smem_u32(dynamic_smem) + sm90::SWIZZLE_ALIGN - 1) & ~(sm90::SWIZZLE_ALIGN - 1);
     const unsigned staging = ring + STAGES * Cfg::STAGE_BYTES;
     float* partial = reinterpret_cast<float*>(dynamic_smem + (staging - smem_u32(dynamic_smem)));  // M64 sums
     const int warpgroup = threadIdx.x / WARPGROUP;
-    const int k_steps = K / k3::BK;
+    const int k_steps = K / sm90::BK;
 
     if constexpr (DEVICE_SCHEDULE) {
         build_schedule(sched, offsets, experts, policy, N);

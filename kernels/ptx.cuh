@@ -432,7 +432,8 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 }
 
 // A barrier for `threads` threads (a multiple of 32) on hardware barrier `id` (1..15; 0 is
-// __syncthreads): one warpgroup meets without stopping the rest of the block.
+// __syncthreads): one warpgroup meets without stopping the rest of the block. The kernels take
+// their ids from named_barriers.cuh, so that no two groups of threads share one.
 // PTX ISA "Parallel Synchronization and Communication Instructions: bar.sync"
 //   #parallel-synchronization-and-communication-instructions-bar
 __device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {

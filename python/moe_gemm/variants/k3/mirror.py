@@ -15,7 +15,7 @@ from moe_gemm.variants.k3.maps import plans
 
 @dataclass(frozen=True)
 class WarpgroupSplit:
-    """How the consumer warpgroups share a BM x BN tile (the kernel's k3::Config, in Python)."""
+    """How the consumer warpgroups share a BM x BN tile (sm90::Config of kernels/wgmma_config.cuh, in Python)."""
 
     wg_m: int  # warpgroups along M
     wg_n: int  # warpgroups along N
@@ -37,7 +37,7 @@ def stage_image(config: K3Config, a: np.ndarray, b: np.ndarray, stage: int) -> t
 
     ``a`` is the A box [BM, 64], ``b`` the logical B tile [64, BN] (K x N) whatever its layout in
     global memory. Returns the bytes and the ring's address (1 KB-aligned, as the kernel makes it).
-    Mirrors kernels/k3_wgmma.cu, produce(): A at the stage's start, then BN/64 boxes of 8 KB.
+    Mirrors kernels/tma_pipeline.cuh, produce(): A at the stage's start, then BN/64 boxes of 8 KB.
     """
     ring = SWIZZLE_ALIGN
     smem = np.zeros(ring + (stage + 1) * config.stage_bytes, dtype=np.uint8)

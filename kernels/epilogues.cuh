@@ -1,0 +1,94 @@
+// epilogues.cuh: how a consumer warpgroup of the wgmma kernels (k3, k5) writes its slice of C.
+// There are two because a TMA store writes whole 64-row boxes: a slice whose rows all belong to
+// the tile's expert goes through shared memory and TMA (store_tile_tma), and one that runs into
+// the next expert (or past M_tot) is stored from registers with a row guard (store_tile).
+#pragma once
+
+#include "named_barriers.cuh"
+#include "ptx.cuh"
+#include "wgmma_config.cuh"
+
+namespace sm90 {
+
+// --8<-- [start:epilogue]
+// Register-direct epilogue, as in k1 and k2: the wgmma accumulator layout (ptx.cuh, wgmma_bf16)
+// puts D[16w + 8h + g][8j + 2t .. +1] in d[4j + 2h .. +1], one bf16x2 word per store. Rows at or
+// past tile.z belong to the next expert (or lie past M_tot) and are dropped, as are columns at
+// or past N (N % 8 == 0 and the column is even, so a pair is wholly inside or outside).
+template <class Cfg>
+__device__ __forceinline__ void store_tile(const float (&acc)[Cfg::M_ITERS][Cfg::WG_COLS / 2], int4 tile, int wg_m,
+                                           int wg_n, unsigned short* __restrict__ C, int N) {
+    const int lane = threadIdx.x % 32;
+    const int warp = (threadIdx.x % WARPGROUP) / 32;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < Cfg::M_ITERS; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = wg_m * Cfg::WG_ROWS + i * 64 + warp * 16 + h * 8 + g;
+            if (row >= tile.z) continue;
+            unsigned short* c_row = C + static_cast<long long>(tile.y + row) * N;
+#pragma unroll
+            for (int j = 0; j < Cfg::WG_COLS / 8; ++j) {
+                const int col = tile.w + wg_n * Cfg::WG_COLS + j * 8 + 2 * t;
+                if (col < N)
+                    *reinterpret_cast<unsigned*>(c_row + col) = pack_bf16x2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+            }
+        }
+    }
+}
+// --8<-- [end:epilogue]
+
+// --8<-- [start:tma_epilogue]
+// The epilogue through shared memory: the warpgroup packs its accumulators to bf16 and writes
+// them with stmatrix into its staging boxes (64 x 64, 128-byte swizzle, the layout TMA expects),
+// then one thread hands the boxes to TMA and the warpgroup goes straight back to multiplying.
+// Only for slices whose rows all belong to the tile's expert: a TMA store writes whole boxes
+// (clipped only at M_tot and N), so a partial slice falls back to store_tile's row guard.
+template <class Cfg>
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[Cfg::M_ITERS][Cfg::WG_COLS / 2], int4 tile,
+                                               int warpgroup, int wg_m, int wg_n, unsigned staging,
+                                               const CUtensorMap* tmap_c, int N) {
+    static_assert(Cfg::WG_M * Cfg::WG_N <= MAX_CONSUMER_WARPGROUPS, "a staging barrier id for every warpgroup");
+    constexpr int BOXES = Cfg::WG_COLS / BOX;
+    const bool issuer = threadIdx.x % WARPGROUP == 0;
+    const int lane = threadIdx.x % 32;
+    const int warp = (threadIdx.x % WARPGROUP) / 32;
+    if (issuer) bulk_wait_read<0>();  // the previous tile's stores have finished reading the boxes
+    // This warpgroup's own barrier id: the other consumer warpgroup may still be multiplying or
+    // storing its own slice, and must neither wait here nor count towards this one's 128.
+    named_barrier_sync(STAGING_BARRIER + warpgroup, WARPGROUP);
+    // stmatrix.x4 stores a 16 x 16 piece: matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) of
+    // this warp's 16 rows; lane l addresses row l%8 of matrix l/8.
+    const int m = lane / 8;
+    const int row = warp * 16 + (m % 2) * 8 + lane % 8;  // within the m64 slice
+#pragma unroll
+    for (int i = 0; i < Cfg::M_ITERS; ++i) {
+#pragma unroll
+        for (int jj = 0; jj < Cfg::WG_COLS / 16; ++jj) {
+            const int col = jj * 16 + (m / 2) * 8;  // within the warpgroup's columns
+            const unsigned box = staging + (i * BOXES + col / BOX) * BOX_BYTES;
+            const unsigned chunk = (col % BOX) / 8;
+            const unsigned fragment[4] = {
+                pack_bf16x2(acc[i][8 * jj + 0], acc[i][8 * jj + 1]), pack_bf16x2(acc[i][8 * jj + 2], acc[i][8 * jj + 3]),
+                pack_bf16x2(acc[i][8 * jj + 4], acc[i][8 * jj + 5]), pack_bf16x2(acc[i][8 * jj + 6], acc[i][8 * jj + 7])};
+            stmatrix_x4(box + row * 128 + ((chunk ^ (row % 8)) << 4), fragment);
+        }
+    }
+    fence_proxy_async_shared();  // the generic-proxy writes above, before TMA (async proxy) reads them
+    named_barrier_sync(STAGING_BARRIER + warpgroup, WARPGROUP);
+    if (issuer) {
+        const int row0 = tile.y + wg_m * Cfg::WG_ROWS;
+        const int col0 = tile.w + wg_n * Cfg::WG_COLS;
+#pragma unroll
+        for (int i = 0; i < Cfg::M_ITERS; ++i)
+#pragma unroll
+            for (int b = 0; b < BOXES; ++b)
+                if (col0 + b * BOX < N)
+                    tma_store_2d(tmap_c, col0 + b * BOX, row0 + i * 64, staging + (i * BOXES + b) * BOX_BYTES);
+        bulk_commit();
+    }
+}
+// --8<-- [end:tma_epilogue]
+
+}  // namespace sm90
