@@ -109,7 +109,8 @@ __device__ __forceinline__ void k3_body(const CUtensorMap* tmap_a, const CUtenso
     // The peer block's barriers must exist before this block's TMA or arrivals can reach them.
     if constexpr (CLUSTER == 2) cluster_sync(); else __syncthreads();
 
-    // One if/else over warpgroups, so that setmaxnreg sees each role as one branch.
+    // The branch is on the warpgroup index, so all four warps of a warpgroup execute the same
+    // setmaxnreg, as its .sync.aligned form requires (PTX ISA, setmaxnreg).
     if (warpgroup == CONSUMERS) {
         if constexpr (Cfg::PRODUCER_WARPGROUP) setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (threadIdx.x % sm90::WARPGROUP == 0)

@@ -13,8 +13,8 @@
 //          one 64-row slice (wgmma m64n192), TMA-store epilogue.
 //   M64     64 rows x 192 columns: the same wgmma, but the two warpgroups split K (even and odd
 //          stages) and add their accumulators through shared memory at the end: half the rows
-//          of math for no extra registers, though it still streams B's 24 KB per stage, which
-//          on the H200 makes it no cheaper than an M128 tile (chapter 06's calibration).
+//          of math for no extra registers. On the H200 it costs more than an M128 tile
+//          (chapter 06's calibration; the page discusses why, as a hypothesis).
 //   SWAP   up to 64 rows x 128 columns, computed as C^T = B^T A^T ("swap AB"): the 128 weight
 //          columns are the wgmma's M (64 per warpgroup, B [K, N] read MN-major), the tokens its N
 //          (16, 32, 48 or 64), so a 5-row remainder pays for 16 rows, not 128.

@@ -215,9 +215,13 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const CUtensorMap* map
 // --8<-- [start:wgmma_sync]
 // wgmma.mma_async runs in the background: the warpgroup issues it and moves on. Three
 // instructions order it against everything else.
-//   fence:  this warpgroup's prior register and shared-memory accesses are ordered before the
-//           wgmma that follows; needed before the first wgmma of a tile, and whenever other code
-//           has touched the accumulator registers since the last one (SASS: WARPGROUP.ARRIVE).
+//   fence:  orders this warpgroup's prior accesses to its registers before the wgmma that
+//           follows reads or writes the same registers: the accumulators, and the A fragments
+//           when A comes from registers. Needed before the first wgmma of a tile, and whenever
+//           other code has touched the accumulator registers since the last one (SASS:
+//           WARPGROUP.ARRIVE). It does not order shared memory: data the generic proxy (st.shared,
+//           stmatrix) wrote needs fence.proxy.async before the async proxy (wgmma, TMA) reads it;
+//           data TMA wrote is published to wgmma by the mbarrier the consumer waited on.
 //   commit: close the group of wgmma issued since the last commit.
 //   wait N: block until at most N committed groups are still running (SASS:
 //           WARPGROUP.DEPBAR.LE); only then may their accumulators be read or their shared-
@@ -254,10 +258,10 @@ struct OperandPlan {
 };
 
 // A shared-memory matrix descriptor: the fixed fields, ORed with the start-address field, bits 4..17 of the
-// operand's shared-memory address (14 bits: addresses below 256 KB). The mask is not optional: in
-// a cluster launch a shared::cta address carries bits above 17, and unmasked they spill into the
-// LBO field at bit 16 (invisible for swizzled K-major operands, whose LBO is unused; fatal for
-// MN-major ones).
+// operand's shared-memory address (14 bits: addresses below 256 KB). The mask is a guard: the PTX
+// ISA does not say whether a .shared::cta address can carry bits above 17 (CUTLASS's sm_100 TMA
+// code assumes a block's rank at bit 24), and any such bit would spill into the LBO field at
+// bit 16 (invisible for swizzled K-major operands, whose LBO is unused; wrong for MN-major ones).
 // PTX ISA "Matrix Descriptor Format"   #asynchronous-warpgroup-level-matrix-shared-memory-layout-matrix-descriptor
 __device__ __forceinline__ unsigned long long matrix_descriptor(unsigned long long fixed_fields, unsigned smem_addr) {
     return fixed_fields | ((smem_addr & 0x3FFFF) >> 4);

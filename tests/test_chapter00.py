@@ -134,3 +134,12 @@ def test_workload_tables() -> None:
     estimate = estimate_table(64, [(16384, 1.2)], (64, 128), 440.1, rate_label="the seed's B300 k2/S2 number")
     assert estimate.rows[0][-1] == "343.5"
     assert "the seed's B300 k2/S2 number" in estimate.title
+
+
+def test_help_defines_the_seed_before_using_it(capsys) -> None:
+    with pytest.raises(SystemExit):
+        chapter_module("00", "run").main(["--help"])
+    text = capsys.readouterr().out
+    definition = text.index('"The seed" is the B300 worklog this project grew from')
+    assert definition < text.index("the seed's")
+    assert "E = 64 experts, K = 1024" in text and "16,384 routed rows" in text

@@ -325,3 +325,11 @@ def test_page_carries_its_prose_and_no_generated_snippets():
     assert "findings_" not in page and "<!-- MEASURED" not in page
     assert "on either side of each hand-over" not in page  # k1 has one __syncthreads per K slice
     assert "The order is the same at every workload: `k2/s3` > `k2/s2` > `k2/s4`." in page
+
+
+def test_the_readmes_main_command_is_chapter_04s_not_this_page():
+    readme = (REPO / "README.md").read_text()
+    main = readme.split("## Two commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert "chapters/04/run.py" in main and "chapters/03/run.py" not in main
+    page = (REPO / "site_docs/03-tma-warp-specialization.md").read_text()
+    assert "main command" not in page

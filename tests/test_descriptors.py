@@ -203,8 +203,9 @@ def test_interpreted_wgmma_products_give_the_tile(name):
 
 
 def test_the_start_address_is_masked_to_its_18_bits():
-    # In a cluster launch a shared::cta address carries bits above 17; unmasked they would land in
-    # LBO (bit 16 up). The kernel masks (ptx.cuh, matrix_descriptor) and so must the mirror.
+    # Should a shared::cta address carry bits above 17 (the PTX ISA does not rule it out; CUTLASS's
+    # sm_100 TMA code assumes a block's rank at bit 24), unmasked they would land in LBO (bit 16
+    # up). The kernel masks (ptx.cuh, matrix_descriptor) and so must the mirror.
     for major in ("K", "MN"):
         plan = operand_plan(major)
         for high in (1 << 18, 1 << 24, 3 << 24):
