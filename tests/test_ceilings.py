@@ -16,21 +16,30 @@ from moe_gemm.measure import ceilings
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-@pytest.mark.parametrize(("source", "name", "opcode"), [
-    ("ceiling_ffma.cu", "ceiling_ffma", "FFMA"),
-    ("ceiling_mma_sync.cu", "ceiling_mma_sync", "HMMA.16816.F32.BF16"),
-])
-def test_register_only_kernels_compile_to_their_instruction(arch, source, name, opcode):
-    kernel = compile_kernel(source, name, arch=arch).require_no_spills()
-    counts = opcode_counts(kernel.sass(), [opcode, "LDG", "LDS"])
-    assert counts[opcode] >= 8, counts
-    assert counts["LDS"] == 0 and counts["LDG"] == 0, counts  # nothing but registers inside the loop
+@pytest.mark.parametrize(("variant", "arch"), [(name, arch) for name, kernel in ceilings.CEILING_KERNELS.items()
+                                                for arch in kernel.arches])
+def test_microbenchmarks_compile_to_their_instruction_and_touch_no_memory(variant, arch):
+    kernel = ceilings.CEILING_KERNELS[variant]
+    compiled = compile_kernel(kernel.source, kernel.name, arch=arch).require_no_spills()
+    counts = opcode_counts(compiled.sass(), [kernel.instruction, "LDG", "LDS", "STG"])
+    assert counts[kernel.instruction] >= 8, counts
+    # Nothing but registers (and, for wgmma, the operand tiles it reads itself) inside the loop; one
+    # store of the sums at the end, so that the loop is not dead code.
+    assert counts["LDS"] == 0 and counts["LDG"] == 0 and counts["STG"] == 1, counts
+
+
+def test_the_wgmma_ceiling_issues_the_widest_wgmma():
+    compiled = compile_kernel("ceiling_wgmma.cu", "ceiling_wgmma", arch="sm_90a")
+    assert "HGMMA.64x256x16.F32.BF16" in compiled.sass()
+    assert compiled.report.registers <= 255 and compiled.report.static_smem_bytes == 40 * 1024
 
 
 @pytest.mark.parametrize(("source", "constant", "host"), [
     ("ceiling_ffma.cu", "CEILING_FFMA_CHAINS", ceilings.FFMA_CHAINS),
     ("ceiling_mma_sync.cu", "CEILING_MMA_CHAINS", ceilings.MMA_CHAINS),
+    ("ceiling_wgmma.cu", "CEILING_WGMMA_N", ceilings.WGMMA_N),
+    ("ceiling_wgmma.cu", "CEILING_WGMMA_K16", ceilings.WGMMA_K16),
+    ("ceiling_wgmma.cu", "CEILING_WGMMA_WARPGROUPS", ceilings.WGMMA_WARPGROUPS),
 ])
 def test_host_flop_counts_match_the_kernels(source, constant, host):
     match = re.search(rf"constexpr int {constant} = (\d+);", (KERNELS / source).read_text())
@@ -54,3 +63,5 @@ def test_ceilings_on_the_gpu():
     assert 0.1 < ceilings.copy_tbps(256 * 1024**2, warmup=1, iterations=3) < 20
     assert 1 < ceilings.ffma_tflops(2000, warmup=1, iterations=3) < 500
     assert 10 < ceilings.mma_sync_tflops(500, warmup=1, iterations=3) < 5000
+    if gpu.arch == "sm_90a":
+        assert 100 < ceilings.wgmma_tflops(500, warmup=1, iterations=3) < 2000

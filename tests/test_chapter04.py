@@ -183,7 +183,7 @@ def test_the_tensor_pipe_still_idles_about_a_quarter(data):
 
 
 def test_setmaxnreg_budget_matches_the_compile_report(data):
-    from moe_gemm.variants.k3 import LADDER
+    from moe_gemm.variants.k3.config import LADDER
 
     # 384 threads start at 65,536 / 384 = 170, rounded down to a multiple of 8: 168; the producer
     # drops to 40 and the consumers rise to 232 (multiples of 8 in [24, 256], as the PTX ISA asks)
@@ -198,8 +198,10 @@ def test_setmaxnreg_budget_matches_the_compile_report(data):
 
 
 def test_register_direct_epilogue_stores_per_thread():
-    from moe_gemm.build import opcode_counts
-    from moe_gemm.variants.k3 import LADDER, K3Wgmma, warpgroup_split
+    from moe_gemm.cuda.sass import opcode_counts
+    from moe_gemm.variants.k3 import K3Wgmma
+    from moe_gemm.variants.k3.config import LADDER
+    from moe_gemm.variants.k3.mirror import warpgroup_split
 
     # store_tile writes one bf16 pair (4 bytes) per STG: M_ITERS x 2 halves x WG_COLS / 8 per thread
     for name, stores in (("k3/2wg-bn128", 32), ("k3/persistent-bn192", 48)):

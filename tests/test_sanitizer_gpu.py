@@ -10,6 +10,7 @@ import pytest
 
 from moe_gemm.cuda.gpu import detect_gpu
 from moe_gemm.measure.sanitize_target import find_compute_sanitizer, sanitizer_command
+from moe_gemm.variants.registry import sanitized
 
 pytestmark = pytest.mark.gpu
 
@@ -17,13 +18,6 @@ pytestmark = pytest.mark.gpu
 # k3 wgmma and k5 its mixed tiles (sm_90a), each checked on its module's SANITIZED variants.
 FAMILIES = {"k1": (8, 0), "k2": (9, 0), "k3": (9, 0), "k5": (9, 0)}
 CLEAN = ("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards")
-
-
-def selectors(family: str) -> list[str]:
-    """The family's SANITIZED variants where it names some (one per code path), else all of it."""
-    import importlib
-
-    return list(getattr(importlib.import_module(f"moe_gemm.variants.{family}"), "SANITIZED", (family,)))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -34,7 +28,7 @@ def test_compute_sanitizer_is_clean(family: str, tool: str) -> None:
         pytest.skip(f"{family} needs sm_{FAMILIES[family][0]}{FAMILIES[family][1]} or newer")
     if find_compute_sanitizer() is None:
         pytest.skip("compute-sanitizer not found (PATH, /usr/local/cuda*/bin or $COMPUTE_SANITIZER)")
-    proc = subprocess.run(sanitizer_command(tool, selectors(family)), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(sanitizer_command(tool, sanitized(family)), capture_output=True, text=True, timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert any(line in output for line in CLEAN), output[-4000:]

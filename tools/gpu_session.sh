@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # Every GPU check and measurement of the repository, in one go, in this order:
-#   tests     the GPU-marked pytest suite: edge cases, exact checks, bad inputs, and
-#             compute-sanitizer (memcheck, racecheck, synccheck) on every CUDA C++ kernel
+#   ceilings  every ceiling of this GPU (copy, cuBLAS, FFMA, mma.sync, wgmma) into
+#             ceilings/<gpu>.json: the roofline every chapter and page reads
+#   validate  each kernel family's GPU tests and compute-sanitizer (memcheck, racecheck,
+#             synccheck), in parallel; what passes is recorded in kernels/validated.json
+#             (FAMILIES="k3 k5" for some of them; JOBS processes at once, default 8)
+#   tests     the whole GPU-marked pytest suite in one process
 #   01 .. 06  each chapter's run.py, which writes chapters/NN/results/<gpu>.json (05 needs a
 #             compute capability 10.x GPU and is not in the default list)
 #
-#   tools/gpu_session.sh                 # everything
-#   tools/gpu_session.sh tests 03        # only these stages
+#   tools/gpu_session.sh                 # ceilings, validate, then every chapter
+#   tools/gpu_session.sh validate 03     # only these stages
 #   FLAGS_02=--profile tools/gpu_session.sh 02   # extra flags for one chapter's run.py
 #
-# Logs (and a tarball of the results files) go to $OUT if it is set, else to ./gpu-session/.
+# Logs (and a tarball of the results files, the ceilings and the validation record) go to $OUT if
+# it is set, else to ./gpu-session/. MOE_GEMM_CACHE names the NVRTC cache (a copy of one made on
+# any machine with the same NVRTC skips the compiles).
 # A numpy<2.5 wheel folder in $WHEELS (default .whl) is installed first when present: numba-cuda
 # 0.30 needs numpy < 2.5 (see README).
 set -uo pipefail
@@ -23,7 +29,7 @@ if compgen -G "$wheels/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 MOE_GEMM_CACHE=${MOE_GEMM_CACHE:-/tmp/moe-gemm-cache}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests 01 02 03 04 06)
+[ ${#stages[@]} -eq 0 ] && stages=(ceilings validate 01 02 03 04 06)
 status=0
 summary=()
 run_stage() {  # name, timeout seconds, command...
@@ -38,12 +44,15 @@ run_stage() {  # name, timeout seconds, command...
 }
 for stage in "${stages[@]}"; do
     case $stage in
+        ceilings) run_stage ceilings 900 python3 -m moe_gemm.measure.ceilings ;;
+        validate) run_stage validate ${VALIDATE_TIMEOUT:-1500} python3 -m moe_gemm.measure.validation run ${FAMILIES:-} \
+                      --jobs ${JOBS:-8} ;;
         tests) run_stage tests ${TESTS_TIMEOUT:-900} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests ;;
         0[1-9]) flags=FLAGS_$stage
                 run_stage "ch$stage" ${CHAPTER_TIMEOUT:-900} python3 "chapters/$stage/run.py" ${!flags:-} ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
 done
-tar czf "$out/results.tgz" chapters/*/results 2>/dev/null
+tar czf "$out/results.tgz" chapters/*/results ceilings kernels/validated.json 2>/dev/null
 printf '%s\n' "${summary[@]}"
 exit $status

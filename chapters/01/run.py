@@ -179,10 +179,10 @@ def ceiling_table(records: list[dict[str, Any]], ceilings: list[dict[str, Any]])
 
 
 def run_gpu(args, gpu) -> int:
+    from moe_gemm.measure.ceilings import basis_for
     from moe_gemm.measure.check import progress
     from moe_gemm.measure.results import save_results
     from moe_gemm.measure.runs import run_variants
-    from moe_gemm.model.roofline import roofline_basis
     from moe_gemm.model.workloads import SEED_WORKLOADS, Workload
     from moe_gemm.site.records import records_table
     from moe_gemm.variants.k0 import K0Fp32
@@ -214,7 +214,7 @@ def run_gpu(args, gpu) -> int:
         print(f"  {c['variant']}: " + (f"{c['tflops']:.1f} TFLOP/s" if "tflops" in c else f"{c['tbps']:.2f} TB/s"))
     print()
     print(records_table(records, title=f"k0 beside the peers on {gpu.name}",
-                        basis=roofline_basis({"ceilings": ceilings})).text(), end="\n\n")
+                        basis=basis_for(gpu)).text(), end="\n\n")
     print(ceiling_table(records, ceilings).text())
     seed_point = next((r for r in records if r["variant"] == "k0" and Workload(16384, 0.0).matches(r)), None)
     if seed_point is not None:

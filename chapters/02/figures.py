@@ -25,9 +25,9 @@ import numpy as np
 
 from moe_gemm.core.cli import chapter_parser, run_main
 from moe_gemm.core.tables import markdown_table
+from moe_gemm.measure.ceilings import roofline_basis
 from moe_gemm.measure.results import find_measurement, load_results, results_path
 from moe_gemm.model.occupancy import HOPPER, registers_per_warp, residency
-from moe_gemm.model.roofline import roofline_basis, roofline_tflops
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta, eta_estimate
 from moe_gemm.model.workloads import Workload
@@ -154,12 +154,6 @@ def static_outputs(root: Path) -> list[Path]:
 
 # --------------------------------------------------------------------------- from the results file
 
-def _ceilings(data: dict[str, Any]) -> tuple[float, float]:
-    """Dense bf16 TFLOP/s and copy TB/s the figures draw the roofline with: the run's basis."""
-    basis = roofline_basis(data)
-    return basis.dense_tflops, basis.copy_tbps
-
-
 def _parts(variant: str) -> tuple[int, int, bool]:
     """'k1/bm64-s3' -> (64, 3, False); 'k1/bm64-fragdb' -> (64, 2, True)."""
     m = re.fullmatch(r"k1/bm(\d+)(?:-s(\d))?(-fragdb)?", variant)
@@ -196,7 +190,7 @@ def bm_sweep_figure(data: dict[str, Any]):
     from matplotlib.patches import Patch
 
     records = data["records"]
-    dense, copy = _ceilings(data)
+    basis = roofline_basis()
     fig, axes = new_figure(10.0, 4.8, ncols=3)
     slots = {2: -0.3, 3: 0.0, "fragdb": 0.3}
     for ax, w in zip(axes, WORKLOADS):
@@ -211,7 +205,7 @@ def bm_sweep_figure(data: dict[str, Any]):
                 _bar_label(ax, bars, [value])
         top = max([r["useful_tflops"] for r in records if w.matches(r)] + [1.0])
         peer = find_measurement(records, PEER, w)
-        limit = roofline_tflops(w.experts, w.tokens, w.K, w.N, peak_tflops=dense, bandwidth_tbps=copy)
+        limit = basis.tflops(w)
         notes = [f"roofline {limit:.0f}"]
         if peer:
             ax.axhline(peer["useful_tflops"], color=COLORS["peer"], linestyle=":", linewidth=1.3)
@@ -255,8 +249,8 @@ def tile_fill_figure(data: dict[str, Any]):
                        edgecolor=color if j else BM_COLORS[bm], hatch="//")
         ax.text(i, 2, f"eta = {e:.2f}", ha="center", va="bottom", fontsize=10, color="white",
                 bbox={"facecolor": "#444444", "edgecolor": "none", "pad": 1.5})
-    dense, copy = _ceilings(data)
-    limit = roofline_tflops(SMALL.experts, SMALL.tokens, SMALL.K, SMALL.N, peak_tflops=dense, bandwidth_tbps=copy)
+    basis = roofline_basis()
+    limit = basis.tflops(SMALL)
     ax.axhline(limit, color=COLORS["ceiling"], linestyle="--", linewidth=1)
     ax.text(2.55, limit, f"memory roofline {limit:.0f}", ha="right", va="bottom", fontsize=9.5)
     peer = find_measurement(records, PEER, SMALL)

@@ -185,10 +185,9 @@ def run_profiles(variants) -> list[dict[str, Any]]:
 
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.measure.ceilings import measure_ceilings
+    from moe_gemm.measure.ceilings import basis_for, measure_ceilings
     from moe_gemm.measure.results import save_results
     from moe_gemm.measure.runs import run_variants
-    from moe_gemm.model.roofline import roofline_basis
     from moe_gemm.model.workloads import SEED_WORKLOADS
     from moe_gemm.site.records import records_table
     from moe_gemm.variants.k1 import all_configs, compile_report
@@ -212,7 +211,7 @@ def run_on_gpu(args, gpu) -> int:
     sweep = sweep_variants()
     variants = sweep + ([] if args.no_peers else available_peers())
     records = run_variants(variants, SEED_WORKLOADS, **timing)
-    print(records_table(records, title="Every measurement", basis=roofline_basis({"ceilings": ceilings})).text(),
+    print(records_table(records, title="Every measurement", basis=basis_for(gpu)).text(),
           end="\n\n")
     print(model_table(model_rows(records)).text(), end="\n\n")
 

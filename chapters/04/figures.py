@@ -22,8 +22,8 @@ from typing import Any
 
 from moe_gemm.core.chapters import chapter_module
 from moe_gemm.core.cli import run_main
+from moe_gemm.measure.ceilings import roofline_basis
 from moe_gemm.measure.results import recorded
-from moe_gemm.model.roofline import roofline_basis
 from moe_gemm.model.workloads import Workload
 from moe_gemm.site.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
 
@@ -77,10 +77,10 @@ def ladder_figure(data: dict[str, Any]):
 def roofline_figure(data: dict[str, Any]):
     """Every measurement as a percentage of the roofline at its workload (one column per workload)."""
     records = data["records"]
-    basis = roofline_basis(data)
+    basis = roofline_basis()
     fig, ax = new_figure(8.0, 4.8)
     for j, key in enumerate(WORKLOADS):
-        limit = basis.tflops(EXPERTS, key[0], K, N)
+        limit = basis.tflops(Workload(*key))
         k3 = sorted((r for r in records if r["variant"].startswith("k3/") and Workload(*key).matches(r)),
                     key=lambda r: r["useful_tflops"])
         for i, record in enumerate(k3):
@@ -102,7 +102,7 @@ def roofline_figure(data: dict[str, Any]):
                label="torch._grouped_mm (faster layout)")
     ax.scatter([], [], s=90, marker="D", facecolors="none", edgecolors=COLORS["k2"], linewidths=2, label="k2/s3")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=10)
-    ax.set_title(f"roofline: {basis.dense_tflops:.0f} TFLOP/s and {basis.copy_tbps:.2f} TB/s, {basis.source}",
+    ax.set_title(f"roofline: {basis.tensor_tflops:.0f} TFLOP/s and {basis.copy_tbps:.2f} TB/s, {basis.source}",
                  fontsize=11)
     return fig
 

@@ -291,11 +291,10 @@ def spread_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.measure.ceilings import roofline_ceilings
+    from moe_gemm.measure.ceilings import basis_for, roofline_ceilings
     from moe_gemm.measure.check import progress
     from moe_gemm.measure.results import save_results
     from moe_gemm.measure.runs import run_checks, run_variants
-    from moe_gemm.model.roofline import roofline_basis
     from moe_gemm.site.compile_report import compile_table
     from moe_gemm.site.records import checks_table, records_table
     from moe_gemm.variants.registry import get
@@ -317,7 +316,7 @@ def run_on_gpu(args, gpu) -> int:
     ceilings = roofline_ceilings()
     timed = passing + [get(K2_BEST)] + ([] if args.no_peers else peers())
     records = run_variants(timed, workloads(), **timing)
-    show(records_table(records, title="Every measurement", basis=roofline_basis({"ceilings": ceilings})))
+    show(records_table(records, title="Every measurement", basis=basis_for(gpu)))
     show(ladder_table(records))
     targets = target_rows(records)
     show(targets_table(targets))

@@ -176,7 +176,7 @@ def estimate_rows() -> list[dict]:
         counts = expert_counts(EXPERTS, tokens, skew)
         row_eta = eta(counts, 128)
         compute = share * B300_PEAK_TFLOPS * row_eta
-        seconds = compulsory_bytes(EXPERTS, tokens, K, N) / (B300_HBM_TBPS * 1e12)
+        seconds = compulsory_bytes(counts, K, N) / (B300_HBM_TBPS * 1e12)
         memory = useful_flops(tokens, K, N) / seconds / 1e12
         estimate = min(compute, memory)
         rows.append({"workload": label, "eta": row_eta, "compute": compute, "memory": memory, "estimate": estimate,

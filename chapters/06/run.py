@@ -189,7 +189,7 @@ def target_rows(records: Sequence[dict[str, Any]], basis) -> list[dict[str, Any]
                      "goal": EVERY_CELL_TARGET, "met": value >= EVERY_CELL_TARGET})
     small = find(records, ADAPTIVE, Workload(2048, 0.0))
     if small is not None:
-        value = small["useful_tflops"] / basis.tflops(64, 2048, 1024, 2688)
+        value = small["useful_tflops"] / basis.tflops(Workload(2048, 0.0))
         rows.append({"target": f"{ADAPTIVE} at 2,048 rows, s=0: fraction of the memory roofline", "value": value,
                      "goal": MEMORY_ROOFLINE_TARGET, "met": value >= MEMORY_ROOFLINE_TARGET})
     for name in DEVICE:
@@ -313,11 +313,10 @@ def graph_table(rows: Sequence[dict[str, Any]]) -> Table:
 def run_on_gpu(args, gpu) -> int:
     import sys
 
-    from moe_gemm.measure.ceilings import roofline_ceilings
+    from moe_gemm.measure.ceilings import basis_for, roofline_ceilings
     from moe_gemm.measure.check import progress
     from moe_gemm.measure.results import save_results
     from moe_gemm.measure.runs import run_checks, run_variants
-    from moe_gemm.model.roofline import roofline_basis
     from moe_gemm.site.compile_report import compile_table
     from moe_gemm.site.records import checks_table, records_table
     from moe_gemm.variants.k5 import K5Adaptive, slots
@@ -339,7 +338,7 @@ def run_on_gpu(args, gpu) -> int:
 
     progress("[ceilings] device copy and cuBLAS bf16")
     ceilings = roofline_ceilings()
-    basis = roofline_basis({"ceilings": ceilings})
+    basis = basis_for(gpu)
     progress("[calibration] per-tile cost of every tile shape")
     calibration = calibrate(basis.copy_tbps)
     show(calibration_table(calibration))

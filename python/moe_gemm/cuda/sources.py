@@ -52,7 +52,11 @@ def _strip_comments(text: str) -> str:
 def preprocessed_source(source_file: str, kernel_dir: Path = KERNEL_DIR) -> str:
     """The source with every ``#include "..."`` expanded in place (once per file), comments removed
     and blank lines dropped: what the compiler's front end reads, less what cannot change the code.
-    Macros are not expanded; a changed macro changes the text that defines it."""
+    Macros are not expanded; a changed macro changes the text that defines it. A Python kernel
+    (numba, ``kernels/k0_fp32.py``) loses its comment lines and blank lines."""
+    if source_file.endswith(".py"):
+        lines = (line.rstrip() for line in (kernel_dir / source_file).read_text().splitlines())
+        return "\n".join(line for line in lines if line.strip() and not line.lstrip().startswith("#"))
     expanded: list[Path] = []
 
     def expand(path: Path) -> str:

@@ -1,83 +1,64 @@
-"""The roofline every chapter measures against: arithmetic at the dense-bf16 rate, bytes at copy bandwidth.
+"""The roofline every chapter measures against: arithmetic at the tensor pipe's peak, bytes at copy
+bandwidth.
 
-The compulsory traffic of one grouped GEMM reads A and every expert's B once and writes C
-once. B does not depend on M_tot: at the seed shape it is 352 MB of the 474 MB total, which
-is why small batches are memory-bound however well the tiles are filled.
+The compulsory traffic of one grouped GEMM reads A once, the weights B[e] of every expert that
+has rows once, and writes C once. An expert with no rows needs none of its weights, so at decode
+sizes (512 rows over 64 experts under heavy skew) fewer than all 64 matrices must move; at the
+seed shape B is 352 MB of the 474 MB total, which is why small batches are memory-bound however
+well the tiles are filled.
+
+The two rates come from one record per GPU (``ceilings/<gpu>.json``, written by
+``python -m moe_gemm.measure.ceilings``): the wgmma microbenchmark's peak, which no kernel that
+issues wgmma can pass, and the device-to-device copy. Neither is a library's GEMM rate: a kernel
+can beat cuBLAS, but it cannot beat the tensor pipe.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+import numpy as np
 
 from moe_gemm.model.problem import useful_flops
-
-# Measured on this project's H200 before the chapters were written (cuBLAS bf16 8192^3 through
-# torch, and a device-to-device copy). A results file whose run measured its own ceilings uses those
-# instead (roofline_basis); these stand in for runs that did not.
-H200_DENSE_BF16_TFLOPS = 757.0
-H200_COPY_TBPS = 4.22
+from moe_gemm.model.workloads import Workload
 
 
-def compulsory_bytes(experts: int, tokens: int, K: int, N: int, element_bytes: int = 2) -> int:  # noqa: N803
-    """A [M_tot, K] + B [E, K, N] read once, C [M_tot, N] written once."""
-    return element_bytes * (tokens * K + experts * K * N + tokens * N)
-
-
-def roofline_ms(experts: int, tokens: int, K: int, N: int, *,  # noqa: N803
-                peak_tflops: float = H200_DENSE_BF16_TFLOPS, bandwidth_tbps: float = H200_COPY_TBPS) -> float:
-    """max(FLOP / peak, bytes / bandwidth): no kernel can finish sooner."""
-    compute = useful_flops(tokens, K, N) / (peak_tflops * 1e12)
-    memory = compulsory_bytes(experts, tokens, K, N) / (bandwidth_tbps * 1e12)
-    return max(compute, memory) * 1e3
-
-
-def roofline_tflops(experts: int, tokens: int, K: int, N: int, **ceilings: float) -> float:  # noqa: N803
-    """The roofline limit expressed as useful TFLOP/s."""
-    return useful_flops(tokens, K, N) / (roofline_ms(experts, tokens, K, N, **ceilings) * 1e-3) / 1e12
+def compulsory_bytes(counts: np.ndarray, K: int, N: int, element_bytes: int = 2) -> int:  # noqa: N803
+    """A [M_tot, K] and the B[e] [K, N] of each expert with rows read once, C [M_tot, N] written once."""
+    counts = np.asarray(counts)
+    tokens, experts_with_rows = int(counts.sum()), int(np.count_nonzero(counts))
+    return element_bytes * (tokens * K + experts_with_rows * K * N + tokens * N)
 
 
 @dataclass(frozen=True)
 class RooflineBasis:
-    """The two ceilings a roofline is drawn from, and whether the run being read measured them."""
+    """The two ceilings a roofline is drawn from, and where they were measured."""
 
-    dense_tflops: float
+    tensor_tflops: float  # the wgmma peak
     copy_tbps: float
-    measured: bool
+    source: str
 
     @property
     def label(self) -> str:
-        """'787 / 4.27': dense bf16 TFLOP/s / copy TB/s, for a column header."""
-        return f"{self.dense_tflops:.0f} / {self.copy_tbps:.2f}"
+        """'912 / 4.27': tensor TFLOP/s / copy TB/s, for a column header."""
+        return f"{self.tensor_tflops:.0f} / {self.copy_tbps:.2f}"
 
     @property
-    def source(self) -> str:
-        return ("measured in the same run" if self.measured
-                else "measured on this project's H200 before the chapters' runs")
+    def ridge(self) -> float:
+        """FLOP per compulsory byte where the two limits meet."""
+        return self.tensor_tflops / self.copy_tbps
 
-    def tflops(self, experts: int, tokens: int, K: int, N: int) -> float:  # noqa: N803
-        return roofline_tflops(experts, tokens, K, N, peak_tflops=self.dense_tflops, bandwidth_tbps=self.copy_tbps)
+    def ms(self, workload: Workload) -> float:
+        """max(FLOP / peak, compulsory bytes / bandwidth): no kernel can finish sooner."""
+        compute = useful_flops(workload.tokens, workload.K, workload.N) / (self.tensor_tflops * 1e12)
+        memory = compulsory_bytes(workload.counts, workload.K, workload.N) / (self.copy_tbps * 1e12)
+        return max(compute, memory) * 1e3
 
+    def tflops(self, workload: Workload) -> float:
+        """The roofline limit expressed as useful TFLOP/s."""
+        return useful_flops(workload.tokens, workload.K, workload.N) / (self.ms(workload) * 1e-3) / 1e12
 
-FIXED_BASIS = RooflineBasis(H200_DENSE_BF16_TFLOPS, H200_COPY_TBPS, measured=False)
-
-
-def _measured(data: Mapping[str, Any], name: str, unit: str) -> float | None:
-    """ceiling/<name> from the file's 'ceilings' section or, failing that, from its records."""
-    for entry in [*(data.get("ceilings") or []), *(data.get("records") or [])]:
-        if entry.get("variant") == f"ceiling/{name}" and entry.get(unit):
-            return float(entry[unit])
-    return None
-
-
-def roofline_basis(data: Mapping[str, Any]) -> RooflineBasis:
-    """The ceilings measured in the run a results file records, else :data:`FIXED_BASIS`.
-
-    Both must have been measured: a roofline mixing this run's copy rate with an older dense rate
-    would be neither run's.
-    """
-    dense, copy = _measured(data, "dense_bf16", "tflops"), _measured(data, "copy", "tbps")
-    if dense is None or copy is None:
-        return FIXED_BASIS
-    return RooflineBasis(dense, copy, measured=True)
+    def bound(self, workload: Workload) -> str:
+        """'memory' or 'compute': the term that sets the limit."""
+        flops = useful_flops(workload.tokens, workload.K, workload.N)
+        return "memory" if flops / compulsory_bytes(workload.counts, workload.K, workload.N) < self.ridge else "compute"

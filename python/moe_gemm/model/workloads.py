@@ -11,7 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from moe_gemm.model.problem import Problem, make_problem
+from moe_gemm.model.routing import expert_counts
 
 SEED_EXPERTS, SEED_K, SEED_N, SEED_TOKENS = 64, 1024, 2688, 16384
 WORKLOAD_KEYS = ("tokens", "skew", "experts", "K", "N")  # the fields of a results record naming its workload
@@ -47,6 +50,11 @@ class Workload:
         """As a table column: '16k s=0', '2k s=1.2', '1,000 s=0'."""
         rows = f"{self.tokens // 1024}k" if self.tokens % 1024 == 0 else f"{self.tokens:,}"
         return f"{rows} s={self.skew:g}"
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Rows per expert under this routing (no inputs drawn)."""
+        return expert_counts(self.experts, self.tokens, self.skew)
 
     def problem(self, seed: int) -> Problem:
         return make_problem(self.experts, self.tokens, self.K, self.N, self.skew, seed=seed)

@@ -45,9 +45,9 @@ The macros (Jinja globals; ``fmt``, ``pct`` and ``change`` are filters too), wit
 ``ceiling(ch, name)``
     ``ceiling/<name>`` as measured in that chapter's run (TFLOP/s, or TB/s for ``copy``):
     ``{{ ceiling("02", "mma_sync") }}`` gives ``630.4``.
-``roofline(ch, fmt=".0f", **workload)`` and ``roofline_basis(ch)``
-    The roofline in useful TFLOP/s on the chapter's basis (its run's measured ceilings, else the
-    fixed ones of ``moe_gemm.model.roofline``), and that basis in words.
+``roofline(fmt=".0f", **workload)`` and ``roofline_basis()``
+    The roofline in useful TFLOP/s at the recorded GPU's ceilings (``ceilings/h200.json``: the wgmma
+    peak and the device copy; one basis for every page and every run.py), and that basis in words.
 ``provenance(ch)``
     The chapter's provenance (GPU, driver, CUDA, packages, commit, date, command) as one
     collapsible block; put it on its own line.
@@ -70,10 +70,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from moe_gemm.measure.ceilings import roofline_basis as recorded_basis
 from moe_gemm.measure.results import RECORDED_GPU
 from moe_gemm.model.occupancy import Residency
 from moe_gemm.model.occupancy import residency as _residency
-from moe_gemm.model.roofline import RooflineBasis, roofline_basis
+from moe_gemm.model.roofline import RooflineBasis
 from moe_gemm.model.roofline import compulsory_bytes as _compulsory_bytes
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta as _eta
@@ -179,7 +180,7 @@ class Pages:
                 rows += found
         if not rows:
             raise PageDataError(f"{self._name(ch)} has no records for this table")
-        table = records_table(rows, basis=roofline_basis(data), columns=columns or DEFAULT_COLUMNS,
+        table = records_table(rows, basis=self.basis(), columns=columns or DEFAULT_COLUMNS,
                               peers_from=records)
         return table.markdown()
 
@@ -209,16 +210,15 @@ class Pages:
                 return Number(item[unit], FIELD_FORMATS[unit])
         raise PageDataError(f"{self._name(ch)} records no ceiling/{name}")
 
-    def basis(self, ch: str) -> RooflineBasis:
-        return roofline_basis(self.data(ch))
+    def basis(self) -> RooflineBasis:
+        return recorded_basis(self.gpu, self.root)
 
-    def roofline(self, ch: str, fmt: str = ".0f", **workload: Any) -> Number:
-        w = _workload(**workload)
-        return Number(self.basis(ch).tflops(w.experts, w.tokens, w.K, w.N), fmt)
+    def roofline(self, fmt: str = ".0f", **workload: Any) -> Number:
+        return Number(self.basis().tflops(_workload(**workload)), fmt)
 
-    def roofline_basis(self, ch: str) -> str:
-        b = self.basis(ch)
-        return f"{b.dense_tflops:.0f} TFLOP/s dense bf16 and {b.copy_tbps:.2f} TB/s copy, {b.source}"
+    def roofline_basis(self) -> str:
+        b = self.basis()
+        return f"{b.tensor_tflops:.0f} TFLOP/s (wgmma) and {b.copy_tbps:.2f} TB/s (copy), {b.source}"
 
     def provenance(self, ch: str) -> str:
         p = self.data(ch)["provenance"]
@@ -243,7 +243,7 @@ class Pages:
     @staticmethod
     def compulsory_bytes(**workload: Any) -> Number:
         w = _workload(**workload)
-        return Number(_compulsory_bytes(w.experts, w.tokens, w.K, w.N), ",.0f")
+        return Number(_compulsory_bytes(w.counts, w.K, w.N), ",.0f")
 
     @staticmethod
     def eta(bm: int, **workload: Any) -> Number:

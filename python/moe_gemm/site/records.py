@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_gemm.core.tables import Table
+from moe_gemm.measure.ceilings import roofline_basis
 from moe_gemm.measure.results import RECORDED_GPU, load_results, results_path
-from moe_gemm.model.roofline import FIXED_BASIS, RooflineBasis, roofline_basis
+from moe_gemm.model.roofline import RooflineBasis
 from moe_gemm.model.workloads import WORKLOAD_KEYS, Workload
 
 PEER = "peer/torch_grouped_mm"
@@ -49,7 +50,7 @@ class Column:
 
 
 def _roofline_cell(r: dict[str, Any], _: Sequence[dict[str, Any]], basis: RooflineBasis) -> str:
-    return f"{100 * r['useful_tflops'] / basis.tflops(r['experts'], r['tokens'], r['K'], r['N']):.1f}"
+    return f"{100 * r['useful_tflops'] / basis.tflops(Workload.of(r)):.1f}"
 
 
 # The columns a results table can show, by name; run.py and the docs pages (moe_gemm.site.pages) draw
@@ -67,8 +68,8 @@ COLUMNS: dict[str, Column] = {
                         lambda r, rs, b: _fmt(r.get("scheduled_tflops"), ",.1f")),
     "vs_peer": Column("vs peer", "vs peer: over torch._grouped_mm on the same inputs in the same run",
                       lambda r, rs, b: _fmt(peer_ratio(r, rs), ".2f")),
-    "roofline": Column("% roofline", "% roofline: of max(FLOP / dense bf16, bytes / copy) at the ceilings "
-                                     "in the header (TFLOP/s / TB/s)", _roofline_cell),
+    "roofline": Column("% roofline", "% roofline: of the time max(FLOP / wgmma peak, compulsory bytes / copy) "
+                                     "allows, at the ceilings in the header (TFLOP/s / TB/s)", _roofline_cell),
     "eta": Column("eta", "eta: real rows / scheduled rows", lambda r, rs, b: _fmt(r.get("eta"), ".3f")),
     "tiles": Column("tiles", "tiles: blocks launched", lambda r, rs, b: _fmt(r.get("tiles"), ",")),
     "registers": Column("regs", "regs: per thread", lambda r, rs, b: _fmt(r.get("registers"), "d")),
@@ -98,10 +99,11 @@ def records_legend(columns: Sequence[str], basis: RooflineBasis, host_bound: boo
 
 
 def records_table(records: Sequence[dict[str, Any]], title: str | None = None,
-                  basis: RooflineBasis = FIXED_BASIS, columns: Sequence[str] = DEFAULT_COLUMNS,
+                  basis: RooflineBasis | None = None, columns: Sequence[str] = DEFAULT_COLUMNS,
                   peers_from: Sequence[dict[str, Any]] | None = None) -> Table:
     """The standard table: time, useful TFLOP/s, ratio to the peer, %roofline, eta, resources.
 
+    ``basis`` is the roofline's ceilings; by default the recorded GPU's (ceilings/h200.json).
     ``peers_from`` holds the records the "vs peer" column looks the peer up in (default: ``records``),
     for a table that shows some of a run's records but compares them with its peer.
     """
@@ -109,6 +111,7 @@ def records_table(records: Sequence[dict[str, Any]], title: str | None = None,
     if unknown:
         raise ValueError(f"unknown column(s) {unknown}; known: {', '.join(COLUMNS)}")
     lookup = records if peers_from is None else peers_from
+    basis = basis or roofline_basis()
     rows = tuple(tuple(COLUMNS[c].cell(r, lookup, basis) for c in columns) for r in records)
     return Table(tuple(column_header(c, basis) for c in columns), rows, title=title,
                  legend=records_legend(columns, basis, any(r["variant"] == HOST_BOUND for r in records)))
@@ -122,7 +125,7 @@ def show_recorded(chapter: str, gpu_slug: str = RECORDED_GPU, title: str | None 
         return 1
     data = load_results(path)
     prov = data["provenance"]
-    print(records_table(data["records"], basis=roofline_basis(data),
+    print(records_table(data["records"], basis=roofline_basis(gpu_slug),
                         title=title or f"Recorded on {prov['gpu']} ({prov['date']}, commit "
                                        f"{prov['git_commit'][:12]})").text())
     return 0

@@ -12,14 +12,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from moe_gemm.core.tables import Table
+from moe_gemm.measure.ceilings import roofline_basis
 from moe_gemm.model.problem import useful_flops
-from moe_gemm.model.roofline import H200_COPY_TBPS, H200_DENSE_BF16_TFLOPS, compulsory_bytes, roofline_tflops
+from moe_gemm.model.roofline import compulsory_bytes
 from moe_gemm.model.routing import expert_counts, routing_summary
 from moe_gemm.model.tiles import eta, eta_estimate, m_tiles_per_expert, scheduled_flops, tile_count
+from moe_gemm.model.workloads import Workload
 
-Workload = tuple[int, float]  # (tokens, skew)
-
-SEED_SKEWS = (0.0, 0.4, 0.8, 1.2, 1.6)  # the skews the seed's worklog sweeps
+TokensSkew = tuple[int, float]  # a routing of the seed shape: (M_tot, s)
 # The one balanced rate we can quote without a GPU: k2/S2 (BM=128) at 16,384 rows on the seed's B300.
 SEED_B300_K2_TFLOPS = 440.1
 SEED_B300_K2_LABEL = "the seed's B300 k2/S2 number"
@@ -35,7 +35,7 @@ def _eta_cell(counts: np.ndarray, bm: int) -> float | str:
     return eta(counts, bm) if np.sum(counts) else "-"
 
 
-def routing_table(experts: int, workloads: Sequence[Workload]) -> Table:
+def routing_table(experts: int, workloads: Sequence[TokensSkew]) -> Table:
     """Largest, smallest and empty experts, and max/mean imbalance, per workload."""
     rows = []
     for tokens, skew in workloads:
@@ -48,7 +48,7 @@ def routing_table(experts: int, workloads: Sequence[Workload]) -> Table:
                         "max/mean: largest expert over the mean.")
 
 
-def tile_count_table(experts: int, N: int, workloads: Sequence[Workload],  # noqa: N803
+def tile_count_table(experts: int, N: int, workloads: Sequence[TokensSkew],  # noqa: N803
                      shapes: Sequence[tuple[int, int]] = ((64, 64), (128, 128))) -> Table:
     """Per workload and BM x BN: M tiles, N tiles, descriptors (blocks) and eta."""
     rows = []
@@ -83,8 +83,8 @@ def eta_detail_table(counts: np.ndarray, K: int, N: int, bms: Sequence[int], bn:
                         "included; padding = 1 - eta; '-' where no row is routed.")
 
 
-def estimate_table(experts: int, workloads: Sequence[Workload], bms: Sequence[int], balanced_tflops: float,
-                   estimate_bm: int = 128, reference: Workload = (16384, 0.0), rate_label: str = "measured") -> Table:
+def estimate_table(experts: int, workloads: Sequence[TokensSkew], bms: Sequence[int], balanced_tflops: float,
+                   estimate_bm: int = 128, reference: TokensSkew = (16384, 0.0), rate_label: str = "measured") -> Table:
     """eta per BM and the eta-only estimate T ~= T_ref * eta / eta_ref for ``estimate_bm``.
 
     ``balanced_tflops`` is a measured rate at the ``reference`` workload with BM = ``estimate_bm``;
@@ -107,17 +107,19 @@ def estimate_table(experts: int, workloads: Sequence[Workload], bms: Sequence[in
 
 
 def roofline_table(experts: int, K: int, N: int, tokens_list: Sequence[int]) -> Table:  # noqa: N803
-    """Useful FLOP, compulsory bytes, arithmetic intensity and the H200 roofline per M_tot."""
-    ridge = H200_DENSE_BF16_TFLOPS / H200_COPY_TBPS  # FLOP per byte where the two limits meet
+    """Useful FLOP, compulsory bytes, arithmetic intensity and the H200 roofline per M_tot (balanced
+    routing), at the recorded H200's ceilings."""
+    basis = roofline_basis()
     rows = []
     for tokens in tokens_list:
+        workload = Workload(tokens, 0.0, experts, K, N)
         flops = useful_flops(tokens, K, N)
-        traffic = compulsory_bytes(experts, tokens, K, N)
-        intensity = flops / traffic
-        rows.append((tokens, f"{flops / 1e9:,.1f}", f"{traffic / 1e6:,.1f}", f"{intensity:,.1f}",
-                     f"{roofline_tflops(experts, tokens, K, N):.0f}", "memory" if intensity < ridge else "compute"))
+        traffic = compulsory_bytes(workload.counts, K, N)
+        rows.append((tokens, f"{flops / 1e9:,.1f}", f"{traffic / 1e6:,.1f}", f"{flops / traffic:,.1f}",
+                     f"{basis.tflops(workload):.0f}", basis.bound(workload)))
     return Table(("rows M_tot", "useful GFLOP", "compulsory MB", "FLOP/byte", "roofline TFLOP/s", "bound by"),
-                 tuple(rows), f"Roofline, E = {experts:,}, K = {K:,}, N = {N:,}: H200 {H200_DENSE_BF16_TFLOPS:g} "
-                 f"TFLOP/s, {H200_COPY_TBPS:g} TB/s (ridge {ridge:.0f} FLOP/byte)",
-                 legend="compulsory: A and B read once, C written once, bf16; roofline: useful FLOP over "
-                        "max(FLOP / dense bf16, bytes / copy).")
+                 tuple(rows), f"Roofline, E = {experts:,}, K = {K:,}, N = {N:,}, s = 0: H200 "
+                 f"{basis.tensor_tflops:.0f} TFLOP/s, {basis.copy_tbps:.2f} TB/s (ridge {basis.ridge:.0f} FLOP/byte)",
+                 legend="compulsory: A and the weights of experts with rows read once, C written once, bf16; "
+                        "roofline: useful FLOP over max(FLOP / wgmma peak, bytes / copy), both measured on the "
+                        "H200 (ceilings/h200.json).")

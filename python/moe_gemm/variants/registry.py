@@ -9,7 +9,9 @@ How a kernel module joins: define, at module level,
 
 (name -> zero-argument factory) in the package ``moe_gemm/variants/<family>/``, where ``<family>``
 is the part of the name before the first '/' (``k0``, ``k1``, ..., ``peer``). Nothing here needs
-editing: the family's package is imported on first use.
+editing: the family's package is imported on first use. A family whose variants share code paths
+may also name, in ``SANITIZED``, the few that together take every branch of its kernel template:
+compute-sanitizer then runs those instead of all of them.
 """
 
 from __future__ import annotations
@@ -70,3 +72,9 @@ def resolve(selectors: list[str]) -> list[Any]:
         else:
             chosen.extend(factory() for factory in _family_variants(selector).values())
     return chosen
+
+
+def sanitized(family: str) -> list[str]:
+    """The variants compute-sanitizer runs for ``family``: its ``SANITIZED`` names, else all of it."""
+    module = importlib.import_module(f"{__package__}.{family}")
+    return list(getattr(module, "SANITIZED", None) or names(family))

@@ -74,6 +74,8 @@ class K0Fp32:
     name = "k0"
     bm, bn, bk = BM, BN, BK
     kernel_function = KERNEL_FUNCTION
+    source = f"{KERNEL_STEM}.py"  # under kernels/
+    kernel_name = KERNEL_FUNCTION
 
     def __repr__(self) -> str:
         return "K0Fp32()"

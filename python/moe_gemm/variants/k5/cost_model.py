@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from moe_gemm.model.roofline import compulsory_bytes
 from moe_gemm.variants.k5.mixed_tiles import (
     BM,
     POLICIES,
@@ -98,12 +99,6 @@ class Prediction:
     @property
     def bound(self) -> str:
         return "memory" if self.memory_us >= self.overhead_us + self.compute_us else "compute"
-
-
-def compulsory_bytes(counts: np.ndarray, K: int, N: int) -> int:  # noqa: N803
-    """A and C once, and the weights of every expert that has rows once: what any kernel moves."""
-    counts = np.asarray(counts, dtype=np.int64)
-    return 2 * (int(counts.sum()) * (K + N) + int((counts > 0).sum()) * K * N)
 
 
 def fresh_bytes(tiles: np.ndarray, K: int) -> np.ndarray:  # noqa: N803

@@ -1,0 +1,203 @@
+"""The record of kernels checked on the GPU: ``kernels/validated.json``.
+
+CI has no GPU, so it cannot see a kernel that computes wrong numbers: the CPU suite compiles every
+kernel and reads its SASS, but only the GPU tests run it. This record closes that gap. For every
+kernel configuration the chapters run, it holds a hash of the kernel's preprocessed source (every
+file reached through ``#include``, comments and blank lines removed: cuda.sources.source_hash)
+and the GPU run that last passed the configuration's GPU tests and compute-sanitizer. A CPU test
+(tests/test_validated.py) fails when a kernel's current hash has no such record, naming the
+kernel and the command that makes the record:
+
+    python -m moe_gemm.measure.validation status          # any machine: which kernels are stale
+    python -m moe_gemm.measure.validation run [FAMILY..]   # on the GPU: test, sanitize, record
+
+``run`` runs each family's GPU tests and, for the CUDA C++ families, compute-sanitizer's
+memcheck, racecheck and synccheck (tests/test_sanitizer_gpu.py), in parallel subprocesses, and
+records every configuration of each family whose runs all passed. A family that fails keeps its
+old record, which no longer matches: the CPU test keeps failing until it passes on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from moe_gemm.core.paths import KERNEL_DIR, REPO_ROOT
+from moe_gemm.cuda.sources import source_hash
+from moe_gemm.measure.ceilings import CEILING_KERNELS
+from moe_gemm.measure.provenance import git_commit
+from moe_gemm.variants import registry
+
+RECORD_PATH = KERNEL_DIR / "validated.json"
+# The GPU tests of each family. k4 (tcgen05) is absent: it needs a Blackwell GPU, and none is
+# available to this project, so it is compiled and inspected only (chapter 05).
+GPU_TESTS = {
+    "k0": ("tests/test_k0_gpu.py",), "k1": ("tests/test_k1_gpu.py",), "k2": ("tests/test_k2_gpu.py",),
+    "k3": ("tests/test_k3_gpu.py",), "k5": ("tests/test_k5_gpu.py",), "ceiling": ("tests/test_ceilings.py",),
+}
+SANITIZED = ("k1", "k2", "k3", "k5")  # the CUDA C++ families; k0 is numba and the ceilings touch no memory
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
+TEST_TIMEOUT_S = 1200
+
+
+def kernel_configurations() -> dict[str, tuple[str, str]]:
+    """Every kernel configuration the chapters run on a GPU: name -> (source under kernels/, instance)."""
+    found = {name: (kernel.source, kernel.name) for name, kernel in CEILING_KERNELS.items()}
+    for family in GPU_TESTS:
+        if family != "ceiling":
+            for name in registry.names(family):
+                variant = registry.get(name)
+                found[name] = (variant.source, variant.kernel_name)
+    return found
+
+
+def current_hashes(kernel_dir: Path = KERNEL_DIR) -> dict[str, str]:
+    return {name: source_hash(source, instance, kernel_dir)
+            for name, (source, instance) in kernel_configurations().items()}
+
+
+def load_record(path: Path = RECORD_PATH) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {"kernels": {}}
+
+
+def stale(hashes: dict[str, str] | None = None, record: dict[str, Any] | None = None) -> list[str]:
+    """Kernel configurations whose current hash has no passing GPU run on record."""
+    hashes = current_hashes() if hashes is None else hashes
+    kernels = (load_record() if record is None else record)["kernels"]
+    return [name for name, digest in hashes.items() if kernels.get(name, {}).get("hash") != digest]
+
+
+def family_of(name: str) -> str:
+    return "ceiling" if name.startswith("ceiling/") else registry.family_of(name)
+
+
+def stale_message(names: Sequence[str]) -> str:
+    families = sorted({family_of(name) for name in names})
+    return (f"{len(names)} kernel configuration(s) changed since their GPU tests last passed, or never passed: "
+            f"{', '.join(names)}. On an sm_90a GPU, run: python -m moe_gemm.measure.validation run "
+            f"{' '.join(families)}  (it runs their GPU tests and compute-sanitizer and updates {RECORD_PATH.name})")
+
+
+# --------------------------------------------------------------------------- on the GPU
+
+def _pytest(args: list[str], name: str, scratch: Path) -> dict[str, Any]:
+    """One pytest run in a subprocess; its counts from the JUnit XML report."""
+    report = scratch / f"{name.replace('/', '_')}.xml"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", f"--junitxml={report}",
+               *args]
+    proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=TEST_TIMEOUT_S,
+                          check=False)
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    if report.is_file():
+        suite = ET.parse(report).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        counts = {key: int(suite.get(key, 0)) for key in counts}
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return {"name": name, "returncode": proc.returncode, "passed": passed, **counts,
+            "tail": (proc.stdout + proc.stderr)[-3000:]}
+
+
+def family_runs(family: str) -> list[tuple[list[str], str]]:
+    """The pytest runs that validate a family: its GPU tests and, for CUDA C++, each sanitizer tool."""
+    runs = [([*GPU_TESTS[family]], f"{family}-tests")]
+    if family in SANITIZED:
+        runs += [(["tests/test_sanitizer_gpu.py", "-k", f"{family} and {tool}"], f"{family}-{tool}")
+                 for tool in SANITIZER_TOOLS]
+    return runs
+
+
+def family_outcome(family: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Passed only if every run passed something, failed nothing and skipped nothing."""
+    ok = all(r["returncode"] == 0 and r["passed"] > 0 and not r["skipped"] for r in results)
+    return {"family": family, "ok": ok, "tests_passed": results[0]["passed"],
+            "sanitizer": [f"{r['name'].split('-', 1)[1]}: {r['passed']} passed" for r in results[1:]],
+            "runs": results}
+
+
+def record_family(record: dict[str, Any], outcome: dict[str, Any], gpu: Any, hashes: dict[str, str]) -> None:
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    for name, digest in hashes.items():
+        if family_of(name) != outcome["family"]:
+            continue
+        source, instance = kernel_configurations()[name]
+        record["kernels"][name] = {
+            "source": source, "instance": instance, "hash": digest, "gpu": gpu.name,
+            "compute_capability": f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}", "date": date,
+            "commit": git_commit(), "gpu_tests_passed": outcome["tests_passed"],
+            "sanitizer": ", ".join(outcome["sanitizer"]) or "not run (no CUDA C++ memory access to check)",
+        }
+
+
+def write_record(record: dict[str, Any], path: Path = RECORD_PATH) -> None:
+    record["kernels"] = dict(sorted(record["kernels"].items()))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(record, handle, indent=1)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def run(families: Sequence[str], jobs: int) -> int:
+    from moe_gemm.cuda.gpu import detect_gpu
+
+    gpu = detect_gpu()
+    if gpu is None or gpu.compute_capability != (9, 0):
+        print("validation runs on an sm_90a GPU (compute capability 9.0), where every family can run; "
+              f"this machine has {gpu.name if gpu else 'no NVIDIA GPU'}", file=sys.stderr)
+        return 2
+    hashes, record = current_hashes(), load_record()
+    record.setdefault("about", "Kernel configurations whose GPU tests and compute-sanitizer last passed, keyed by "
+                               "the hash of their preprocessed source: python -m moe_gemm.measure.validation")
+    status = 0
+    planned = [(family, args, name) for family in families for args, name in family_runs(family)]
+    print(f"[validation] {len(planned)} pytest runs for {', '.join(families)}, {jobs} at a time", file=sys.stderr,
+          flush=True)
+    with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(lambda run: _pytest(run[1], run[2], Path(scratch)), planned))
+    for family in families:
+        outcome = family_outcome(family, [r for (f, _, _), r in zip(planned, results) if f == family])
+        for r in outcome["runs"]:
+            print(f"  {r['name']:<18} rc={r['returncode']} passed={r['passed']} failed={r['failures']} "
+                  f"errors={r['errors']} skipped={r['skipped']}")
+        if outcome["ok"]:
+            record_family(record, outcome, gpu, hashes)
+        else:
+            status = 1
+            for r in outcome["runs"]:
+                if r["returncode"] != 0 or r["skipped"]:
+                    print(r["tail"], file=sys.stderr)
+    write_record(record)
+    left = stale(hashes, record)
+    print(f"recorded in {RECORD_PATH}; stale now: {', '.join(left) or 'none'}")
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m moe_gemm.measure.validation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("status", help="list the kernel configurations with no passing GPU run on record")
+    runner = sub.add_parser("run", help="on an sm_90a GPU: run GPU tests and compute-sanitizer, record what passes")
+    runner.add_argument("families", nargs="*", default=list(GPU_TESTS), choices=list(GPU_TESTS),
+                        help=f"families to validate (default: all of {', '.join(GPU_TESTS)})")
+    runner.add_argument("--jobs", type=int, default=8, help="pytest processes at once (default 8)")
+    args = parser.parse_args(argv)
+    if args.command == "status":
+        names = stale()
+        print(stale_message(names) if names else "every kernel configuration has a passing GPU run on record")
+        return 1 if names else 0
+    return run(args.families, args.jobs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

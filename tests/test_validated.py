@@ -1,0 +1,82 @@
+"""The guard that kernels were checked on the GPU: kernels/validated.json against the sources.
+
+CI has no GPU, so a kernel that computes wrong numbers passes every CPU test: swapping the two
+values of k1's bf16 store compiles, has the same SASS counts and the same resources. What CI can
+see is that the kernel's source changed after its GPU tests last passed. These tests fail until
+`python -m moe_gemm.measure.validation run <family>` has passed on an sm_90a GPU and been
+committed."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from moe_gemm.core.paths import KERNEL_DIR
+from moe_gemm.measure import validation
+from moe_gemm.variants import registry
+
+
+def test_every_kernel_the_chapters_run_passed_its_gpu_tests_in_its_current_form():
+    names = validation.stale()
+    assert not names, validation.stale_message(names)
+
+
+def test_the_record_names_only_kernels_that_exist():
+    record = validation.load_record()
+    assert set(record["kernels"]) <= set(validation.kernel_configurations())
+
+
+def test_each_record_says_where_and_what_passed():
+    for name, entry in validation.load_record()["kernels"].items():
+        assert entry["gpu"] and entry["compute_capability"] == "9.0" and entry["date"][:2] == "20", name
+        assert entry["gpu_tests_passed"] > 0, name
+        if validation.family_of(name) in validation.SANITIZED:
+            assert all(f"{tool}: " in entry["sanitizer"] for tool in validation.SANITIZER_TOOLS), name
+
+
+def test_every_family_the_chapters_run_is_covered():
+    configurations = validation.kernel_configurations()
+    for family in ("k0", "k1", "k2", "k3", "k5"):
+        assert set(registry.names(family)) <= set(configurations), family
+    assert {"ceiling/ffma", "ceiling/mma_sync", "ceiling/wgmma"} <= set(configurations)
+    assert not any(name.startswith("k4/") for name in configurations)  # no Blackwell GPU: compiled only
+
+
+@pytest.fixture
+def kernels_copy(tmp_path):
+    folder = tmp_path / "kernels"
+    shutil.copytree(KERNEL_DIR, folder)
+    return folder
+
+
+def test_swapping_the_two_values_of_k1s_bf16_store_makes_every_k1_kernel_stale(kernels_copy):
+    source = kernels_copy / "k1_mma_sync.cu"
+    text = source.read_text()
+    store = "pack_bf16x2(acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1])"
+    assert text.count(store) == 1
+    source.write_text(text.replace(store, "pack_bf16x2(acc[mi][ni][2 * half + 1], acc[mi][ni][2 * half])"))
+    before, after = validation.current_hashes(), validation.current_hashes(kernels_copy)
+    changed = {name for name in before if before[name] != after[name]}
+    assert changed == set(registry.names("k1"))
+
+
+def test_an_edit_two_includes_down_makes_its_kernels_stale(kernels_copy):
+    """k3 reaches ptx.cuh through tma_pipeline.cuh and epilogues.cuh as well as directly."""
+    header = kernels_copy / "named_barriers.cuh"
+    header.write_text(header.read_text().replace("STAGING_BARRIER = 1", "STAGING_BARRIER = 4"))
+    before, after = validation.current_hashes(), validation.current_hashes(kernels_copy)
+    changed = {name for name in before if before[name] != after[name]}
+    assert set(registry.names("k3")) <= changed and set(registry.names("k5")) <= changed
+    assert not changed & set(registry.names("k1"))
+
+
+def test_comments_and_blank_lines_do_not_make_a_kernel_stale(kernels_copy):
+    source = kernels_copy / "k2_tma_ws.cu"
+    source.write_text("// a new comment\n\n" + source.read_text().replace("\n", "\n\n", 3) + "/* and another */\n")
+    assert validation.current_hashes(kernels_copy) == validation.current_hashes()
+
+
+def test_the_stale_message_names_the_kernel_and_the_command():
+    message = validation.stale_message(["k1/bm64", "ceiling/wgmma"])
+    assert "k1/bm64" in message and "python -m moe_gemm.measure.validation run ceiling k1" in message
