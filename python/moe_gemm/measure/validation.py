@@ -117,8 +117,9 @@ def family_runs(family: str) -> list[tuple[list[str], str]]:
 
 
 def family_outcome(family: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Passed only if every run passed something, failed nothing and skipped nothing."""
-    ok = all(r["returncode"] == 0 and r["passed"] > 0 and not r["skipped"] for r in results)
+    """Passed only if every run passed something and failed nothing. A skip is allowed (a test meant
+    for an older GPU skips on this one) and recorded in the counts."""
+    ok = all(r["returncode"] == 0 and r["passed"] > 0 and not r["failures"] and not r["errors"] for r in results)
     return {"family": family, "ok": ok, "tests_passed": results[0]["passed"],
             "sanitizer": [f"{r['name'].split('-', 1)[1]}: {r['passed']} passed" for r in results[1:]],
             "runs": results}
