@@ -187,9 +187,9 @@ def test_small_case_is_padding_bound_not_memory_bound(pages, figures, k0, clock)
 
 def test_small_case_beside_the_peers(pages, k0):
     ratios = {name: pages.ratio("01", "k0", PEER, **w) for name, w in WORKLOADS.items()}
-    small_roof = pages.roofline("01", tokens=2048)
-    assert small_roof < pages.ceiling("01", "dense_bf16")  # the roofline is the memory bound here
-    assert pages.roofline("01") == pytest.approx(pages.ceiling("01", "dense_bf16"))  # and not at 16k
+    small_roof = pages.roofline(tokens=2048)
+    assert pages.roofline_bound(tokens=2048) == "memory-bound"  # 'which is the memory bound at this size'
+    assert small_roof < pages.roofline()
     assert k0["small"].useful_tflops < 0.3 * small_roof  # 'k0 is not memory-bound'
     assert max(ratios, key=ratios.get) == "small"  # 'where k0 compares best with torch._grouped_mm'
     assert k0["small"].useful_tflops > pages.tflops("01", LOOP, tokens=2048)  # 'k0 also beats the loop here'

@@ -209,12 +209,14 @@ def test_claim_peer_ahead_except_at_2048_rows(recorded):
 
 
 def test_claim_not_memory_bound_at_16k_and_ceilings(recorded):
+    from moe_gemm.measure.ceilings import roofline_basis
     from moe_gemm.model.roofline import compulsory_bytes
+    from moe_gemm.model.workloads import SEED
 
     data, ch02, run = recorded
     best = _tf(data, run, "k2/s3", "16k s=0")
-    tbps = compulsory_bytes(64, 16384, 1024, 2688) / (best["median_ms"] * 1e-3) / 1e12
-    assert tbps < 0.6 * 4.22  # "the compulsory bytes need well under the copy ceiling"
+    tbps = compulsory_bytes(SEED.counts, SEED.K, SEED.N) / (best["median_ms"] * 1e-3) / 1e12
+    assert tbps < 0.6 * roofline_basis().copy_tbps  # "the compulsory bytes need well under the copy ceiling"
     if ch02 is not None:
         from moe_gemm.measure.ceilings import ceiling_value
 
@@ -265,7 +267,9 @@ def test_claim_skewed_beats_the_eta_only_estimate_and_waves_do_not_explain_it(re
 
 
 def test_claim_2048_rows_pay_for_their_padding(recorded):
-    from moe_gemm.model.roofline import H200_COPY_TBPS, compulsory_bytes, roofline_tflops
+    from moe_gemm.measure.ceilings import roofline_basis
+    from moe_gemm.model.roofline import compulsory_bytes
+    from moe_gemm.model.workloads import Workload
 
     data, _, run = recorded
     rows = {r["variant"]: r for r in data["stages"]}
@@ -273,11 +277,12 @@ def test_claim_2048_rows_pay_for_their_padding(recorded):
         assert abs(rows[v]["small_tflops"] / rows[v]["small_estimate"] - 1) < bound, v
     small, balanced = _tf(data, run, "k2/s3", "2k s=0"), _tf(data, run, "k2/s3", "16k s=0")
     assert small["eta"] == 0.25
-    floor_ms = compulsory_bytes(64, 2048, 1024, 2688) / (H200_COPY_TBPS * 1e12) * 1e3
+    basis, cell = roofline_basis(), Workload(2048, 0.0)
+    floor_ms = compulsory_bytes(cell.counts, cell.K, cell.N) / (basis.copy_tbps * 1e12) * 1e3
     scheduled_flop = small["scheduled_tflops"] * 1e12 * small["median_ms"] * 1e-3
     at_balanced_ms = scheduled_flop / (balanced["useful_tflops"] * 1e12) * 1e3
     assert at_balanced_ms > floor_ms and small["median_ms"] > floor_ms  # "bound by its padded math"
-    assert small["useful_tflops"] < roofline_tflops(64, 2048, 1024, 2688)
+    assert small["useful_tflops"] < basis.tflops(cell)
 
 
 def test_claim_model_residency_is_ncus(recorded):

@@ -163,10 +163,12 @@ def test_skew_k3_keeps_more_than_eta_and_more_than_the_peer(data):
 def test_small_batch_is_memory_bound_and_64_row_tiles_do_not_help(data):
     from moe_gemm.model.problem import useful_flops
     from moe_gemm.model.roofline import compulsory_bytes
+    from moe_gemm.model.workloads import Workload
 
     ceilings = {c["variant"]: c for c in data["ceilings"]}
     copy = ceilings["ceiling/copy"]["tbps"]
-    limit = useful_flops(2048, 1024, 2688) / (compulsory_bytes(64, 2048, 1024, 2688) / (copy * 1e12)) / 1e12
+    cell = Workload(2048, 0.0)
+    limit = useful_flops(2048, 1024, 2688) / (compulsory_bytes(cell.counts, cell.K, cell.N) / (copy * 1e12)) / 1e12
     assert 0.85 < tf(data, "k3/tmastore-bn192-kmajor", 2048) / limit < 1
     assert tf(data, "k3/tmastore-bm64-bn256", 2048) <= tf(data, "k3/tmastore-bn192-kmajor", 2048)
 

@@ -35,16 +35,27 @@ SYNTHETIC = {
                 _record("peer/torch_grouped_mm", tflops=200.0),
                 _record("peer/torch_grouped_mm", skew=1.2, tflops=160.0),
                 _record("k9/a", K=8192, tflops=120.0)],
-    "ceilings": [{"variant": "ceiling/copy", "tbps": 4.0}, {"variant": "ceiling/dense_bf16", "tflops": 800.0}],
+    "ceilings": [{"variant": "ceiling/copy", "tbps": 4.2}, {"variant": "ceiling/dense_bf16", "tflops": 700.0}],
     "profile": [{"variant": "k9/a", "cycles_per_issue": 14.904, "instructions": 56300184.0}],
 }
 
 
-@pytest.fixture
-def pages(tmp_path) -> Pages:
-    path = tmp_path / "chapters" / "99" / "results" / "h200.json"
+# The GPU's one ceilings record, which every page's roofline reads (not the chapter's own ceilings).
+CEILINGS = {"provenance": SYNTHETIC["provenance"], "records": [],
+            "ceilings": [{"variant": "ceiling/copy", "tbps": 4.0}, {"variant": "ceiling/wgmma", "tflops": 800.0}]}
+
+
+def _write_synthetic(root: Path, ceilings: dict = CEILINGS) -> None:
+    path = root / "chapters" / "99" / "results" / "h200.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(SYNTHETIC))
+    (root / "ceilings").mkdir()
+    (root / "ceilings" / "h200.json").write_text(json.dumps(ceilings))
+
+
+@pytest.fixture
+def pages(tmp_path) -> Pages:
+    _write_synthetic(tmp_path)
     return Pages(tmp_path)
 
 
@@ -89,18 +100,23 @@ def test_ratio_spread_and_sections(pages):
     assert str(pages.entry("99", "profile", "k9/a", "cycles_per_issue")) == "14.90"
     assert str(pages.entry("99", "profile", "k9/a", "instructions")) == "56,300,184"
     assert str(pages.section("99", "provenance").clocks["clocks.sm"]) == "1980 MHz"
-    assert str(pages.ceiling("99", "copy")) == "4.00" and str(pages.ceiling("99", "dense_bf16")) == "800.0"
+    assert str(pages.ceiling("99", "copy")) == "4.20" and str(pages.ceiling("99", "dense_bf16")) == "700.0"
 
 
-def test_roofline_uses_the_runs_own_ceilings(pages, tmp_path):
+def test_roofline_uses_the_gpus_one_ceilings_record(pages, tmp_path):
     # At 4 TB/s the seed shape's 473,956,352 compulsory bytes take longer than its 90.2 GFLOP at
-    # 800 TFLOP/s: memory-bound, just, at 16,384 rows; far more so at 2,048.
-    assert str(pages.roofline("99")) == "761"
-    assert pages.roofline("99", tokens=2048) == pytest.approx(2 * 2048 * 1024 * 2688 / (367_525_888 / 4e12) / 1e12)
-    assert "800 TFLOP/s dense bf16 and 4.00 TB/s copy, measured in the same run" == pages.roofline_basis("99")
-    without = dict(SYNTHETIC, ceilings=[{"variant": "ceiling/copy", "tbps": 4.0}])  # half a basis is none
-    (tmp_path / "chapters/99/results/h200.json").write_text(json.dumps(without))
-    assert str(pages.roofline("99")) == "757"  # 4.22 TB/s: compute-bound again
+    # 800 TFLOP/s: memory-bound, just, at 16,384 rows; far more so at 2,048. The chapter's own
+    # ceilings (4.2 TB/s, cuBLAS 700) play no part.
+    assert str(pages.roofline()) == "761"
+    assert pages.roofline(tokens=2048) == pytest.approx(2 * 2048 * 1024 * 2688 / (367_525_888 / 4e12) / 1e12)
+    assert pages.roofline_bound() == "memory-bound" and pages.roofline_bound(tokens=1 << 20) == "compute-bound"
+    assert pages.roofline_basis() == ("800 TFLOP/s (wgmma) and 4.00 TB/s (copy), wgmma peak and device copy "
+                                      "measured on the H200 (ceilings/h200.json)")
+    assert str(pages.gpu_ceiling("wgmma")) == "800.0" and str(pages.gpu_ceiling("copy")) == "4.00"
+    half = dict(CEILINGS, ceilings=[{"variant": "ceiling/copy", "tbps": 4.0}])  # half a basis is none
+    (tmp_path / "ceilings/h200.json").write_text(json.dumps(half))
+    with pytest.raises(ValueError, match="python -m moe_gemm.measure.ceilings"):
+        pages.roofline()
 
 
 def test_results_table_selects_variants_workloads_and_columns(pages):
@@ -111,7 +127,7 @@ def test_results_table_selects_variants_workloads_and_columns(pages):
     assert lines[2] == "| k9/a | 16,384 rows, s=0 | 100.0 | 0.50 | 13.1 |"  # of 761
     assert lines[3] == "| k9/a | 16,384 rows, s=1.2 | 80.0 | 0.50 | 10.5 |"
     assert lines[4] == ""
-    assert lines[5].startswith("*TFLOP/s: useful") and "ceilings measured in the same run" in lines[5]
+    assert lines[5].startswith("*TFLOP/s: useful") and "ceilings wgmma peak and device copy measured on the H200" in lines[5]
     everything = pages.results_table("99")
     assert everything.count("| k9/a |") == 4 and "peer/torch_grouped_mm" in everything
     with pytest.raises(PageDataError, match="no record of k9/a at 2,048 rows, s=1.2"):
@@ -164,9 +180,7 @@ def _mini_site(tmp_path: Path, page: str) -> subprocess.CompletedProcess:
               on_error_fail: true
         markdown_extensions: [tables, pymdownx.details]
         """))
-    path = tmp_path / "chapters" / "99" / "results" / "h200.json"
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(SYNTHETIC))
+    _write_synthetic(tmp_path)
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PYTHONPATH=os.pathsep.join(
         [str(REPO / "python"), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],

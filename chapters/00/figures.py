@@ -19,11 +19,11 @@ from moe_gemm.core.tables import Table
 from moe_gemm.model.occupancy import issue_rate, max_registers_for, registers_per_warp, residency, sm_ipc
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta
+from moe_gemm.model.workloads import GRID_SKEWS
 from moe_gemm.site.style import BM_COLORS, figures_main, new_figure, save_figure
 from moe_gemm.site.workload_tables import (
     SEED_B300_K2_LABEL,
     SEED_B300_K2_TFLOPS,
-    SEED_SKEWS,
     estimate_table,
     roofline_table,
     routing_table,
@@ -33,7 +33,7 @@ from moe_gemm.site.workload_tables import (
 
 CHAPTER = "00"
 EXPERTS, K, N = 64, 1024, 2688
-SKEWS = SEED_SKEWS
+SKEWS = GRID_SKEWS  # the skews the seed's worklog sweeps
 # Experts shown in the tile picture: a spread of sizes at s=1.2, 16k rows (695 down to 32 rows),
 # each leaving a different amount of padding in its last tile.
 PICTURE_EXPERTS = (4, 10, 20, 33, 50, 63)

@@ -45,9 +45,12 @@ The macros (Jinja globals; ``fmt``, ``pct`` and ``change`` are filters too), wit
 ``ceiling(ch, name)``
     ``ceiling/<name>`` as measured in that chapter's run (TFLOP/s, or TB/s for ``copy``):
     ``{{ ceiling("02", "mma_sync") }}`` gives ``630.4``.
-``roofline(fmt=".0f", **workload)`` and ``roofline_basis()``
+``roofline(fmt=".0f", **workload)``, ``roofline_bound(**workload)`` and ``roofline_basis()``
     The roofline in useful TFLOP/s at the recorded GPU's ceilings (``ceilings/h200.json``: the wgmma
-    peak and the device copy; one basis for every page and every run.py), and that basis in words.
+    peak and the device copy; one basis for every page and every run.py), which of the two sets it
+    ('memory-bound' or 'compute-bound'), and that basis in words.
+``gpu_ceiling(name)``
+    One ceiling of that record: ``{{ gpu_ceiling("wgmma") }}``, ``{{ gpu_ceiling("copy") }}``.
 ``provenance(ch)``
     The chapter's provenance (GPU, driver, CUDA, packages, commit, date, command) as one
     collapsible block; put it on its own line.
@@ -70,6 +73,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from moe_gemm.measure.ceilings import ceiling_value, recorded_ceilings
 from moe_gemm.measure.ceilings import roofline_basis as recorded_basis
 from moe_gemm.measure.results import RECORDED_GPU
 from moe_gemm.model.occupancy import Residency
@@ -216,6 +220,17 @@ class Pages:
     def roofline(self, fmt: str = ".0f", **workload: Any) -> Number:
         return Number(self.basis().tflops(_workload(**workload)), fmt)
 
+    def roofline_bound(self, **workload: Any) -> str:
+        """'memory-bound' or 'compute-bound': which ceiling sets the roofline at this workload."""
+        return f"{self.basis().bound(_workload(**workload))}-bound"
+
+    def gpu_ceiling(self, name: str) -> Number:
+        """``ceiling/<name>`` from the recorded GPU's ceilings record (TFLOP/s, or TB/s for ``copy``)."""
+        value = ceiling_value(recorded_ceilings(self.gpu, self.root) or [], name)
+        if value is None:
+            raise PageDataError(f"ceilings/{self.gpu}.json records no ceiling/{name}")
+        return Number(value, FIELD_FORMATS["tbps" if name == "copy" else "tflops"])
+
     def roofline_basis(self) -> str:
         b = self.basis()
         return f"{b.tensor_tflops:.0f} TFLOP/s (wgmma) and {b.copy_tbps:.2f} TB/s (copy), {b.source}"
@@ -256,7 +271,7 @@ class Pages:
 
     def macros(self) -> dict[str, Any]:
         names = ("record", "value", "tflops", "ms", "spread", "ratio", "results_table", "section", "entry",
-                 "ceiling", "roofline", "roofline_basis", "provenance", "compulsory_bytes", "eta", "residency")
+                 "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance", "compulsory_bytes", "eta", "residency")
         return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change}
 
 
