@@ -23,6 +23,7 @@ from moe_gemm.core.chapters import chapter_module
 from moe_gemm.core.cli import run_main
 from moe_gemm.measure.results import recorded
 from moe_gemm.model.workloads import Workload
+from moe_gemm.site.progression import progression, progression_figure
 from moe_gemm.site.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
 
 CHAPTER = "06"
@@ -148,7 +149,9 @@ def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
     return [report, save_figure(grid_figure(data), CHAPTER, "grid", root),
             save_figure(eta_figure(data), CHAPTER, "eta", root),
             save_figure(model_figure(data), CHAPTER, "model", root),
-            save_figure(calibration_figure(data), CHAPTER, "calibration", root)]
+            save_figure(calibration_figure(data), CHAPTER, "calibration", root),
+            # the home page's: every measured step so far, each beside the peer of its own run
+            save_figure(progression_figure(progression()), CHAPTER, "progression", root)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,16 +3,14 @@ needed) and count the instructions a chapter is about."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-
-from moe_gemm.cuda.nvrtc import CompiledKernel, cache_dir
 
 
 def _tool(name: str) -> str:
@@ -37,14 +35,11 @@ def sass(cubin: bytes, tool: str = "cuobjdump") -> str:
     commands = {"cuobjdump": ["-sass"], "nvdisasm": ["-c"]}
     if tool not in commands:
         raise ValueError(f"tool must be one of {sorted(commands)}, got {tool!r}")
-    scratch = cache_dir() / f"sass-{os.getpid()}-{hashlib.sha256(cubin).hexdigest()[:16]}.cubin"
-    scratch.parent.mkdir(parents=True, exist_ok=True)
-    scratch.write_bytes(cubin)
-    try:
+    with tempfile.TemporaryDirectory(prefix="moe-gemm-sass-") as folder:
+        scratch = Path(folder) / "kernel.cubin"
+        scratch.write_bytes(cubin)
         return subprocess.run([_tool(tool), *commands[tool], str(scratch)], capture_output=True, text=True,
                               check=True).stdout
-    finally:
-        scratch.unlink(missing_ok=True)
 
 
 def opcode_counts(sass_text: str, opcodes: Iterable[str]) -> dict[str, int]:
@@ -53,8 +48,9 @@ def opcode_counts(sass_text: str, opcodes: Iterable[str]) -> dict[str, int]:
     return {op: sum(m.startswith(op) for m in mnemonics) for op in opcodes}
 
 
-def sass_report(compiled: CompiledKernel, opcodes: Iterable[str] = ()) -> dict[str, Any]:
-    """One row of a compile report: ptxas's resource report and static counts of ``opcodes``."""
+def sass_report(compiled: Any, opcodes: Iterable[str] = ()) -> dict[str, Any]:
+    """One row of a compile report for a CompiledKernel (moe_gemm.cuda.nvrtc, which imports this module):
+    ptxas's resource report and static counts of ``opcodes``."""
     r = compiled.report
     return {"kernel": compiled.name, "arch": compiled.arch, "registers": r.registers,
             "static_smem_bytes": r.static_smem_bytes, "spill_bytes": r.spill_bytes,
