@@ -42,10 +42,40 @@ def tile_size(name: str):
 
 
 class ChapterParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (no usage block): 'run.py: error: ... (see --help)'."""
+    """An ArgumentParser whose errors are one line (no usage block): 'run.py: error: ... (see --help)'.
+
+    It also remembers which options the command line gave (:func:`given_options`), so that a run
+    can name the flags it ignores without mistaking a default for a request.
+    """
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = super().parse_known_args(args, namespace)
+        # Parse the same words again with every default suppressed: an option is then on the result
+        # only if the command line set it, even to its default value.
+        defaults = [(action, action.default) for action in self._actions]
+        try:
+            for action, _ in defaults:
+                action.default = argparse.SUPPRESS
+            probe, _ = super().parse_known_args(args, argparse.Namespace())
+        finally:
+            for action, default in defaults:
+                action.default = default
+        setattr(parsed, _GIVEN, frozenset(option for action in self._actions if hasattr(probe, action.dest)
+                                          for option in action.option_strings))
+        return parsed, extras
+
+
+_GIVEN = "_given_options"  # where ChapterParser leaves the option strings the command line gave
+
+
+def given_options(args: argparse.Namespace) -> frozenset[str]:
+    """The option strings (every spelling of each given option) the command line set in ``args``."""
+    if not hasattr(args, _GIVEN):
+        raise TypeError("these arguments were not parsed by chapter_parser(): which flags were given is unknown")
+    return getattr(args, _GIVEN)
 
 
 def chapter_parser(description: str | None) -> ChapterParser:
@@ -73,11 +103,11 @@ def add_problem_arguments(parser: argparse.ArgumentParser, *, tokens: int = 1638
 
 
 def ignored_flags(args: argparse.Namespace, flags: Sequence[str], reason: str) -> str | None:
-    """One line naming the given flags that cannot act here and why, or None if none was given.
-
-    ``flags`` are option strings ('--profile'); their argparse destinations are looked up on ``args``.
+    """One line naming the flags among ``flags`` that the command line gave and that cannot act here,
+    and why; None if it gave none of them. A default is not a request: ``--rounds`` with its default
+    of 3 is not reported, ``--rounds 3`` typed out is. ``args`` come from a :class:`ChapterParser`.
     """
-    given = [flag for flag in flags if getattr(args, flag.lstrip("-").replace("-", "_"), False)]
+    given = [flag for flag in flags if flag in given_options(args)]
     if not given:
         return None
     verb = "was" if len(given) == 1 else "were"
