@@ -103,14 +103,3 @@ def test_ignored_flags_needs_a_chapter_parser() -> None:
     parser.add_argument("--quick", action="store_true")
     with pytest.raises(TypeError, match="chapter_parser"):
         ignored_flags(parser.parse_args(["--quick"]), ("--quick",), "x")
-
-
-def test_why_not_sm90a_names_the_reason_or_none():
-    from types import SimpleNamespace
-
-    from moe_gemm.core.cli import why_not_sm90a
-
-    assert why_not_sm90a(None) == "there is no NVIDIA GPU on this machine"
-    b200 = SimpleNamespace(name="NVIDIA B200", compute_capability=(10, 0))
-    assert why_not_sm90a(b200) == "NVIDIA B200 is sm_100 and wgmma runs only on sm_90a"
-    assert why_not_sm90a(SimpleNamespace(name="NVIDIA H200", compute_capability=(9, 0))) is None

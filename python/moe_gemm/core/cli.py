@@ -1,4 +1,5 @@
-"""Command-line plumbing shared by the chapters' run.py: argument types and one-line errors."""
+"""Command-line plumbing shared by the chapters' run.py: argument types, one-line errors, and the
+flags a run names as ignored."""
 
 from __future__ import annotations
 
@@ -112,26 +113,6 @@ def ignored_flags(args: argparse.Namespace, flags: Sequence[str], reason: str) -
         return None
     verb = "was" if len(given) == 1 else "were"
     return f"{' and '.join(given)} {verb} ignored: {reason}."
-
-
-def kernel_not_run(kernel: str, needs: str, gpu: Any, arch: str) -> str:
-    """Why ``kernel`` does not run on this machine (no GPU, or one older than it ``needs``), and what
-    the chapter's run does instead. ``gpu`` is a moe_gemm.cuda.gpu.GpuInfo or None."""
-    if gpu is None:
-        return f"No NVIDIA GPU was found, so {kernel} is compiled for {arch} and not run."
-    cc = f"sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
-    return f"{kernel} needs {needs} and {gpu.name} is {cc}, so {kernel} is compiled for {arch} and not run."
-
-
-def why_not_sm90a(gpu: Any) -> str | None:
-    """Why a wgmma kernel cannot run here (no GPU, or one that is not sm_90a), or None if it can.
-    ``gpu`` is a moe_gemm.cuda.gpu.GpuInfo or None; the reason completes "... is not run here because"."""
-    if gpu is None:
-        return "there is no NVIDIA GPU on this machine"
-    if gpu.compute_capability != (9, 0):
-        major, minor = gpu.compute_capability
-        return f"{gpu.name} is sm_{major}{minor} and wgmma runs only on sm_90a"
-    return None
 
 
 QUICK_TIMING = {"warmup": 5, "iterations": 20}  # --quick; the default is moe_gemm.cuda.timing's 10 and 50
