@@ -12,7 +12,7 @@ import pytest
 
 from moe_gemm.core.chapters import chapter_module
 from moe_gemm.measure import profile
-from moe_gemm.measure.results import write_results
+from moe_gemm.measure.results import load_results, write_results
 from moe_gemm.model.workloads import Workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +60,8 @@ def test_no_gpu_path_prints_the_compile_report_and_exits_0(run02, monkeypatch, c
     monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda: None)
     assert run02.main(["--profile", "--no-peers"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("No NVIDIA GPU was found, so k1 is compiled for sm_90a and not run.\n")
+    assert out.startswith("k1 is not run here because there is no NVIDIA GPU on this machine; compiling every "
+                          "configuration for sm_90a instead.\n")
     assert "--no-peers and --profile were ignored: nothing is timed or profiled without a GPU." in out
     assert "regs: per thread (ptxas); blocks/SM: the occupancy model's" in out  # the compile report's legend
     for name in ("k1/bm32", "k1/bm64", "k1/bm128", "k1/bm64-fragdb", "k1/bm128-fragdb"):
@@ -80,13 +81,20 @@ def test_model_rows_compare_the_eta_estimate_with_the_measurement(run02):
     assert text.splitlines()[-1].startswith("warps/sched.: resident warps per scheduler by the model")
 
 
-def test_old_gpu_sentence(run02):
+def test_old_gpu_sentence(run02, monkeypatch, capsys):
     from types import SimpleNamespace
 
+    import moe_gemm.cuda.gpu
+
     gpu = SimpleNamespace(name="Tesla V100", compute_capability=(7, 0))
-    assert run02.not_run_sentence(gpu, "sm_90a") == (
-        "k1 needs sm_80 or newer (cp.async, ldmatrix, bf16 mma.sync) and Tesla V100 is sm_70, so k1 is compiled "
-        "for sm_90a and not run.")
+    assert run02.REQUIRES.why_not(gpu) == (
+        "Tesla V100 is sm_70 and k1 needs sm_80 or newer (cp.async, ldmatrix, bf16 mma.sync)")
+    assert run02.REQUIRES.why_not(SimpleNamespace(name="NVIDIA A100", compute_capability=(8, 0))) is None
+    monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda: gpu)
+    assert run02.main([]) == 0
+    assert capsys.readouterr().out.startswith(
+        "k1 is not run here because Tesla V100 is sm_70 and k1 needs sm_80 or newer (cp.async, ldmatrix, bf16 "
+        "mma.sync); compiling every configuration for sm_90a instead.\n")
 
 
 def test_profile_table_puts_the_model_beside_ncu(run02):
@@ -151,7 +159,7 @@ def test_sanitize_target_refuses_unknown_names():
 # ---- figures.py -------------------------------------------------------------------------------------
 
 def test_figures_without_results_write_the_compilers_tables_only(figures02, tmp_path, monkeypatch):
-    monkeypatch.setattr(figures02, "results_path", lambda chapter, gpu: tmp_path / "absent.json")
+    monkeypatch.setattr(figures02, "recorded", lambda chapter: None)
     assert figures02.main(["--out", str(tmp_path)]) == 0
     out = tmp_path / "02"
     assert not list(out.glob("*.png"))
@@ -172,7 +180,7 @@ def test_figures_from_a_results_file(figures02, tmp_path, monkeypatch):
                 {"variant": "ceiling/mma_sync", "tflops": 600.0}]
     write_results(results, SYNTHETIC, PROVENANCE, extra={"ceilings": ceilings, "profile": profiles,
                                                         "compile_report": compile_report})
-    monkeypatch.setattr(figures02, "results_path", lambda chapter, gpu: results)
+    monkeypatch.setattr(figures02, "recorded", lambda chapter: load_results(results))
     out_root = tmp_path / "figures"
     (out_root / "02").mkdir(parents=True)
     (out_root / "02" / "stalls.png").write_bytes(b"stale")
@@ -183,11 +191,14 @@ def test_figures_from_a_results_file(figures02, tmp_path, monkeypatch):
 
 def test_figures_main_runs_as_the_docs_hook_calls_it(figures02, tmp_path, monkeypatch):
     """The hook calls main() with sys.argv = [argv0]: no arguments at all."""
+    import moe_gemm.site.style
+
     monkeypatch.setattr(sys, "argv", ["figures"])
-    monkeypatch.setattr(figures02, "FIGURE_ROOT", tmp_path)
-    monkeypatch.setattr(figures02, "results_path", lambda chapter, gpu: tmp_path / "absent.json")
-    # FIGURE_ROOT is bound as the --out default when the parser is built inside main()
+    monkeypatch.setattr(moe_gemm.site.style, "FIGURE_ROOT", tmp_path)
+    monkeypatch.setattr(figures02, "recorded", lambda chapter: None)
+    # FIGURE_ROOT is bound as the --out default when figures_main builds the parser
     assert figures02.main() == 0
+    assert (tmp_path / "02" / "compile_report.md").is_file()
 
 
 def test_sanitizer_command_runs_this_module_under_the_tool():

@@ -49,7 +49,8 @@ def synthetic_records() -> list[dict]:
 def test_no_gpu_prints_the_compile_report_and_exits_0(no_gpu, capsys) -> None:
     assert chapter_module("03", "run").main(["--quick"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("No NVIDIA GPU was found, so k2 is compiled for sm_90a and not run.\n")
+    assert out.startswith("k2 is not run here because there is no NVIDIA GPU on this machine; compiling the "
+                          "chapter's kernels for sm_90a instead.\n")
     assert "--quick was ignored: nothing is timed or profiled without an sm_90 GPU." in out
     assert "UTMALDG (TMA), SYNCS (mbarrier)" in out  # the compile report's legend
     for text in ("k2/s2", "k2/s3", "k2/s4", "UTMALDG", "SYNCS", "HMMA", "blocks/SM"):
@@ -86,7 +87,7 @@ def test_tables_from_records() -> None:
 
 def test_figures_without_results_draw_no_measured_figure(tmp_path, monkeypatch, capsys) -> None:
     figures = chapter_module("03", "figures")
-    monkeypatch.setattr(figures, "recorded", lambda chapter, gpu_slug: None)
+    monkeypatch.setattr(figures, "recorded", lambda chapter: None)
     assert figures.main(["--out", str(tmp_path)]) == 0
     folder = tmp_path / "03"
     assert (folder / "ring.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -103,7 +104,7 @@ def test_figures_from_results(tmp_path, monkeypatch) -> None:
                            "date": "2026-11-29", "git_commit": "0123456789abcdef"},
             "records": synthetic_records(),
             "profile": [{"variant": "k2/s2", "achieved_warps_per_sm": 17.5, "occupancy_limit_registers": 2.0}]}
-    monkeypatch.setattr(figures, "recorded", lambda chapter, gpu_slug: data)
+    monkeypatch.setattr(figures, "recorded", lambda chapter: data)
     assert figures.main(["--out", str(tmp_path)]) == 0
     folder = tmp_path / "03"
     for name in ("progression", "stages"):

@@ -54,8 +54,8 @@ def test_recorded_run_is_complete(data):
     assert all(c["passed"] for c in data["checks"])
     assert {c["variant"] for c in data["checks"]} == set(data["ladder"])
     for name in data["ladder"]:
-        for tokens, skew in chapter_module("04").TARGETS:
-            record(data, name, tokens, skew)  # every rung at every workload
+        for w in chapter_module("04").TARGETS:
+            record(data, name, w.tokens, w.skew)  # every rung at every workload
     assert data["provenance"]["gpu"] == "NVIDIA H200"
 
 

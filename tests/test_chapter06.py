@@ -55,6 +55,17 @@ def test_run_without_gpu_prints_the_compile_report_and_the_models_choices(capsys
     assert "2,048 s=1.2" in out and "Recorded on NVIDIA H200" in out
 
 
+def test_run_without_gpu_and_without_flags_reports_no_flag_as_ignored(capsys, monkeypatch):
+    """--rounds has a default of 3; a run that was not given it must not say it ignored it."""
+    import moe_gemm.cuda.gpu
+
+    monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda ordinal=0: None)
+    assert chapter_module("06").main([]) == 0
+    out = capsys.readouterr().out
+    assert "k5 is not run here because there is no NVIDIA GPU on this machine" in out
+    assert "ignored" not in out
+
+
 def test_bad_arguments_are_refused_with_one_line(capsys):
     run = chapter_module("06")
     with pytest.raises(SystemExit):

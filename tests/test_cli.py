@@ -81,12 +81,25 @@ def test_ignored_flags_name_what_was_given_and_why() -> None:
     assert ignored_flags(parser.parse_args([]), ("--quick", "--profile"), "x") is None
 
 
-def test_why_not_sm90a_names_the_reason_or_none():
-    from types import SimpleNamespace
+def test_a_default_is_not_reported_as_ignored_but_a_given_flag_is() -> None:
+    """--rounds with its default of 3 was not asked for; --rounds 3 typed out was, and so was --r 5."""
+    parser = chapter_parser("test parser")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[512, 2048])
+    assert ignored_flags(parser.parse_args([]), ("--rounds", "--quick", "--tokens"), "x") is None
+    given_default = parser.parse_args(["--rounds", "3"])
+    assert ignored_flags(given_default, ("--rounds", "--quick"), "x") == "--rounds was ignored: x."
+    assert ignored_flags(parser.parse_args(["--r", "5"]), ("--rounds",), "x") == "--rounds was ignored: x."
+    assert ignored_flags(parser.parse_args(["--tokens", "512"]), ("--rounds", "--tokens"), "x") == (
+        "--tokens was ignored: x.")
+    assert parser.get_default("rounds") == 3  # the defaults are the parser's again after the second parse
 
-    from moe_gemm.core.cli import why_not_sm90a
 
-    assert why_not_sm90a(None) == "there is no NVIDIA GPU on this machine"
-    b200 = SimpleNamespace(name="NVIDIA B200", compute_capability=(10, 0))
-    assert why_not_sm90a(b200) == "NVIDIA B200 is sm_100 and wgmma runs only on sm_90a"
-    assert why_not_sm90a(SimpleNamespace(name="NVIDIA H200", compute_capability=(9, 0))) is None
+def test_ignored_flags_needs_a_chapter_parser() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    with pytest.raises(TypeError, match="chapter_parser"):
+        ignored_flags(parser.parse_args(["--quick"]), ("--quick",), "x")

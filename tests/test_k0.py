@@ -172,9 +172,10 @@ def test_run_help_describes_the_flags(capsys):
         assert flag in out
 
 
-def test_figures_without_results_draw_only_the_layout(tmp_path):
+def test_figures_without_results_draw_only_the_layout(tmp_path, monkeypatch):
     figures = chapter_module("01", "figures")
-    written = figures.write_outputs(tmp_path, tmp_path / "absent.json")
+    monkeypatch.setattr(figures, "recorded", lambda chapter: None)
+    written = figures.write_outputs(tmp_path)
     assert [p.name for p in written] == ["layout.png"]
     assert not (tmp_path / "01" / "throughput.png").exists()
 
@@ -201,9 +202,13 @@ def _fake_results(path: Path) -> Path:
     return path
 
 
-def test_figures_from_a_results_file(tmp_path):
+def test_figures_from_a_results_file(tmp_path, monkeypatch):
     """A results file with no torch loop and only the FFMA ceiling still draws the throughput figure."""
+    from moe_gemm.measure.results import load_results
+
     figures = chapter_module("01", "figures")
-    written = figures.write_outputs(tmp_path, _fake_results(tmp_path / "h200.json"))
+    results = _fake_results(tmp_path / "h200.json")
+    monkeypatch.setattr(figures, "recorded", lambda chapter: load_results(results))
+    written = figures.write_outputs(tmp_path)
     assert [p.name for p in written] == ["layout.png", "throughput.png"]
     assert (tmp_path / "01" / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from moe_gemm.measure import provenance as provenance_module
-from moe_gemm.measure.provenance import PROVENANCE_KEYS, provenance
+from moe_gemm.measure.provenance import COMMIT_DIGITS, PROVENANCE_KEYS, commit_label, provenance
 from moe_gemm.measure.results import RECORD_KEYS, find_record, load_results, results_path, write_results
 
 SCHEMA_PROVENANCE_KEYS = {"gpu", "compute_capability", "driver", "cuda", "packages", "git_commit", "date", "command"}
@@ -109,3 +111,23 @@ def test_provenance_without_a_gpu(monkeypatch) -> None:
 def test_results_path_layout() -> None:
     path = results_path("03", "h200")
     assert path.parts[-4:] == ("chapters", "03", "results", "h200.json")
+
+
+def test_commit_label_is_twelve_digits():
+    """Every run prints a recorded commit the same width (show_recorded's title)."""
+    full = "2f07a95cdc0ffa8af7b0746105e59eeecf8654c4"
+    assert COMMIT_DIGITS == 12
+    assert commit_label(full) == full[:12]
+    assert commit_label(full + "+dirty") == full[:12] + "+dirty"
+    assert commit_label("unknown") == "unknown"
+
+
+def test_a_short_recorded_commit_is_lengthened_from_git():
+    """A results file made from a copy of the tree may carry a short hash ($MOE_GEMM_GIT_COMMIT)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("no git checkout here")
+    assert commit_label(head[:7]) == head[:12]
+    assert commit_label("0000000") == "0000000"  # unknown to git: shown as recorded

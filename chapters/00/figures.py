@@ -14,13 +14,11 @@ from pathlib import Path
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from moe_gemm.core.cli import run_main
-from moe_gemm.core.tables import Table
+from moe_gemm.chapter import SEED, SEED_WORKLOADS, Table, figures_main, run_main
 from moe_gemm.model.occupancy import issue_rate, max_registers_for, registers_per_warp, residency, sm_ipc
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta
-from moe_gemm.model.workloads import GRID_SKEWS
-from moe_gemm.site.style import BM_COLORS, figures_main, new_figure, save_figure
+from moe_gemm.site.style import BM_COLORS, new_figure, save_figure
 from moe_gemm.site.workload_tables import (
     SEED_B300_K2_LABEL,
     SEED_B300_K2_TFLOPS,
@@ -32,15 +30,17 @@ from moe_gemm.site.workload_tables import (
 )
 
 CHAPTER = "00"
-EXPERTS, K, N = 64, 1024, 2688
-SKEWS = GRID_SKEWS  # the skews the seed's worklog sweeps
+EXPERTS, K, N = SEED.experts, SEED.K, SEED.N
+ROWS = (SEED.tokens, 2048)  # the seed's routed rows, and the memory-bound 2,048 of SEED_WORKLOADS
+ROOFLINE_ROWS = (2048, 4096, 16384, 65536)
+SKEWS = SEED_SKEWS
 # Experts shown in the tile picture: a spread of sizes at s=1.2, 16k rows (695 down to 32 rows),
 # each leaving a different amount of padding in its last tile.
 PICTURE_EXPERTS = (4, 10, 20, 33, 50, 63)
 SKEW_COLORS = {0.0: "#000000", 0.4: "#1f77b4", 0.8: "#2ca02c", 1.2: "#d62728", 1.6: "#9467bd"}
 
 
-def tokens_per_expert(tokens: int = 16384):
+def tokens_per_expert(tokens: int = SEED.tokens):
     fig, ax = new_figure(7.0, 3.8)
     experts = np.arange(EXPERTS)
     for skew in SKEWS:
@@ -72,7 +72,7 @@ def _draw_expert_tiles(ax, y: float, rows: int, bm: int, color: str) -> None:
         ax.add_patch(Rectangle((start, y - 0.35), bm, 0.7, fill=False, edgecolor="black", linewidth=0.6))
 
 
-def tile_quantisation(tokens: int = 16384, skew: float = 1.2):
+def tile_quantisation(tokens: int = SEED.tokens, skew: float = 1.2):
     counts = expert_counts(EXPERTS, tokens, skew)
     fig, axes = new_figure(7.5, 5.6, nrows=2, sharex=True)
     widest = max(-(-int(counts[e]) // 128) * 128 for e in PICTURE_EXPERTS)
@@ -101,7 +101,7 @@ def tile_quantisation(tokens: int = 16384, skew: float = 1.2):
 def eta_against_skew():
     fig, ax = new_figure(7.0, 4.4)
     skews = np.linspace(0.0, 2.0, 201)
-    for tokens, style in ((16384, "-"), (2048, "--")):
+    for tokens, style in zip(ROWS, ("-", "--")):
         for bm in (32, 64, 128):
             values = [eta(expert_counts(EXPERTS, tokens, float(s)), bm) for s in skews]
             ax.plot(skews, values, style, color=BM_COLORS[bm], linewidth=1.4, label=f"BM = {bm}, {tokens:,} rows")
@@ -113,9 +113,10 @@ def eta_against_skew():
     ax.set_ylabel(r"row utilisation $\eta$")
     ax.set_ylim(0, 1.05)
     ax.set_xlim(0, 2)
-    first_empty = next(float(s) for s in skews if (expert_counts(EXPERTS, 2048, float(s)) == 0).any())
+    small = ROWS[1]
+    first_empty = next(float(s) for s in skews if (expert_counts(EXPERTS, small, float(s)) == 0).any())
     ax.annotate(f"from s = {first_empty:.2f} the lightest experts get\n0 of 2,048 rows and schedule no tiles",
-                xy=(first_empty, eta(expert_counts(EXPERTS, 2048, first_empty), 32)), xytext=(0.9, 0.48), va="center",
+                xy=(first_empty, eta(expert_counts(EXPERTS, small, first_empty), 32)), xytext=(0.9, 0.48), va="center",
                 fontsize=8, arrowprops={"arrowstyle": "->", "color": "#555555"})
     ax.set_title(f"Row utilisation against skew, E = {EXPERTS}\n"
                  "solid: 16,384 rows, dashed: 2,048 rows, dots: the five sweep skews")
@@ -147,13 +148,13 @@ def issue_check() -> Table:
 
 
 def tables() -> dict[str, Table]:
-    workloads = [(tokens, skew) for tokens in (16384, 2048) for skew in SKEWS]
+    workloads = [(tokens, skew) for tokens in ROWS for skew in SKEWS]
     return {
-        "routing_table": routing_table(EXPERTS, [(16384, s) for s in SKEWS] + [(2048, s) for s in SKEWS]),
-        "tile_counts": tile_count_table(EXPERTS, N, [(16384, 0.0), (16384, 1.2), (2048, 0.0)]),
+        "routing_table": routing_table(EXPERTS, workloads),
+        "tile_counts": tile_count_table(EXPERTS, N, [(w.tokens, w.skew) for w in SEED_WORKLOADS]),
         "eta_table": estimate_table(EXPERTS, workloads, (32, 64, 128), SEED_B300_K2_TFLOPS, estimate_bm=128,
                                     rate_label=SEED_B300_K2_LABEL),
-        "roofline": roofline_table(EXPERTS, K, N, (2048, 4096, 16384, 65536)),
+        "roofline": roofline_table(EXPERTS, K, N, ROOFLINE_ROWS),
         "occupancy_checks": occupancy_checks(),
         "issue_check": issue_check(),
     }

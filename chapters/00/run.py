@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from moe_gemm.core.cli import add_problem_arguments, chapter_parser, run_main, tile_size
+from moe_gemm.chapter import NO_GPU, SEED, chapter_main, chapter_parser, run_main, show
+from moe_gemm.core.cli import add_problem_arguments, tile_size
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.site.workload_tables import (
     SEED_B300_K2_LABEL,
@@ -28,40 +29,49 @@ from moe_gemm.site.workload_tables import (
     tile_count_table,
 )
 
+CHAPTER = "00"
+REQUIRES = NO_GPU
 SEED_SKEWS_SHOWN = (0.0, 1.2)  # the seed's balanced and skewed routings
-SEED_SHAPE = (64, 1024, 2688)  # E, K, N of the seed's B300 rate the estimate scales
+BMS = (32, 64, 128)  # the M tile sizes of the eta tables unless --bm says otherwise
 
 
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
     add_problem_arguments(parser, skew=None, skew_default_help="the seed's two, 0 and 1.2")
-    parser.add_argument("--bm", type=tile_size("--bm"), nargs="+", default=[32, 64, 128], metavar="BM",
-                        help="M tile sizes for the eta table (powers of two >= 16; default 32 64 128)")
+    parser.add_argument("--bm", type=tile_size("--bm"), nargs="+", default=list(BMS), metavar="BM",
+                        help=f"M tile sizes for the eta table (powers of two >= 16; default {' '.join(map(str, BMS))})")
     return parser.parse_args(argv)
 
 
 def estimate_title_note(experts: int, K: int, N: int) -> str:  # noqa: N803
     """The estimate scales a rate measured at the seed's shape; say so when the flags ask for another."""
-    if (experts, K, N) == SEED_SHAPE:
+    if (experts, K, N) == (SEED.experts, SEED.K, SEED.N):
         return SEED_B300_K2_LABEL
-    return f"{SEED_B300_K2_LABEL}, measured at E = 64, K = 1,024, N = 2,688: only indicative at this shape"
+    return (f"{SEED_B300_K2_LABEL}, measured at E = {SEED.experts}, K = {SEED.K:,}, N = {SEED.N:,}: only "
+            "indicative at this shape")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_without_gpu(args, reason: str) -> int:
+    """Every table of the chapter, for the rows, skews and tile sizes the flags ask for (``reason``:
+    NO_GPU's, that no GPU is involved)."""
     skews = SEED_SKEWS_SHOWN if args.skew is None else (args.skew,)
     workloads = [(args.tokens, skew) for skew in skews]
     print(f"problem: E = {args.experts:,} experts, M_tot = {args.tokens:,} rows, K = {args.K:,}, N = {args.N:,}, "
           f"skew s = {' and '.join(skew_label(s) for s in skews)}\n")
-    print(routing_table(args.experts, workloads).text(), end="\n\n")
-    print(tile_count_table(args.experts, args.N, workloads).text(), end="\n\n")
+    show(routing_table(args.experts, workloads))
+    show(tile_count_table(args.experts, args.N, workloads))
     for tokens, skew in workloads:
         table = eta_detail_table(expert_counts(args.experts, tokens, skew), args.K, args.N, args.bm,
                                  title=f"Row utilisation eta for {tokens:,} rows, s = {skew_label(skew)}")
-        print(table.text(), end="\n\n")
+        show(table)
     print(estimate_table(args.experts, workloads, args.bm, SEED_B300_K2_TFLOPS, estimate_bm=128,
                          rate_label=estimate_title_note(args.experts, args.K, args.N)).text())
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # REQUIRES is NO_GPU: chapter_main looks for no GPU, and there is no run_on_gpu.
+    return chapter_main(parse_args(argv), REQUIRES, None, run_without_gpu)
 
 
 if __name__ == "__main__":

@@ -9,28 +9,24 @@ measurement of ours; tests/test_chapter01.py checks that they are the numbers th
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from moe_gemm.core.cli import chapter_parser, run_main
-from moe_gemm.measure.results import find_measurement, load_results, results_path
-from moe_gemm.model.workloads import Workload
-from moe_gemm.site.records import PEER
-from moe_gemm.site.style import COLORS, FIGURE_ROOT, new_figure, save_figure
+from moe_gemm.chapter import PEER, SEED, Workload, chapter_module, figures_main, find, recorded, run_main
+from moe_gemm.site.style import COLORS, new_figure, save_figure
+from moe_gemm.variants.peer.torch import PEER_LOOP as LOOP
 
 CHAPTER = "01"
-GPU = "h200"
-LOOP = "peer/torch_loop"
-WORKLOADS = (Workload(16384, 0.0), Workload(16384, 1.2), Workload(2048, 0.0), Workload(16384, 0.0, K=8192))
+RUN = chapter_module(CHAPTER)
+WORKLOADS = RUN.WORKLOADS
 SHORT_LABELS = ("16,384 rows\ns = 0", "16,384 rows\ns = 1.2", "2,048 rows\ns = 0", "16,384 rows\ns = 0, K = 8192")
-FP32_DATASHEET_TFLOPS = 67.0  # H200: 132 SMs x 128 FP32 lanes x 2 FLOP x 1.98 GHz
-# The FFMA microbenchmark on this project's H200 before this chapter's run: the prediction's starting
-# point, and the ceiling drawn when a results file has none of its own.
-FP32_FFMA_EARLIER_TFLOPS = 55.6
+# The H200's FP32 datasheet rate, and the FFMA microbenchmark on this project's H200 before this
+# chapter's run: the prediction's starting point, and the ceiling drawn when a results file has
+# none of its own. run.py prints the same two.
+FP32_DATASHEET_TFLOPS, FP32_FFMA_EARLIER_TFLOPS = RUN.FP32_DATASHEET_TFLOPS, RUN.FP32_FFMA_EARLIER_TFLOPS
 
 # The seed's B300 numbers for its CUDA C++ k0 (useful TFLOP/s; the 2,048-row figure is the worklog's
 # "about 9"). Reference only: measured on a different GPU, by a different kernel, never by us.
@@ -55,7 +51,7 @@ PREDICTION = {
 
 
 def _tflops(records: Sequence[dict[str, Any]], variant: str, workload: Workload) -> float:
-    record = find_measurement(records, variant, workload)
+    record = find(records, variant, workload)
     return record["useful_tflops"] if record else float("nan")
 
 
@@ -132,7 +128,7 @@ def throughput_figure(data: dict[str, Any]):
     right.set_ylabel("useful TFLOP/s (log scale)")
     right.set_title("k0 beside torch._grouped_mm and a per-expert torch loop")
     right.legend(fontsize=10, loc="upper left", ncol=len(variants))
-    fig.suptitle(f"Chapter 01 on {gpu}: E = 64, N = 2688 (K = 1024 unless shown)")
+    fig.suptitle(f"Chapter 01 on {gpu}: E = {SEED.experts}, N = {SEED.N} (K = {SEED.K} unless shown)")
     return fig
 
 
@@ -178,28 +174,20 @@ def layout_figure():
     return fig
 
 
-def write_outputs(root: Path = FIGURE_ROOT, results: Path | None = None) -> list[Path]:
-    """The layout figure (from the kernel's thread map) and, when the results file exists, the
+def write_outputs(root: Path) -> list[Path]:
+    """The layout figure (from the kernel's thread map) and, where chapter 01 has recorded results, the
     throughput figure. The page's tables and numbers come from the results file by moe_gemm.site.pages."""
     written = [save_figure(layout_figure(), CHAPTER, "layout", root)]
-    path = results or results_path(CHAPTER, GPU)
-    if path.is_file():
-        written.append(save_figure(throughput_figure(load_results(path)), CHAPTER, "throughput", root))
-    else:
-        print(f"{path} does not exist: no throughput figure drawn")
+    data = recorded(CHAPTER)
+    if data is None:
+        print(f"chapter {CHAPTER} has no recorded results: no throughput figure drawn")
+        return written
+    written.append(save_figure(throughput_figure(data), CHAPTER, "throughput", root))
     return written
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser: argparse.ArgumentParser = chapter_parser(__doc__)
-    parser.add_argument("--out", type=Path, default=FIGURE_ROOT,
-                        help=f"figure root; files go to OUT/{CHAPTER}/ (default {FIGURE_ROOT})")
-    parser.add_argument("--results", type=Path, default=None,
-                        help=f"results file to draw from (default chapters/{CHAPTER}/results/{GPU}.json)")
-    args = parser.parse_args(argv)
-    for path in write_outputs(args.out, args.results):
-        print(path)
-    return 0
+    return figures_main(__doc__, write_outputs, CHAPTER, argv)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,33 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.core.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
-from moe_gemm.core.tables import Table
+from moe_gemm.chapter import (
+    ANY_GPU,
+    PEER,
+    SEED,
+    SEED_WORKLOADS,
+    Table,
+    Workload,
+    add_timing_arguments,
+    chapter_main,
+    chapter_parser,
+    describe_gpu,
+    find,
+    ignored_flags,
+    progress,
+    records_table,
+    run_main,
+    run_variants,
+    save_results,
+    show,
+    show_recorded,
+    timing_options,
+)
 from moe_gemm.model.occupancy import residency
 
 CHAPTER = "01"
-PEER = "peer/torch_grouped_mm"
+REQUIRES = ANY_GPU  # numba-cuda compiles k0 for whatever GPU is here
+WORKLOADS = (*SEED_WORKLOADS, Workload(SEED.tokens, 0.0, K=8192))  # the seed's three, and a long K
 # The H200's FP32 ceilings: the datasheet figure (132 SMs x 128 FP32 lanes x 2 FLOP x 1.98 GHz),
 # and the register-only FFMA microbenchmark (moe_gemm.measure.ceilings), measured again in every run; the
 # same microbenchmark's result on this project's H200 before this chapter's run stands in only if
@@ -36,9 +57,9 @@ PEER = "peer/torch_grouped_mm"
 FP32_DATASHEET_TFLOPS = 67.0
 FP32_FFMA_EARLIER_TFLOPS = 55.6
 TARGET_TFLOPS = 20.0  # the project's target for k0: useful TFLOP/s at 16,384 rows, s=0
-RANDOM_CHECKS = (  # (experts, tokens, K, N, skew): realistic inputs, relative error <= 1e-2
-    (64, 2048, 1024, 2688, 1.2),
-    (8, 1000, 256, 200, 0.8),
+RANDOM_CHECKS = (  # realistic inputs, relative error <= 1e-2
+    Workload(2048, 1.2),
+    Workload(1000, 0.8, experts=8, K=256, N=200),
 )
 
 
@@ -52,8 +73,9 @@ def parse_args(argv: Sequence[str] | None):
 
 # --------------------------------------------------------------------------- no GPU
 
-def run_simulator(args) -> int:
-    from moe_gemm.site.records import show_recorded
+def run_without_gpu(args, reason: str) -> int:
+    """k0 in numba's CUDA simulator, checked exactly, then the recorded results. No GPU in use is
+    the only ``reason`` there can be (none found, or --simulate); the sentence below says it."""
     from moe_gemm.variants.k0.simulator import SIMULATOR_COUNTS, SIMULATOR_K, SIMULATOR_N, simulator_check
 
     note = ignored_flags(args, ("--quick", "--no-peers"), "the simulator path times nothing")
@@ -77,7 +99,7 @@ def check_k0(k0) -> tuple[Table, bool]:
     """Every edge case exactly, then random data to a relative error of 1e-2; (table, all passed)."""
     from moe_gemm.measure.check import verify
     from moe_gemm.model.edge_cases import EDGE_CASES
-    from moe_gemm.model.problem import make_problem, problem_from_counts
+    from moe_gemm.model.problem import problem_from_counts
     from moe_gemm.model.tiles import tile_count
 
     rows, passed = [], True
@@ -87,12 +109,12 @@ def check_k0(k0) -> tuple[Table, bool]:
         passed &= check.passed
         rows.append((case.name, problem.tokens, problem.experts, case.K, case.N,
                      tile_count(problem.counts, case.N, k0.bm, k0.bn), "exact", check.describe()))
-    for experts, tokens, K, N, skew in RANDOM_CHECKS:  # noqa: N806
-        problem = make_problem(experts, tokens, K, N, skew, seed=7)
+    for w in RANDOM_CHECKS:
+        problem = w.problem(seed=7)
         check = verify(k0, problem)
         passed &= check.passed
-        rows.append((f"random, s={skew:g}", tokens, experts, K, N, tile_count(problem.counts, N, k0.bm, k0.bn),
-                     "rel. error <= 1e-2", check.describe()))
+        rows.append((f"random, s={w.skew:g}", w.tokens, w.experts, w.K, w.N,
+                     tile_count(problem.counts, w.N, k0.bm, k0.bn), "rel. error <= 1e-2", check.describe()))
     table = Table(("case", "rows", "E", "K", "N", "tiles", "check", "result"), tuple(rows),
                   title="k0 against the numpy reference",
                   legend="exact: integer-valued inputs, compared bit for bit; rel. error: relative Frobenius "
@@ -135,7 +157,6 @@ def occupancy_table(k0) -> tuple[Table, dict[str, Any]]:
 def measure_fp32_ceilings() -> list[dict[str, Any]]:
     """The ceilings of this run: FFMA (k0's instruction), plus copy and dense bf16 for the roofline."""
     from moe_gemm.measure.ceilings import measure_ceilings
-    from moe_gemm.measure.check import progress
 
     progress("measuring the ceilings (FFMA, copy, dense bf16, mma.sync) ...")
     try:
@@ -156,7 +177,6 @@ def ffma_ceiling(ceilings: list[dict[str, Any]]) -> tuple[float, str]:
 
 def ceiling_table(records: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -> Table:
     """k0 against its own instruction's ceiling: the H200's FP32 rate."""
-    from moe_gemm.model.workloads import Workload
     from moe_gemm.site.records import peer_ratio
 
     ffma, source = ffma_ceiling(ceilings)
@@ -165,7 +185,7 @@ def ceiling_table(records: list[dict[str, Any]], ceilings: list[dict[str, Any]])
         if r["variant"] != "k0":
             continue
         ratio = peer_ratio(r, records)
-        rows.append((Workload(r["tokens"], r["skew"], r["experts"], r["K"], r["N"]).label,
+        rows.append((Workload.of(r).label,
                      f"{r['useful_tflops']:.1f}", f"{r['scheduled_tflops']:.1f}", f"{r['eta']:.3f}",
                      f"{100 * r['useful_tflops'] / FP32_DATASHEET_TFLOPS:.1f}%",
                      f"{100 * r['useful_tflops'] / ffma:.1f}%",
@@ -178,45 +198,38 @@ def ceiling_table(records: list[dict[str, Any]], ceilings: list[dict[str, Any]])
                         "every SM; k0 / torch._grouped_mm: same inputs, same run.")
 
 
-def run_gpu(args, gpu) -> int:
+def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.ceilings import basis_for
-    from moe_gemm.measure.check import progress
-    from moe_gemm.measure.results import save_results
-    from moe_gemm.measure.runs import run_variants
-    from moe_gemm.model.workloads import SEED_WORKLOADS, Workload
-    from moe_gemm.site.records import records_table
     from moe_gemm.variants.k0 import K0Fp32
     from moe_gemm.variants.peer.torch import available_peers
 
-    print(f"GPU: {gpu.name} (sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}, {gpu.sm_count} SMs)\n")
+    print(describe_gpu(gpu) + "\n")
     k0 = K0Fp32()
     progress("checking k0 (compiles it first) ...")
     checks, passed = check_k0(k0)
-    print(checks.text(), end="\n\n")
+    show(checks)
     if not passed:
         print("k0 gives wrong answers: not timing it", file=sys.stderr)
         return 1
     resources, occupancy = occupancy_table(k0)
-    print(resources.text(), end="\n\n")
+    show(resources)
     sass, sass_counts = sass_table(k0)
     if sass is not None:
-        print(sass.text(), end="\n\n")
+        show(sass)
 
     peers = [] if args.no_peers else available_peers()
     if not args.no_peers and not any(p.name == PEER for p in peers):
         print("torch._grouped_mm is not available here (needs torch >= 2.8 and an sm_90+ GPU): "
               "k0 is timed without the peer ratio\n")
-    workloads = (*SEED_WORKLOADS, Workload(16384, 0.0, K=8192))
     timing = timing_options(args)
-    records = run_variants([k0, *peers], workloads, **timing)
+    records = run_variants([k0, *peers], WORKLOADS, **timing)
     ceilings = measure_fp32_ceilings()
     for c in ceilings:
         print(f"  {c['variant']}: " + (f"{c['tflops']:.1f} TFLOP/s" if "tflops" in c else f"{c['tbps']:.2f} TB/s"))
     print()
-    print(records_table(records, title=f"k0 beside the peers on {gpu.name}",
-                        basis=basis_for(gpu)).text(), end="\n\n")
+    show(records_table(records, title=f"k0 beside the peers on {gpu.name}", basis=basis_for(gpu)))
     print(ceiling_table(records, ceilings).text())
-    seed_point = next((r for r in records if r["variant"] == "k0" and Workload(16384, 0.0).matches(r)), None)
+    seed_point = find(records, "k0", SEED)
     if seed_point is not None:
         verdict = "met" if seed_point["useful_tflops"] >= TARGET_TFLOPS else "NOT met"
         print(f"\ntarget: k0 >= {TARGET_TFLOPS:g} useful TFLOP/s at 16,384 rows, s=0: "
@@ -236,12 +249,8 @@ def run_gpu(args, gpu) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from moe_gemm.cuda.gpu import detect_gpu
-
-    gpu = None if args.simulate else detect_gpu()
-    if gpu is None:
-        return run_simulator(args)
-    return run_gpu(args, gpu)
+    return chapter_main(args, REQUIRES, run_on_gpu, run_without_gpu,
+                        skip_gpu="--simulate asks for the simulator" if args.simulate else None)
 
 
 if __name__ == "__main__":

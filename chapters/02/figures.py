@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -23,21 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from moe_gemm.core.cli import chapter_parser, run_main
+from moe_gemm.chapter import PEER, SEED_WORKLOADS, figures_main, find, recorded, run_main
 from moe_gemm.core.tables import markdown_table
 from moe_gemm.measure.ceilings import roofline_basis
-from moe_gemm.measure.results import find_measurement, load_results, results_path
 from moe_gemm.model.occupancy import HOPPER, registers_per_warp, residency
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta, eta_estimate
-from moe_gemm.model.workloads import Workload
-from moe_gemm.site.records import PEER
-from moe_gemm.site.style import BM_COLORS, COLORS, FIGURE_ROOT, new_figure, save_figure
+from moe_gemm.site.style import BM_COLORS, COLORS, new_figure, save_figure
 from moe_gemm.variants.k1 import fragments
 
 CHAPTER = "02"
-GPU = "h200"
-ARCH = "sm_90a"
+ARCH = "sm_90a"  # the compiler's tables are for the recorded GPU's target
 # Every k1 variant the chapter measures, grouped by BM: two stages, three stages, FRAG_DB.
 SWEEP = ("k1/bm32", "k1/bm32-s3", "k1/bm64", "k1/bm64-s3", "k1/bm64-fragdb", "k1/bm128", "k1/bm128-s3")
 BMS = (32, 64, 128)
@@ -45,8 +40,8 @@ BMS = (32, 64, 128)
 LIGHT = {32: "#aec7e8", 64: "#98df8a", 128: "#ff9896"}
 VARIANT_COLORS = {**{f"k1/bm{bm}": LIGHT[bm] for bm in BMS}, **{f"k1/bm{bm}-s3": BM_COLORS[bm] for bm in BMS},
                   "k1/bm64-fragdb": LIGHT[64], PEER: COLORS["peer"]}
-BALANCED, SKEWED, SMALL = Workload(16384, 0.0), Workload(16384, 1.2), Workload(2048, 0.0)
-WORKLOADS = (BALANCED, SKEWED, SMALL)
+WORKLOADS = SEED_WORKLOADS
+BALANCED, SKEWED, SMALL = WORKLOADS
 TARGET_TFLOPS = 250.0  # the project's target for k1 (best BM): useful TFLOP/s at 16,384 rows, s = 0
 MMA_FLOP = 2 * 16 * 8 * 16  # one mma.sync.m16n8k16 per warp
 # Stall reasons drawn separately in the stall figure (cycles per issued instruction); the rest
@@ -196,7 +191,7 @@ def bm_sweep_figure(data: dict[str, Any]):
     for ax, w in zip(axes, WORKLOADS):
         for bm_index, bm in enumerate(BMS):
             for key, variant in ((2, f"k1/bm{bm}"), (3, f"k1/bm{bm}-s3"), ("fragdb", f"k1/bm{bm}-fragdb")):
-                rec = find_measurement(records, variant, w)
+                rec = find(records, variant, w)
                 if rec is None:
                     continue
                 value = rec["useful_tflops"]
@@ -204,7 +199,7 @@ def bm_sweep_figure(data: dict[str, Any]):
                               edgecolor=BM_COLORS[bm], linewidth=0.8, hatch="///" if key == "fragdb" else None)
                 _bar_label(ax, bars, [value])
         top = max([r["useful_tflops"] for r in records if w.matches(r)] + [1.0])
-        peer = find_measurement(records, PEER, w)
+        peer = find(records, PEER, w)
         limit = basis.tflops(w)
         notes = [f"roofline {limit:.0f}"]
         if peer:
@@ -239,7 +234,7 @@ def tile_fill_figure(data: dict[str, Any]):
     for i, bm in enumerate(BMS):
         e = eta(expert_counts(SMALL.experts, SMALL.tokens, SMALL.skew), bm)
         for j, (variant, color) in enumerate(((f"k1/bm{bm}", LIGHT[bm]), (f"k1/bm{bm}-s3", BM_COLORS[bm]))):
-            rec, base = find_measurement(records, variant, SMALL), find_measurement(records, variant, BALANCED)
+            rec, base = find(records, variant, SMALL), find(records, variant, BALANCED)
             x = i + (j - 0.5) * 0.42
             if rec:
                 bars = ax.bar(x - 0.1, rec["useful_tflops"], 0.2, color=color, edgecolor=BM_COLORS[bm])
@@ -253,7 +248,7 @@ def tile_fill_figure(data: dict[str, Any]):
     limit = basis.tflops(SMALL)
     ax.axhline(limit, color=COLORS["ceiling"], linestyle="--", linewidth=1)
     ax.text(2.55, limit, f"memory roofline {limit:.0f}", ha="right", va="bottom", fontsize=9.5)
-    peer = find_measurement(records, PEER, SMALL)
+    peer = find(records, PEER, SMALL)
     if peer:
         ax.axhline(peer["useful_tflops"], color=COLORS["peer"], linestyle=":", linewidth=1.3)
         ax.text(2.55, peer["useful_tflops"], f"torch._grouped_mm {peer['useful_tflops']:.0f}", ha="right",
@@ -336,7 +331,7 @@ def stalls_figure(data: dict[str, Any]):
     left.set_ylim(0, max(bottom) * 1.12)
     left.set_title("Where a warp waits (ncu stall reasons, 16,384 rows, s = 0)")
     handles, labels = left.get_legend_handles_labels()
-    per_mma_values = [per_mma(find_measurement(data["records"], n, BALANCED), p) for n, p in zip(names, profiles)]
+    per_mma_values = [per_mma(find(data["records"], n, BALANCED), p) for n, p in zip(names, profiles)]
     bars = right.bar(x, per_mma_values, 0.65, color=[VARIANT_COLORS.get(n, "#8c564b") for n in names],
                      edgecolor=[BM_COLORS.get(_parts(n)[0], "#444444") for n in names], linewidth=0.8,
                      hatch=["///" if _parts(n)[2] else None for n in names])
@@ -373,20 +368,18 @@ def _write(root: Path, name: str, text: str) -> Path:
     return path
 
 
+def write_outputs(root: Path) -> list[Path]:
+    """The compiler's tables always; the figures where chapter 02 has recorded results."""
+    written = static_outputs(root)
+    data = recorded(CHAPTER)
+    if data is None:
+        print(f"chapter {CHAPTER} has no recorded results: only the compiler's tables are written")
+        return written
+    return written + measured_outputs(root, data)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser: argparse.ArgumentParser = chapter_parser(__doc__)
-    parser.add_argument("--out", type=Path, default=FIGURE_ROOT,
-                        help=f"figure root; files go to OUT/{CHAPTER}/ (default {FIGURE_ROOT})")
-    args = parser.parse_args(argv)
-    path = results_path(CHAPTER, GPU)
-    written = static_outputs(args.out)
-    if path.is_file():
-        written += measured_outputs(args.out, load_results(path))
-    else:
-        print(f"no results at {path}: only the compiler's tables are written")
-    for output in written:
-        print(output)
-    return 0
+    return figures_main(__doc__, write_outputs, CHAPTER, argv)
 
 
 if __name__ == "__main__":

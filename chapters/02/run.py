@@ -33,24 +33,37 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.core.cli import (
+from moe_gemm.chapter import (
+    SEED,
+    SEED_WORKLOADS,
+    Requirement,
+    Table,
     add_timing_arguments,
+    chapter_main,
     chapter_parser,
-    ignored_flags,
-    kernel_not_run,
+    checks_table,
+    describe_gpu,
+    find,
+    print_not_run,
+    progress,
+    records_table,
+    run_checks,
     run_main,
+    run_variants,
+    save_results,
+    show,
+    show_recorded,
     timing_options,
 )
-from moe_gemm.core.tables import Table
-from moe_gemm.measure.results import find_measurement
-from moe_gemm.measure.runs import run_checks
-from moe_gemm.site.records import checks_table
 
 CHAPTER = "02"
+REQUIRES = Requirement(lambda capability: capability >= (8, 0),
+                       "k1 needs sm_80 or newer (cp.async, ldmatrix, bf16 mma.sync)")
 ARCH = "sm_90a"  # what the no-GPU path compiles for: the recorded GPU's target
 # The BM sweep, the fragment double-buffering experiment and the three-stage ring, by variant name.
 SWEEP = ("k1/bm32", "k1/bm64", "k1/bm128", "k1/bm64-fragdb", "k1/bm32-s3", "k1/bm64-s3", "k1/bm128-s3")
-PROFILE_WORKLOAD = (16384, 0.0)
+WORKLOADS = SEED_WORKLOADS
+PROFILE_WORKLOAD = SEED
 OPCODE_LABELS = {"HMMA.16816.F32.BF16": "HMMA", "LDSM.16.M88.4": "LDSM", "LDSM.16.MT88.4": "LDSM.T",
                  "LDGSTS": "LDGSTS", "BAR.SYNC": "BAR"}
 SEED_B300 = {  # the seed's B300 numbers (useful TFLOP/s), for reference only: never measured here
@@ -110,7 +123,7 @@ def model_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
     rows = []
     for name in SWEEP:
-        balanced = find_measurement(records, name, "16k s=0")
+        balanced = find(records, name, "16k s=0")
         if balanced is None:
             continue
         fit = residency(balanced["registers"], balanced["warps_per_block"], balanced["smem_bytes"])
@@ -119,7 +132,7 @@ def model_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                "warps_per_scheduler": fit.blocks * balanced["warps_per_block"] / 4,
                "balanced_tflops": balanced["useful_tflops"], "balanced_eta": balanced["eta"]}
         for label, key in (("skewed", "16k s=1.2"), ("small", "2k s=0")):
-            other = find_measurement(records, name, key)
+            other = find(records, name, key)
             if other is not None:
                 row[f"{label}_tflops"] = other["useful_tflops"]
                 row[f"{label}_eta"] = other["eta"]
@@ -171,14 +184,12 @@ def profile_table(profiles: list[dict[str, Any]], compile_rows: list[dict[str, A
 
 def run_profiles(variants) -> list[dict[str, Any]]:
     from moe_gemm.measure import profile
-    from moe_gemm.measure.check import progress
 
-    tokens, skew = PROFILE_WORKLOAD
     profiles = []
     for variant in variants:
         progress(f"[ncu] {variant.name}")
         try:
-            profiles.append(profile.profile_variant(variant.name, tokens, skew))
+            profiles.append(profile.profile_variant(variant.name, PROFILE_WORKLOAD.tokens, PROFILE_WORKLOAD.skew))
         except (FileNotFoundError, RuntimeError, OSError) as error:
             print(f"ncu could not profile {variant.name}: {error}", file=sys.stderr)
     return profiles
@@ -186,72 +197,57 @@ def run_profiles(variants) -> list[dict[str, Any]]:
 
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.ceilings import basis_for, measure_ceilings
-    from moe_gemm.measure.results import save_results
-    from moe_gemm.measure.runs import run_variants
-    from moe_gemm.model.workloads import SEED_WORKLOADS
-    from moe_gemm.site.records import records_table
     from moe_gemm.variants.k1 import all_configs, compile_report
     from moe_gemm.variants.peer.torch import available_peers
 
     timing = timing_options(args)
-    print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
+    print(describe_gpu(gpu) + "\n")
     report = compile_report(gpu.arch)
-    print(compile_table(report).text(), end="\n\n")
+    show(compile_table(report))
 
     checks = run_checks(all_configs())
-    print(checks_table(checks).text(), end="\n\n")
+    show(checks_table(checks))
     failed = [c for c in checks if not c["passed"]]
     if failed:
         print(f"{len(failed)} check(s) FAILED; not timing anything.", file=sys.stderr)
         return 1
 
     ceilings = measure_ceilings()
-    print(ceilings_table(ceilings).text(), end="\n\n")
+    show(ceilings_table(ceilings))
 
     sweep = sweep_variants()
     variants = sweep + ([] if args.no_peers else available_peers())
-    records = run_variants(variants, SEED_WORKLOADS, **timing)
-    print(records_table(records, title="Every measurement", basis=basis_for(gpu)).text(),
-          end="\n\n")
-    print(model_table(model_rows(records)).text(), end="\n\n")
+    records = run_variants(variants, WORKLOADS, **timing)
+    show(records_table(records, title="Every measurement", basis=basis_for(gpu)))
+    show(model_table(model_rows(records)))
 
     extra: dict[str, Any] = {"ceilings": ceilings, "checks": checks, "compile_report": report,
                              "seed_b300_reference": SEED_B300}
     if args.profile:
         profiles = run_profiles(sweep)
         if profiles:
-            print(profile_table(profiles, report).text(), end="\n\n")
+            show(profile_table(profiles, report))
         extra["profile"] = profiles
     path = save_results(CHAPTER, records, gpu, **extra)
     print(f"results written to {path}")
     return 0
 
 
-# --------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------- no GPU
 
-def not_run_sentence(gpu, arch: str) -> str:
-    """Why k1 does not run on this machine, and what the run does instead."""
-    return kernel_not_run("k1", "sm_80 or newer (cp.async, ldmatrix, bf16 mma.sync)", gpu, arch)
+def run_without_gpu(args, reason: str) -> int:
+    print_not_run(args, "k1", reason, f"compiling every configuration for {ARCH} instead",
+                  ("--quick", "--no-peers", "--profile"), "nothing is timed or profiled without a GPU")
+    from moe_gemm.variants.k1 import compile_report
+
+    show(compile_table(compile_report(ARCH)))
+    if show_recorded(CHAPTER) != 0:
+        print(f"(no recorded results for chapter {CHAPTER} yet)")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    from moe_gemm.cuda.gpu import detect_gpu
-
-    gpu = detect_gpu()
-    if gpu is None or gpu.compute_capability < (8, 0):
-        print(not_run_sentence(gpu, ARCH) + "\n")
-        note = ignored_flags(args, ("--quick", "--no-peers", "--profile"), "nothing is timed or profiled without a GPU")
-        if note:
-            print(note + "\n")
-        from moe_gemm.site.records import show_recorded
-        from moe_gemm.variants.k1 import compile_report
-
-        print(compile_table(compile_report(ARCH)).text(), end="\n\n")
-        if show_recorded(CHAPTER) != 0:
-            print(f"(no recorded results for chapter {CHAPTER} yet)")
-        return 0
-    return run_on_gpu(args, gpu)
+    return chapter_main(parse_args(argv), REQUIRES, run_on_gpu, run_without_gpu)
 
 
 if __name__ == "__main__":

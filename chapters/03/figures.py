@@ -17,36 +17,40 @@ from pathlib import Path
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-from moe_gemm.core.chapters import chapter_module
-from moe_gemm.core.cli import run_main
-from moe_gemm.core.tables import Table
-from moe_gemm.measure.results import find_measurement, recorded, results_path
+from moe_gemm.chapter import (
+    SEED,
+    SEED_WORKLOADS,
+    Table,
+    Workload,
+    chapter_module,
+    figures_main,
+    find,
+    recorded,
+    run_main,
+)
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta, scheduled_flops, tile_count
-from moe_gemm.model.workloads import Workload
-from moe_gemm.site.style import COLORS, FIGURE_ROOT, family_color, figures_main, new_figure, save_figure
+from moe_gemm.site.style import COLORS, family_color, new_figure, save_figure
 
 CHAPTER = "03"
-GPU_SLUG = "h200"
-EXPERTS, K, N = 64, 1024, 2688
-WORKLOADS = ((16384, 0.0), (16384, 1.2), (2048, 0.0))
+WORKLOADS = SEED_WORKLOADS
 STAGE_COLORS = {2: "#2ca02c", 3: "#1f77b4", 4: "#9467bd"}
 
 
 # --------------------------------------------------------------------------- tables needing no GPU
 
 def compile_markdown(run) -> str:
-    return run.compile_table(run.compile_report("sm_90a")).markdown()
+    return run.compile_table(run.compile_report(run.ARCH)).markdown()
 
 
 def waste_table() -> Table:
     """Useful against scheduled work of 128 x 128 tiles: what reading past an expert costs."""
     rows = []
-    for tokens, skew in WORKLOADS:
-        counts = expert_counts(EXPERTS, tokens, skew)
-        useful = 2 * tokens * K * N
-        scheduled = scheduled_flops(counts, K, N, 128, 128)
-        rows.append((f"{tokens:,} rows, s = {skew:g}", tile_count(counts, N, 128, 128), f"{useful / 1e9:.1f}",
+    for w in WORKLOADS:
+        counts = expert_counts(w.experts, w.tokens, w.skew)
+        useful = 2 * w.tokens * w.K * w.N
+        scheduled = scheduled_flops(counts, w.K, w.N, 128, 128)
+        rows.append((f"{w.tokens:,} rows, s = {w.skew:g}", tile_count(counts, w.N, 128, 128), f"{useful / 1e9:.1f}",
                      f"{scheduled / 1e9:.1f}", f"{eta(counts, 128):.3f}", f"{100 * (1 - useful / scheduled):.1f}%"))
     return Table(("workload", "tiles", "useful GFLOP", "scheduled GFLOP", "eta (BM = 128)", "wasted"), tuple(rows),
                  legend="128 x 128 tiles; scheduled counts every row a tile multiplies; wasted = 1 - useful / "
@@ -124,7 +128,7 @@ def progression_figure(records: list[dict], run):
     for i, key in enumerate(keys):
         values = []
         for variant in variants:
-            record = find_measurement(records, variant, key)
+            record = find(records, variant, key)
             values.append(record["useful_tflops"] if record else 0.0)
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(variants))]
         bars = ax.bar(xs, values, width * 0.95, label=key, color=[family_color(v) for v in variants],
@@ -154,7 +158,8 @@ def progression_figure(records: list[dict], run):
     ax.set_xticklabels(variants, rotation=20, ha="right", fontsize=9.5)
     ax.set_ylabel("useful TFLOP/s (median)")
     ax.set_ylim(0, max([r["useful_tflops"] for r in records] + list(seed.values())) * 1.15)
-    ax.set_title("k0, k1 and k2 beside the peers: same inputs, same run\n(E = 64, K = 1024, N = 2688)")
+    ax.set_title(f"k0, k1 and k2 beside the peers: same inputs, same run\n(E = {SEED.experts}, K = {SEED.K}, "
+                 f"N = {SEED.N})")
     return fig
 
 
@@ -184,17 +189,17 @@ def stages_figure(stage_rows: list[dict]):
 
 # --------------------------------------------------------------------------- main
 
-def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
-    run = chapter_module("03")
+def write_outputs(root: Path) -> list[Path]:
+    run = chapter_module(CHAPTER)
     folder = root / CHAPTER
     folder.mkdir(parents=True, exist_ok=True)
     written = [folder / "compile_report.md", folder / "waste.md"]
     written[0].write_text(compile_markdown(run))
     written[1].write_text(waste_table().markdown())
     written.append(save_figure(ring_diagram(), CHAPTER, "ring", root=root))
-    data = recorded(CHAPTER, GPU_SLUG)
+    data = recorded(CHAPTER)
     if data is None:
-        print(f"no recorded results at {results_path(CHAPTER, GPU_SLUG)}: no measured figure drawn")
+        print(f"chapter {CHAPTER} has no recorded results: no measured figure drawn")
         return written
     records = data["records"]
     written.append(save_figure(progression_figure(records, run), CHAPTER, "progression", root=root))

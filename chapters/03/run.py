@@ -20,33 +20,49 @@ instructions this chapter is about), then the recorded H200 results, and exits 0
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.core.cli import (
+from moe_gemm.chapter import (
+    PEER,
+    SEED,
+    SEED_WORKLOADS,
+    Requirement,
+    Table,
+    Workload,
     add_timing_arguments,
+    chapter_main,
     chapter_parser,
-    ignored_flags,
-    kernel_not_run,
+    checks_table,
+    describe_gpu,
+    find,
+    print_not_run,
+    progress,
+    recorded,
+    records_table,
+    run_checks,
     run_main,
+    run_variants,
+    save_results,
+    show,
+    show_recorded,
     timing_options,
 )
-from moe_gemm.core.tables import Table
-from moe_gemm.measure.results import find_measurement, results_path
-from moe_gemm.measure.runs import run_checks
 from moe_gemm.model.occupancy import residency
 from moe_gemm.model.tiles import eta_estimate
-from moe_gemm.model.workloads import Workload
-from moe_gemm.site.records import checks_table
+from moe_gemm.site.compile_report import compile_rows, limiters
 
 CHAPTER = "03"
+REQUIRES = Requirement(lambda capability: capability >= (9, 0),
+                       "k2 needs sm_90 or newer (TMA and mbarrier transaction counts)")
 ARCH = "sm_90a"
+WORKLOADS = SEED_WORKLOADS
 OPCODES = ("UTMALDG", "SYNCS", "HMMA.16816.F32.BF16", "LDSM", "LDGSTS", "BAR.SYNC")
 OPCODE_LABELS = {"HMMA.16816.F32.BF16": "HMMA", "BAR.SYNC": "BAR"}
+COMPILE_LEGEND = ("regs: per thread (ptxas); warps: per block; blocks/SM: the occupancy model's; UTMALDG (TMA), "
+                  "SYNCS (mbarrier), HMMA, LDSM, LDGSTS (cp.async), BAR: static SASS counts.")
 K1_DEFAULT = "k1/bm64"  # chapter 02's best at 16,384 rows unless its recorded results say otherwise
-PEER = "peer/torch_grouped_mm"
 SEED_B300 = {  # the seed's B300 numbers, useful TFLOP/s, for reference only (never measured here)
     "k2/S2": {"16k s=0": 440.1, "16k s=1.2": 357.0, "2k s=0": 111.1},
     "k2/S3": {"16k s=0": 393.4},
@@ -72,11 +88,8 @@ def k2_variants():
 
 def best_k1_name() -> str:
     """Chapter 02's fastest k1 at 16,384 balanced rows, from its recorded results; BM=64 if none."""
-    path = results_path("02", "h200")
-    if not path.is_file():
-        return K1_DEFAULT
-    records = [r for r in json.loads(path.read_text())["records"]
-               if r["variant"].startswith("k1/") and r["tokens"] == 16384 and r["skew"] == 0.0]
+    data = recorded("02")
+    records = [r for r in (data["records"] if data else []) if r["variant"].startswith("k1/") and SEED.matches(r)]
     return max(records, key=lambda r: r["useful_tflops"])["variant"] if records else K1_DEFAULT
 
 
@@ -98,56 +111,18 @@ def progression_variants(with_peers: bool) -> list:
     return variants
 
 
-# --------------------------------------------------------------------------- compile report (no GPU)
+# --------------------------------------------------------------------------- compile report
 
 def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
     """Registers, shared memory, spills, blocks per SM and SASS counts of the chapter's kernels: the k1
     that the progression times (chapter 02's fastest) and every STAGES of k2."""
-    kernels = [k1_variant(best_k1_name())] if _k1_available() else []
-    kernels += k2_variants()
-    rows = []
-    for variant in kernels:
-        compiled = variant.compile(arch)
-        resources = variant.resources(arch)
-        fit = residency(resources.registers, resources.warps_per_block, resources.smem_bytes)
-        counts = compiled_opcodes(compiled)
-        rows.append({"variant": variant.name, "arch": arch, "registers": resources.registers,
-                     "smem_bytes": resources.smem_bytes, "spill_bytes": resources.spill_bytes,
-                     "warps_per_block": resources.warps_per_block, "blocks_per_sm": fit.blocks,
-                     "limiter": limiters(fit), "by_registers": fit.by_registers, "by_smem": fit.by_smem,
-                     "sass": counts})
-    return rows
-
-
-def limiters(fit) -> str:
-    """Every limit that binds ('registers = shared memory' on a tie), not just the first one."""
-    limits = {"registers": fit.by_registers, "shared memory": fit.by_smem, "warps": fit.by_warps,
-              "blocks": fit.by_blocks}
-    return " = ".join(name for name, blocks in limits.items() if blocks == fit.blocks)
-
-
-def compiled_opcodes(compiled) -> dict[str, int]:
-    from moe_gemm.cuda.sass import opcode_counts
-
-    return opcode_counts(compiled.sass(), OPCODES)
-
-
-def _k1_available() -> bool:
-    try:
-        k1_variant(K1_DEFAULT)
-    except (ImportError, AttributeError):
-        return False
-    return True
+    return compile_rows([k1_variant(best_k1_name()), *k2_variants()], arch, OPCODES)
 
 
 def compile_table(rows: list[dict[str, Any]]) -> Table:
-    headers = ("kernel", "regs", "smem KB", "spills", "warps", "blocks/SM", "limited by",
-               *(OPCODE_LABELS.get(op, op) for op in OPCODES))
-    body = tuple((r["variant"], r["registers"], f"{r['smem_bytes'] / 1024:.1f}", r["spill_bytes"], r["warps_per_block"],
-                  r["blocks_per_sm"], r["limiter"], *(r["sass"][op] for op in OPCODES)) for r in rows)
-    return Table(headers, body, title=f"Compile report ({rows[0]['arch'] if rows else ARCH}, NVRTC)",
-                 legend="regs: per thread (ptxas); warps: per block; blocks/SM: the occupancy model's; UTMALDG "
-                        "(TMA), SYNCS (mbarrier), HMMA, LDSM, LDGSTS (cp.async), BAR: static SASS counts.")
+    from moe_gemm.site.compile_report import compile_table
+
+    return compile_table(rows, OPCODES, OPCODE_LABELS, legend=COMPILE_LEGEND)
 
 
 # --------------------------------------------------------------------------- tables from records
@@ -157,15 +132,15 @@ def progression_table(records: list[dict[str, Any]]) -> Table:
     keys = list(dict.fromkeys(Workload.of(r).short_label for r in records))
     variants = list(dict.fromkeys(r["variant"] for r in records))
     first = keys[0] if keys else ""
-    k0 = find_measurement(records, "k0", first)
-    peer = find_measurement(records, PEER, first)
+    k0 = find(records, "k0", first)
+    peer = find(records, PEER, first)
     rows = []
     for variant in variants:
         cells = []
         for key in keys:
-            record = find_measurement(records, variant, key)
+            record = find(records, variant, key)
             cells.append("-" if record is None else f"{record['useful_tflops']:.1f}")
-        this = find_measurement(records, variant, first)
+        this = find(records, variant, first)
         over_k0 = f"{this['useful_tflops'] / k0['useful_tflops']:.1f}x" if this and k0 else "-"
         vs_peer = f"{this['useful_tflops'] / peer['useful_tflops']:.2f}" if this and peer else "-"
         rows.append((variant, *cells, over_k0, vs_peer))
@@ -183,7 +158,7 @@ def stages_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         name = record["variant"]
         fit = residency(record["registers"], record["warps_per_block"], record["smem_bytes"])
-        skewed, small = find_measurement(records, name, "16k s=1.2"), find_measurement(records, name, "2k s=0")
+        skewed, small = find(records, name, "16k s=1.2"), find(records, name, "2k s=0")
         row = {"variant": name, "registers": record["registers"], "smem_bytes": record["smem_bytes"],
                "blocks_per_sm": fit.blocks, "limiter": limiters(fit), "balanced_tflops": record["useful_tflops"],
                "balanced_eta": record["eta"]}
@@ -214,64 +189,45 @@ def stages_table(rows: list[dict[str, Any]]) -> Table:
                         "eta(16k, s=0); measured/est. above 1: the estimate is pessimistic.")
 
 
-# --------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------- no GPU
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    from moe_gemm.cuda.gpu import detect_gpu
-
-    gpu = detect_gpu()
-    if gpu is None or gpu.compute_capability < (9, 0):
-        print(not_run_sentence(gpu, ARCH) + "\n")
-        note = ignored_flags(args, ("--quick", "--no-peers", "--profile"), "nothing is timed or profiled without an "
-                                                                           "sm_90 GPU")
-        if note:
-            print(note + "\n")
-        print(compile_table(compile_report()).text(), end="\n\n")
-        from moe_gemm.site.records import show_recorded
-
-        if show_recorded(CHAPTER) != 0:
-            print(f"(no recorded results for chapter {CHAPTER} yet)")
-        return 0
-    return run_on_gpu(args, gpu)
+def run_without_gpu(args, reason: str) -> int:
+    print_not_run(args, "k2", reason, f"compiling the chapter's kernels for {ARCH} instead",
+                  ("--quick", "--no-peers", "--profile"), "nothing is timed or profiled without an sm_90 GPU")
+    show(compile_table(compile_report()))
+    if show_recorded(CHAPTER) != 0:
+        print(f"(no recorded results for chapter {CHAPTER} yet)")
+    return 0
 
 
-def not_run_sentence(gpu, arch: str) -> str:
-    """Why k2 does not run on this machine, and what the run does instead."""
-    return kernel_not_run("k2", "sm_90 or newer (TMA and mbarrier transaction counts)", gpu, arch)
-
+# --------------------------------------------------------------------------- with a GPU
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.measure.results import save_results
-    from moe_gemm.measure.runs import run_variants
-    from moe_gemm.model.workloads import SEED_WORKLOADS
-    from moe_gemm.site.records import records_table
-
     timing = timing_options(args)
-    print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
+    print(describe_gpu(gpu) + "\n")
 
     report = compile_report(gpu.arch)
-    print(compile_table(report).text(), end="\n\n")
+    show(compile_table(report))
 
     checks = run_checks(k2_variants())
-    print(checks_table(checks).text(), end="\n\n")
+    show(checks_table(checks))
     failed = [c for c in checks if not c["passed"]]
     if failed:
         print(f"{len(failed)} check(s) FAILED; not timing anything.", file=sys.stderr)
         return 1
 
     variants = progression_variants(with_peers=not args.no_peers)
-    records = run_variants(variants, SEED_WORKLOADS, **timing)
-    print(records_table(records, title="Every measurement").text(), end="\n\n")
-    print(progression_table(records).text(), end="\n\n")
+    records = run_variants(variants, WORKLOADS, **timing)
+    show(records_table(records, title="Every measurement"))
+    show(progression_table(records))
     stages = stages_rows(records)
-    print(stages_table(stages).text(), end="\n\n")
+    show(stages_table(stages))
 
     extra: dict[str, Any] = {"checks": checks, "compile_report": report, "stages": stages,
                              "seed_b300_reference": SEED_B300}
     if args.profile:
         extra["profile"] = profile_k2()
-        print(occupancy_table(extra["profile"], report).text(), end="\n\n")
+        show(occupancy_table(extra["profile"], report))
     path = save_results(CHAPTER, records, gpu, **extra)
     print(f"results written to {path}")
     return 0
@@ -281,12 +237,11 @@ def profile_k2() -> list[dict[str, Any]]:
     """Nsight Compute's occupancy limits, achieved warps and scheduler counters for each k2 STAGES
     at 16,384 balanced rows (one profiled launch each, in a subprocess under ncu)."""
     from moe_gemm.measure import profile
-    from moe_gemm.measure.check import progress
 
     rows = []
     for variant in k2_variants():
         progress(f"[profile] {variant.name} under ncu")
-        rows.append(profile.occupancy(variant.name, 16384, 0.0))
+        rows.append(profile.occupancy(variant.name, SEED.tokens, SEED.skew))
     return rows
 
 
@@ -314,6 +269,10 @@ def occupancy_table(profile: list[dict[str, Any]], report: list[dict[str, Any]])
     return Table(headers, tuple(body), title="Occupancy model against Nsight Compute, 16,384 rows, s=0",
                  legend="(ncu): Nsight Compute's value beside the model's; W: warps per scheduler; L: warp cycles "
                         "per issued instruction; W/L: the model's issue rate against ncu's issue active.")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return chapter_main(parse_args(argv), REQUIRES, run_on_gpu, run_without_gpu)
 
 
 if __name__ == "__main__":

@@ -20,16 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from moe_gemm.core.chapters import chapter_module
-from moe_gemm.core.cli import run_main
+from moe_gemm.chapter import Workload, best_peer, chapter_module, figures_main, find, recorded, run_main
 from moe_gemm.measure.ceilings import roofline_basis
-from moe_gemm.measure.results import recorded
-from moe_gemm.model.workloads import Workload
-from moe_gemm.site.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
+from moe_gemm.site.style import COLORS, new_figure, save_figure
 
 CHAPTER = "04"
-EXPERTS, K, N = 64, 1024, 2688
-WORKLOADS = ((16384, 0.0), (16384, 1.2), (2048, 0.0), (65536, 0.0), (65536, 1.2))
+RUN = chapter_module(CHAPTER)
+WORKLOADS = RUN.WORKLOADS
 # The rungs in ladder order, one colour per step of the ladder.
 STEPS = (("1wg", "(a) one consumer warpgroup", "#c5b0d5"), ("2wg", "(b) two warpgroups", "#9467bd"),
          ("persistent", "(c) persistent", "#6a3d9a"), ("multicast-tmastore", "(d)+(e) multicast + TMA store",
@@ -46,8 +43,9 @@ def step_of(variant: str) -> tuple[str, str]:
     raise ValueError(f"{variant} is on no step of the ladder")
 
 
-RUN = chapter_module(CHAPTER)
-find, best_peer = RUN.find, RUN.best_peer
+def column_label(workload: Workload) -> str:
+    """'16k, s=0': a workload as a column of the figures."""
+    return f"{workload.tokens // 1024}k, s={workload.skew:g}"
 
 
 def ladder_figure(data: dict[str, Any]):
@@ -56,16 +54,16 @@ def ladder_figure(data: dict[str, Any]):
 
     records = data["records"]
     rungs = list(data["ladder"]) + ["k2/s3"]
-    ratios = [[find(records, name, key)["useful_tflops"] / best_peer(records, key)["useful_tflops"]
-               for key in WORKLOADS] for name in rungs]
+    ratios = [[find(records, name, w)["useful_tflops"] / best_peer(records, w)["useful_tflops"]
+               for w in WORKLOADS] for name in rungs]
     fig, ax = new_figure(7.6, 8.6)
     image = ax.imshow(ratios, cmap="RdBu", norm=TwoSlopeNorm(vcenter=1.0, vmin=0.6, vmax=1.4), aspect="auto")
     for i, name in enumerate(rungs):
-        for j, key in enumerate(WORKLOADS):
-            tflops = find(records, name, key)["useful_tflops"]
+        for j, w in enumerate(WORKLOADS):
+            tflops = find(records, name, w)["useful_tflops"]
             ax.text(j, i, f"{tflops:.0f}\n{ratios[i][j]:.2f}x", ha="center", va="center", fontsize=10,
                     color="white" if abs(ratios[i][j] - 1) > 0.25 else "black")
-    ax.set_xticks(range(len(WORKLOADS)), [f"{t // 1024}k, s={s:g}" for t, s in WORKLOADS])
+    ax.set_xticks(range(len(WORKLOADS)), [column_label(w) for w in WORKLOADS])
     ax.xaxis.tick_top()
     ax.set_yticks(range(len(rungs)), [name.removeprefix("k3/") for name in rungs])
     ax.grid(False)
@@ -79,20 +77,20 @@ def roofline_figure(data: dict[str, Any]):
     records = data["records"]
     basis = roofline_basis()
     fig, ax = new_figure(8.0, 4.8)
-    for j, key in enumerate(WORKLOADS):
-        limit = basis.tflops(Workload(*key))
-        k3 = sorted((r for r in records if r["variant"].startswith("k3/") and Workload(*key).matches(r)),
+    for j, w in enumerate(WORKLOADS):
+        limit = basis.tflops(w)
+        k3 = sorted((r for r in records if r["variant"].startswith("k3/") and w.matches(r)),
                     key=lambda r: r["useful_tflops"])
         for i, record in enumerate(k3):
             x = j - 0.3 + 0.6 * i / max(1, len(k3) - 1)
             ax.scatter(x, 100 * record["useful_tflops"] / limit, s=26, color=step_of(record["variant"])[1], zorder=3)
         for name, color in (("k2/s3", COLORS["k2"]), ("peer", COLORS["peer"])):
-            record = best_peer(records, key) if name == "peer" else find(records, name, key)
+            record = best_peer(records, w) if name == "peer" else find(records, name, w)
             ax.scatter(j, 100 * record["useful_tflops"] / limit, s=90, marker="D", facecolors="none",
                        edgecolors=color, linewidths=2, zorder=4)
         ax.text(j, 4, f"limit\n{limit:.0f}", ha="center", fontsize=10)
     ax.axhline(100, color=COLORS["ceiling"], linewidth=1.2)
-    ax.set_xticks(range(len(WORKLOADS)), [f"{t // 1024}k, s={s:g}" for t, s in WORKLOADS])
+    ax.set_xticks(range(len(WORKLOADS)), [column_label(w) for w in WORKLOADS])
     ax.set_ylabel("% of the roofline")
     ax.set_ylim(0, 115)
     ax.grid(axis="x", visible=False)
@@ -134,7 +132,7 @@ def compile_markdown() -> str:
                          legend=RUN.COMPILE_LEGEND).markdown()
 
 
-def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
+def write_outputs(root: Path) -> list[Path]:
     report = root / CHAPTER / "compile_report.md"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(compile_markdown())

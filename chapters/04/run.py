@@ -27,35 +27,51 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.core.cli import (
+from moe_gemm.chapter import (
+    SEED,
+    SEED_FIVE,
+    SM90A,
+    Table,
+    Workload,
     add_timing_arguments,
+    best_peer,
+    chapter_main,
     chapter_parser,
-    ignored_flags,
-    nonnegative_int,
+    checks_table,
+    describe_gpu,
+    find,
+    grouped_mm_peers,
+    print_not_run,
+    progress,
+    records_table,
+    run_checks,
     run_main,
+    run_variants,
+    save_results,
+    show,
+    show_recorded,
     timing_options,
-    why_not_sm90a,
 )
-from moe_gemm.core.tables import Table
-from moe_gemm.measure.results import find_measurement
-from moe_gemm.model.workloads import Workload
+from moe_gemm.core.cli import nonnegative_int
 
 CHAPTER = "04"
+REQUIRES = SM90A
 ARCH = "sm_90a"
+WORKLOADS = SEED_FIVE
 OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "STSM", "SYNCS", "USETMAXREG", "UCGABAR")
 OPCODE_LABELS = {"UCGABAR": "CLUSTER BAR"}
 K2_BEST = "k2/s3"  # chapter 03's fastest
-PEERS = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")
 # Nsight Compute looks at the fastest two rungs and at these two, which differ from the fastest
 # BN = 192 rung by one step each: the register-direct epilogue, and B multicast.
 PROFILE_ALSO = ("k3/persistent-bn192", "k3/multicast-tmastore-bn192")
-REPEAT_WORKLOADS = ((16384, 0.0), (65536, 0.0))
+REPEAT_WORKLOADS = (SEED, Workload(65536, 0.0))
 COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives consumers 232, the producer 40); smem: ring + "
                   "C staging + barriers; blocks/SM: the occupancy model's; the rest: static SASS counts (HGMMA = "
                   "wgmma, UTMALDG / UTMASTG = TMA load / store, STSM = stmatrix, SYNCS = mbarrier, CLUSTER BAR = "
                   "barrier.cluster)")
 # useful-TFLOP/s ratio to the faster torch._grouped_mm layout, same run, that the best k3 must reach
-TARGETS = {(16384, 0.0): 1.05, (16384, 1.2): 1.0, (2048, 0.0): 1.1, (65536, 0.0): 1.05, (65536, 1.2): 1.0}
+TARGETS = {SEED: 1.05, Workload(16384, 1.2): 1.0, Workload(2048, 0.0): 1.1, Workload(65536, 0.0): 1.05,
+           Workload(65536, 1.2): 1.0}
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -82,41 +98,15 @@ def ladder(only: Sequence[str] | None = None) -> list:
     return [K3Wgmma(name) for name in names]
 
 
-def workloads():
-    return [Workload(tokens, skew) for tokens, skew in TARGETS]
-
-
-def peers() -> list:
-    from moe_gemm.variants.peer.torch import TorchGroupedMM, torch_available
-
-    return [TorchGroupedMM(), TorchGroupedMM(k_major=True)] if torch_available() else []
-
-
 # --------------------------------------------------------------------------- tables
 
-def show(table: Table) -> None:
-    print(table.text(), end="\n\n")
-
-
-def find(records: Sequence[dict[str, Any]], variant: str, key: tuple[int, float]) -> dict[str, Any] | None:
-    """``variant``'s record at (tokens, skew) of the seed configuration."""
-    return find_measurement(records, variant, Workload(*key))
-
-
-def best_peer(records: Sequence[dict[str, Any]], key: tuple[int, float]) -> dict[str, Any] | None:
-    """The faster torch._grouped_mm layout on this workload, in this run."""
-    found = [r for name in PEERS if (r := find(records, name, key)) is not None]
-    return max(found, key=lambda r: r["useful_tflops"]) if found else None
-
-
 def ladder_table(records: Sequence[dict[str, Any]]) -> Table:
-    keys = list(TARGETS)
-    peers_by_key = {key: best_peer(records, key) for key in keys}
+    peers_by_workload = {w: best_peer(records, w) for w in WORKLOADS}
     rows = []
     for name in dict.fromkeys(r["variant"] for r in records):
         cells = []
-        for key in keys:
-            record, peer = find(records, name, key), peers_by_key[key]
+        for w in WORKLOADS:
+            record, peer = find(records, name, w), peers_by_workload[w]
             if record is None:
                 cells.append("-")
             elif peer is None:
@@ -124,7 +114,7 @@ def ladder_table(records: Sequence[dict[str, Any]]) -> Table:
             else:
                 cells.append(f"{record['useful_tflops']:.1f} ({record['useful_tflops'] / peer['useful_tflops']:.2f})")
         rows.append((name, *cells))
-    headers = ("variant", *(f"{t // 1024}k s={s:g}" for t, s in keys))
+    headers = ("variant", *(w.short_label for w in WORKLOADS))
     return Table(headers, tuple(rows), title="The ladder: useful TFLOP/s (ratio to the faster torch._grouped_mm)",
                  legend="each cell: useful TFLOP/s (2 M_tot K N / median time) and, in brackets, its ratio to the "
                         "faster of the two torch._grouped_mm layouts on the same inputs")
@@ -133,14 +123,14 @@ def ladder_table(records: Sequence[dict[str, Any]]) -> Table:
 def target_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per workload: the fastest k3, the faster peer, their ratio, and the target it must reach."""
     rows = []
-    for key, target in TARGETS.items():
-        k3 = [r for r in records if r["variant"].startswith("k3/") and Workload(*key).matches(r)]
-        peer = best_peer(records, key)
+    for w, target in TARGETS.items():
+        k3 = [r for r in records if r["variant"].startswith("k3/") and w.matches(r)]
+        peer = best_peer(records, w)
         if not k3 or peer is None:
             continue
         best = max(k3, key=lambda r: r["useful_tflops"])
         ratio = best["useful_tflops"] / peer["useful_tflops"]
-        rows.append({"tokens": key[0], "skew": key[1], "variant": best["variant"], "tflops": best["useful_tflops"],
+        rows.append({"tokens": w.tokens, "skew": w.skew, "variant": best["variant"], "tflops": best["useful_tflops"],
                      "peer": peer["variant"], "peer_tflops": peer["useful_tflops"], "ratio": ratio,
                      "target": target, "met": ratio >= target})
     return rows
@@ -170,15 +160,10 @@ def show_compile_report(rows: list[dict[str, Any]]) -> None:
 
 
 def run_without_gpu(args, reason: str) -> int:
-    print(f"k3 is not run here because {reason}; compiling every rung for {ARCH} instead.")
-    note = ignored_flags(args, ("--quick", "--no-peers", "--profile", "--repeats"),
-                         "nothing is timed or profiled without an sm_90a GPU")
-    if note:
-        print(note)
-    print()
+    print_not_run(args, "k3", reason, f"compiling every rung for {ARCH} instead",
+                  ("--quick", "--no-peers", "--profile", "--repeats"),
+                  "nothing is timed or profiled without an sm_90a GPU")
     show_compile_report(compile_report(ARCH, args.only))
-    from moe_gemm.site.records import show_recorded
-
     if show_recorded(CHAPTER) != 0:
         print(f"(no recorded results for chapter {CHAPTER} yet)")
     return 0
@@ -197,37 +182,36 @@ def transpose_timing() -> dict[str, Any] | None:
 
     cuda_device()
     with torch.cuda.stream(torch.cuda.ExternalStream(stream_handle())):
-        b = torch.randn(64, 1024, 2688, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty(64, 2688, 1024, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(SEED.experts, SEED.K, SEED.N, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(SEED.experts, SEED.N, SEED.K, device="cuda", dtype=torch.bfloat16)
         result = time_launches(lambda _: out.copy_(b.transpose(1, 2)), warmup=5, iterations=20)
-    return {"variant": "offline/transpose_b", "experts": 64, "K": 1024, "N": 2688, "median_ms": result.median_ms,
+    return {"variant": "offline/transpose_b", "experts": SEED.experts, "K": SEED.K, "N": SEED.N,
+            "median_ms": result.median_ms,
             "min_ms": result.min_ms, "max_ms": result.max_ms, "bytes": 2 * b.numel() * 2}
 
 
 def fastest_rungs(records: Sequence[dict[str, Any]], count: int) -> list[str]:
-    k3 = sorted((r for r in records if r["variant"].startswith("k3/") and Workload(16384, 0.0).matches(r)),
+    k3 = sorted((r for r in records if r["variant"].startswith("k3/") and SEED.matches(r)),
                 key=lambda r: -r["useful_tflops"])
     return [r["variant"] for r in k3[:count]]
 
 
 def profile_rungs(names: Sequence[str]) -> list[dict[str, Any]]:
     from moe_gemm.measure import profile
-    from moe_gemm.measure.check import progress
 
     rows = []
     for name in dict.fromkeys(names):
         progress(f"[profile] {name} under ncu")
-        rows.append(profile.profile_variant(name, 16384, 0.0))
+        rows.append(profile.profile_variant(name, SEED.tokens, SEED.skew))
     return rows
 
 
 def repeat_child(names: str) -> int:
     """One repeat: the named variants and both peers at REPEAT_WORKLOADS, records as JSON on stdout."""
-    from moe_gemm.measure.runs import run_variants
     from moe_gemm.variants.registry import get
 
-    variants = [get(name) for name in names.split(",")] + peers()
-    records = run_variants(variants, [Workload(t, s) for t, s in REPEAT_WORKLOADS])
+    variants = [get(name) for name in names.split(",")] + grouped_mm_peers()
+    records = run_variants(variants, REPEAT_WORKLOADS)
     print(json.dumps(records))
     return 0
 
@@ -235,8 +219,6 @@ def repeat_child(names: str) -> int:
 def repeats(names: Sequence[str], count: int) -> list[dict[str, Any]]:
     """``count`` more timings of ``names`` and the peers, each in a fresh process (new allocations,
     new CUDA context): what one run's numbers would look like if it were made again."""
-    from moe_gemm.measure.check import progress
-
     runs = []
     for repeat in range(1, count + 1):
         progress(f"[repeat {repeat}/{count}] {', '.join(names)} and the peers, in a fresh process")
@@ -267,15 +249,15 @@ def spread_rows(records: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]
     process, min and max over the main run and the repeats."""
     every = [list(records)] + [run["records"] for run in runs]
     rows = []
-    for key in REPEAT_WORKLOADS:
-        for name in (r["variant"] for r in runs[0]["records"] if Workload(*key).matches(r)):
+    for w in REPEAT_WORKLOADS:
+        for name in (r["variant"] for r in runs[0]["records"] if w.matches(r)):
             tflops, ratios = [], []
             for recs in every:
-                record, peer = find(recs, name, key), best_peer(recs, key)
+                record, peer = find(recs, name, w), best_peer(recs, w)
                 if record is not None and peer is not None:
                     tflops.append(record["useful_tflops"])
                     ratios.append(record["useful_tflops"] / peer["useful_tflops"])
-            rows.append({"tokens": key[0], "skew": key[1], "variant": name, "runs": len(tflops),
+            rows.append({"tokens": w.tokens, "skew": w.skew, "variant": name, "runs": len(tflops),
                          "min_tflops": min(tflops), "max_tflops": max(tflops),
                          "min_ratio": min(ratios), "max_ratio": max(ratios)})
     return rows
@@ -292,17 +274,12 @@ def spread_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.ceilings import basis_for, roofline_ceilings
-    from moe_gemm.measure.check import progress
-    from moe_gemm.measure.results import save_results
-    from moe_gemm.measure.runs import run_checks, run_variants
-    from moe_gemm.site.compile_report import compile_table
-    from moe_gemm.site.records import checks_table, records_table
     from moe_gemm.variants.registry import get
 
     timing = timing_options(args)
-    print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
+    print(describe_gpu(gpu) + "\n")
     report = compile_report(gpu.arch, args.only)
-    show(compile_table(report, OPCODES, OPCODE_LABELS, legend=COMPILE_LEGEND))
+    show_compile_report(report)
 
     variants = ladder(args.only)
     checks = run_checks(variants)
@@ -314,8 +291,8 @@ def run_on_gpu(args, gpu) -> int:
 
     progress("[ceilings] device copy and cuBLAS bf16")
     ceilings = roofline_ceilings()
-    timed = passing + [get(K2_BEST)] + ([] if args.no_peers else peers())
-    records = run_variants(timed, workloads(), **timing)
+    timed = passing + [get(K2_BEST)] + ([] if args.no_peers else grouped_mm_peers())
+    records = run_variants(timed, WORKLOADS, **timing)
     show(records_table(records, title="Every measurement", basis=basis_for(gpu)))
     show(ladder_table(records))
     targets = target_rows(records)
@@ -342,13 +319,9 @@ def run_on_gpu(args, gpu) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.repeat_child:
+    if args.repeat_child:  # one of run_on_gpu's --repeats, in this fresh process: records as JSON, nothing else
         return repeat_child(args.repeat_child)
-    from moe_gemm.cuda.gpu import detect_gpu
-
-    gpu = detect_gpu()
-    reason = why_not_sm90a(gpu)
-    return run_without_gpu(args, reason) if reason else run_on_gpu(args, gpu)
+    return chapter_main(args, REQUIRES, run_on_gpu, run_without_gpu)
 
 
 if __name__ == "__main__":

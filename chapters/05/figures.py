@@ -21,20 +21,19 @@ from pathlib import Path
 
 from matplotlib.patches import Rectangle
 
-from moe_gemm.core.chapters import chapter_module
-from moe_gemm.core.cli import run_main
-from moe_gemm.core.tables import Table, markdown_table
+from moe_gemm.chapter import Table, chapter_module, figures_main, run_main
+from moe_gemm.core.tables import markdown_table
 from moe_gemm.model.occupancy import HOPPER, registers_per_warp
 from moe_gemm.model.problem import useful_flops
 from moe_gemm.model.roofline import compulsory_bytes
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta
-from moe_gemm.site.style import FIGURE_ROOT, figures_main, new_figure, save_figure
+from moe_gemm.site.style import new_figure, save_figure
 from moe_gemm.variants.k4.tcgen05 import decode_instr, decode_smem
 
 CHAPTER = "05"
-EXPERTS, K, N = 64, 1024, 2688
-WORKLOADS = ((16384, 0.0, "16k s=0"), (16384, 1.2, "16k s=1.2"), (2048, 0.0, "2k s=0"))
+RUN = chapter_module(CHAPTER)
+WORKLOADS = RUN.WORKLOADS
 ESTIMATE_VARIANT = "k4/bn192"  # N = 2688 is exactly 14 tiles of 192 columns: no column padding
 # The model's inputs. None is a measurement of ours.
 B300_PEAK_TFLOPS = 2250.0   # the seed's nominal B300 dense BF16 tensor-core peak, 2.25 PFLOP/s
@@ -54,9 +53,9 @@ def _k4():
 
 # --------------------------------------------------------------------------- compile report
 
-def compile_markdown(run, report: list[dict]) -> str:
-    table: Table = run.compile_table(report)
-    return markdown_table(table.headers, table.rows) + f"\n*{run.COMPILE_LEGEND}.*\n"
+def compile_markdown(report: list[dict]) -> str:
+    table: Table = RUN.compile_table(report)
+    return markdown_table(table.headers, table.rows) + f"\n*{RUN.COMPILE_LEGEND}.*\n"
 
 
 # --------------------------------------------------------------------------- descriptors
@@ -172,15 +171,16 @@ def estimate_rows() -> list[dict]:
     same structure reached on a dense square GEMM. An estimate from stated inputs, not a measurement."""
     share = REFERENCE_TFLOPS / B300_PEAK_TFLOPS
     rows = []
-    for tokens, skew, label in WORKLOADS:
-        counts = expert_counts(EXPERTS, tokens, skew)
+    for w in WORKLOADS:
+        counts = expert_counts(w.experts, w.tokens, w.skew)
         row_eta = eta(counts, 128)
         compute = share * B300_PEAK_TFLOPS * row_eta
-        seconds = compulsory_bytes(counts, K, N) / (B300_HBM_TBPS * 1e12)
-        memory = useful_flops(tokens, K, N) / seconds / 1e12
+        seconds = compulsory_bytes(w.counts, w.K, w.N) / (B300_HBM_TBPS * 1e12)
+        memory = useful_flops(w.tokens, w.K, w.N) / seconds / 1e12
         estimate = min(compute, memory)
-        rows.append({"workload": label, "eta": row_eta, "compute": compute, "memory": memory, "estimate": estimate,
-                     "bound": "tensor cores" if compute <= memory else "HBM", "seed_k2": SEED_B300_K2[label]})
+        rows.append({"workload": w.short_label, "eta": row_eta, "compute": compute, "memory": memory,
+                     "estimate": estimate, "bound": "tensor cores" if compute <= memory else "HBM",
+                     "seed_k2": SEED_B300_K2[w.short_label]})
     return rows
 
 
@@ -200,8 +200,7 @@ def estimate_markdown(rows: list[dict]) -> str:
 
 # --------------------------------------------------------------------------- main
 
-def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
-    run = chapter_module("05")
+def write_outputs(root: Path) -> list[Path]:
     folder = root / CHAPTER
     folder.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
@@ -211,9 +210,9 @@ def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
         path.write_text(text)
         written.append(path)
 
-    reports = {arch: run.compile_report(arch) for arch in run.ARCHES}
+    reports = {arch: RUN.compile_report(arch) for arch in RUN.ARCHES}
     for arch, report in reports.items():
-        write(f"compile_report_{arch.replace('_', '')}.md", compile_markdown(run, report))
+        write(f"compile_report_{arch.replace('_', '')}.md", compile_markdown(report))
     write("descriptors.md", descriptor_markdown())
     written.append(save_figure(descriptor_figure(), CHAPTER, "descriptors", root=root))
     write("residency.md", residency_markdown(residency_rows(reports["sm_100a"])))

@@ -22,11 +22,32 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.core.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
-from moe_gemm.core.tables import Table
+from moe_gemm.chapter import (
+    SEED_WORKLOADS,
+    Requirement,
+    Table,
+    add_timing_arguments,
+    chapter_main,
+    chapter_parser,
+    checks_table,
+    describe_gpu,
+    print_not_run,
+    records_table,
+    run_checks,
+    run_main,
+    run_variants,
+    save_results,
+    show,
+    timing_options,
+)
+from moe_gemm.variants.k4 import SUPPORTED_CAPABILITIES
 
 CHAPTER = "05"
+REQUIRES = Requirement(lambda capability: capability in SUPPORTED_CAPABILITIES,
+                       "k4 needs compute capability 10.x (10.0 or 10.3: tcgen05 and tensor memory exist only in "
+                       "the sm_100a and sm_103a targets)")
 ARCHES = ("sm_100a", "sm_103a")
+WORKLOADS = SEED_WORKLOADS
 OPCODES = ("UTCHMMA", "UTCBAR", "LDTM", "UTMALDG", "SYNCS")
 K2_PEER = "k2/s3"  # chapter 03's fastest k2 on the H200, timed beside k4 as the mma.sync reference
 COMPILE_LEGEND = ("regs: registers per thread; smem KB: static + dynamic shared memory per block; TMEM cols: "
@@ -34,7 +55,6 @@ COMPILE_LEGEND = ("regs: registers per thread; smem KB: static + dynamic shared 
                   "at compile time); blocks/SM and limited by: resident blocks by the occupancy model and tensor "
                   "memory, and what binds; UTCHMMA ... SYNCS: static SASS counts (tcgen05.mma, tcgen05.commit, "
                   "tcgen05.ld, TMA loads, mbarrier operations)")
-NOT_RUN = "k4 was not run here"
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -79,72 +99,47 @@ def compile_table(rows: list[dict[str, Any]]) -> Table:
     return Table(headers, body, title=f"Compile report ({rows[0]['arch']}, NVRTC)", legend=COMPILE_LEGEND)
 
 
-def print_table(table: Table) -> None:
-    print(table.text(), end="\n\n")
+# --------------------------------------------------------------------------- no GPU
 
-
-# --------------------------------------------------------------------------- main
-
-def unsupported_reason(gpu) -> str | None:
-    """Why k4 cannot run on ``gpu`` (None if it can)."""
-    from moe_gemm.variants.k4 import require_sm100
-
-    try:
-        require_sm100("k4", gpu)
-    except ValueError as refusal:
-        return str(refusal)
-    return None
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    from moe_gemm.cuda.gpu import detect_gpu
-
-    gpu = detect_gpu()
-    reason = unsupported_reason(gpu)
-    if reason is None:
-        return run_on_gpu(args, gpu)
-    print(f"{NOT_RUN}: {reason}. Compiling every configuration for {' and '.join(ARCHES)} instead.\n")
-    note = ignored_flags(args, ("--quick", "--no-peers"), "nothing is timed without a compute capability 10.x GPU")
-    if note:
-        print(note + "\n")
+def run_without_gpu(args, reason: str) -> int:
+    print_not_run(args, "k4", reason, f"compiling every configuration for {' and '.join(ARCHES)} instead",
+                  ("--quick", "--no-peers"), "nothing is timed without a compute capability 10.x GPU")
     for arch in ARCHES:
-        print_table(compile_table(compile_report(arch)))
-    print(f"{NOT_RUN}. The tables above are the compiler's report; no number in them is a measurement of k4, "
-          "and chapter 05 has no recorded results.")
+        show(compile_table(compile_report(arch)))
+    print("k4 is not run here: the tables above are the compiler's report; no number in them is a measurement of "
+          "k4, and chapter 05 has no recorded results.")
     return 0
 
 
+# --------------------------------------------------------------------------- with a GPU
+
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.measure.results import save_results
-    from moe_gemm.measure.runs import run_checks, run_variants
-    from moe_gemm.model.workloads import SEED_WORKLOADS
-    from moe_gemm.site.records import checks_table, records_table
+    from moe_gemm.variants.peer.torch import available_peers
     from moe_gemm.variants.registry import get
 
     timing = timing_options(args)
-    print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
+    print(describe_gpu(gpu) + "\n")
     report = compile_report(gpu.arch)
-    print_table(compile_table(report))
+    show(compile_table(report))
 
     variants = k4_variants()
     checks = run_checks(variants)
-    print_table(checks_table(checks))
+    show(checks_table(checks))
     failed = [c for c in checks if not c["passed"]]
     if failed:
         print(f"{len(failed)} check(s) FAILED; not timing anything.", file=sys.stderr)
         return 1
 
-    timed = [get(K2_PEER), *variants]
-    if not args.no_peers:
-        from moe_gemm.variants.peer.torch import available_peers
-
-        timed += list(available_peers())
-    records = run_variants(timed, SEED_WORKLOADS, **timing)
-    print_table(records_table(records, title="Every measurement"))
+    timed = [get(K2_PEER), *variants] + ([] if args.no_peers else list(available_peers()))
+    records = run_variants(timed, WORKLOADS, **timing)
+    show(records_table(records, title="Every measurement"))
     path = save_results(CHAPTER, records, gpu, checks=checks, compile_report=report)
     print(f"results written to {path}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return chapter_main(parse_args(argv), REQUIRES, run_on_gpu, run_without_gpu)
 
 
 if __name__ == "__main__":

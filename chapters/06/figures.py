@@ -19,20 +19,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from moe_gemm.core.chapters import chapter_module
-from moe_gemm.core.cli import run_main
-from moe_gemm.measure.results import recorded
-from moe_gemm.model.workloads import Workload
+from moe_gemm.chapter import Workload, chapter_module, figures_main, ratio_to_peer, recorded, run_main
 from moe_gemm.site.progression import progression, progression_figure
-from moe_gemm.site.style import COLORS, FIGURE_ROOT, figures_main, new_figure, save_figure
+from moe_gemm.site.style import COLORS, new_figure, save_figure
 
 CHAPTER = "06"
+RUN = chapter_module(CHAPTER)
 PANELS = (("k3/tmastore-bn192", "k3 (128-row tiles)"), ("k5/host", "k5/host (cost model)"),
           ("k5/device", "k5/device (greedy rule)"))
 POLICY_COLORS = {"fixed": COLORS["k3"], "host": "#17becf", "device": "#ff7f0e"}
-
-
-RUN = chapter_module(CHAPTER)
 
 
 def grid_figure(data: dict[str, Any]):
@@ -46,7 +41,7 @@ def grid_figure(data: dict[str, Any]):
     fig, axes = new_figure(10.5, 4.4, ncols=len(PANELS), sharey=True)
     norm = TwoSlopeNorm(vcenter=1.0, vmin=0.6, vmax=1.6)
     for ax, (name, title) in zip(axes, PANELS):
-        ratios = [[RUN.ratio(records, name, Workload(t, s)) for s in skews] for t in tokens]
+        ratios = [[ratio_to_peer(records, name, Workload(t, s)) for s in skews] for t in tokens]
         image = ax.imshow(ratios, cmap="RdBu", norm=norm, aspect="auto")
         for i, row in enumerate(ratios):
             for j, value in enumerate(row):
@@ -139,7 +134,7 @@ def compile_markdown() -> str:
     return compile_table(RUN.compile_report(RUN.ARCH), RUN.OPCODES, {}, legend=RUN.COMPILE_LEGEND).markdown()
 
 
-def write_outputs(root: Path = FIGURE_ROOT) -> list[Path]:
+def write_outputs(root: Path) -> list[Path]:
     report = root / CHAPTER / "compile_report.md"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(compile_markdown())

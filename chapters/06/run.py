@@ -24,40 +24,54 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from moe_gemm.core.cli import (
+from moe_gemm.chapter import (
+    GRID_SKEWS,
+    GRID_TOKENS,
+    SEED,
+    SM90A,
+    Table,
+    Workload,
     add_timing_arguments,
+    chapter_main,
     chapter_parser,
-    ignored_flags,
-    nonnegative_float,
-    positive_int,
+    checks_table,
+    describe_gpu,
+    find,
+    grouped_mm_peers,
+    print_not_run,
+    progress,
+    ratio_to_peer,
+    recorded,
+    records_table,
+    run_checks,
     run_main,
+    run_variants,
+    save_results,
+    show,
+    show_recorded,
     timing_options,
-    why_not_sm90a,
 )
-from moe_gemm.core.tables import Table
-from moe_gemm.measure.results import find_measurement
-from moe_gemm.model.workloads import Workload
+from moe_gemm.core.cli import nonnegative_float, positive_int
 
 CHAPTER = "06"
+REQUIRES = SM90A
 ARCH = "sm_90a"
-TOKENS = (512, 2048, 4096, 16384, 65536)
-SKEWS = (0.0, 0.4, 0.8, 1.2, 1.6)
 ADAPTIVE = "k5/host"  # the cost model's tiles, scheduled on the host
 DEVICE = ("k5/device", "k5/device-graph")
 ORDERING = "k5/host-lpt"  # the same tiles, longest kind first
 FIXED = "k3/tmastore-bn192"  # chapter 04's fastest tiling with B as given
-PEERS = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")
 OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "STSM", "SYNCS", "SHFL", "USETMAXREG")
 COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives consumers 232, the producer 40); smem: ring + "
                   "C staging + barriers (+ the device schedule's 4 KB); the rest: static SASS counts (HGMMA = "
                   "wgmma of every width, UTMALDG / UTMASTG = TMA load / store, STSM = stmatrix, SYNCS = mbarrier, "
                   "SHFL = the schedule's warp scan)")
 # Ratios to the faster torch._grouped_mm layout, same run, that chapter 06 set out to reach.
-TARGETS = {(16384, 1.2): 1.30, (2048, 0.0): 1.30, (65536, 1.2): 1.15}
+TARGETS = {Workload(16384, 1.2): 1.30, Workload(2048, 0.0): 1.30, Workload(65536, 1.2): 1.15}
 EVERY_CELL_TARGET = 1.0
 MEMORY_ROOFLINE_TARGET = 0.90  # at 2,048 rows, s = 0
+MEMORY_BOUND = Workload(2048, 0.0)
 DEVICE_TOLERANCE = 0.03  # the device-scheduled launch within 3 % of the host-scheduled one at 16,384 rows
-GRAPH_SKEWS = (0.0, 0.8, 1.6)  # routings one captured graph is replayed with
+GRAPH_SKEWS = (0.0, 0.8, 1.6)  # routings one captured graph is replayed with, at the seed's 16,384 rows
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -66,31 +80,15 @@ def parse_args(argv: Sequence[str] | None):
     parser.add_argument("--rounds", type=positive_int("--rounds"), default=3,
                         help="interleaved timing rounds per cell; each variant's median over rounds is kept "
                              "(default 3)")
-    parser.add_argument("--tokens", type=positive_int("--tokens"), nargs="+", default=list(TOKENS), metavar="M",
-                        help=f"grid rows M_tot (default {' '.join(map(str, TOKENS))})")
-    parser.add_argument("--skews", type=nonnegative_float("--skews"), nargs="+", default=list(SKEWS), metavar="S",
-                        help=f"grid skews (default {' '.join(f'{s:g}' for s in SKEWS)})")
+    parser.add_argument("--tokens", type=positive_int("--tokens"), nargs="+", default=list(GRID_TOKENS),
+                        metavar="M", help=f"grid rows M_tot (default {' '.join(map(str, GRID_TOKENS))})")
+    parser.add_argument("--skews", type=nonnegative_float("--skews"), nargs="+", default=list(GRID_SKEWS),
+                        metavar="S", help=f"grid skews (default {' '.join(f'{s:g}' for s in GRID_SKEWS)})")
     return parser.parse_args(argv)
 
 
 def grid(args) -> list[Workload]:
     return [Workload(tokens, float(skew)) for tokens in args.tokens for skew in args.skews]
-
-
-# --------------------------------------------------------------------------- lookups
-
-def find(records: Sequence[dict[str, Any]], variant: str, cell: Workload) -> dict[str, Any] | None:
-    return find_measurement(records, variant, cell)
-
-
-def best_peer(records: Sequence[dict[str, Any]], cell: Workload) -> dict[str, Any] | None:
-    found = [r for name in PEERS if (r := find(records, name, cell)) is not None]
-    return max(found, key=lambda r: r["useful_tflops"]) if found else None
-
-
-def ratio(records: Sequence[dict[str, Any]], variant: str, cell: Workload) -> float | None:
-    record, peer = find(records, variant, cell), best_peer(records, cell)
-    return None if record is None or peer is None else record["useful_tflops"] / peer["useful_tflops"]
 
 
 def cells_of(records: Sequence[dict[str, Any]]) -> list[Workload]:
@@ -165,7 +163,7 @@ def grid_table(records: Sequence[dict[str, Any]], name: str) -> Table:
     for t in tokens:
         cells_row = []
         for s in skews:
-            value = ratio(records, name, Workload(t, s))
+            value = ratio_to_peer(records, name, Workload(t, s))
             cells_row.append("-" if value is None else f"{value:.2f}")
         rows.append((f"{t:,}", *cells_row))
     return Table(("M_tot", *(f"s={s:g}" for s in skews)), tuple(rows), title=f"{name}: ratio to the faster peer",
@@ -176,25 +174,25 @@ def target_rows(records: Sequence[dict[str, Any]], basis) -> list[dict[str, Any]
     """Every target: the named cells, every cell of the grid, the memory roofline at 2,048 rows
     and the device schedule against the host schedule at 16,384 rows."""
     rows = []
-    for (tokens, skew), target in TARGETS.items():
-        value = ratio(records, ADAPTIVE, Workload(tokens, skew))
+    for cell, target in TARGETS.items():
+        value = ratio_to_peer(records, ADAPTIVE, cell)
         if value is not None:
-            rows.append({"target": f"{ADAPTIVE} / peer at {tokens:,} rows, s={skew:g}", "value": value,
+            rows.append({"target": f"{ADAPTIVE} / peer at {cell.tokens:,} rows, s={cell.skew:g}", "value": value,
                          "goal": target, "met": value >= target})
     cells = cells_of(records)
     if cells:
-        worst = min(cells, key=lambda c: ratio(records, ADAPTIVE, c) or float("inf"))
-        value = ratio(records, ADAPTIVE, worst)
+        worst = min(cells, key=lambda c: ratio_to_peer(records, ADAPTIVE, c) or float("inf"))
+        value = ratio_to_peer(records, ADAPTIVE, worst)
         rows.append({"target": f"{ADAPTIVE} / peer in every cell (worst: {worst.label})", "value": value,
                      "goal": EVERY_CELL_TARGET, "met": value >= EVERY_CELL_TARGET})
-    small = find(records, ADAPTIVE, Workload(2048, 0.0))
+    small = find(records, ADAPTIVE, MEMORY_BOUND)
     if small is not None:
-        value = small["useful_tflops"] / basis.tflops(Workload(2048, 0.0))
+        value = small["useful_tflops"] / basis.tflops(MEMORY_BOUND)
         rows.append({"target": f"{ADAPTIVE} at 2,048 rows, s=0: fraction of the memory roofline", "value": value,
                      "goal": MEMORY_ROOFLINE_TARGET, "met": value >= MEMORY_ROOFLINE_TARGET})
     for name in DEVICE:
         gaps = [(c, find(records, name, c)["median_ms"] / find(records, ADAPTIVE, c)["median_ms"] - 1)
-                for c in cells if c.tokens == 16384 and find(records, name, c) and find(records, ADAPTIVE, c)]
+                for c in cells if c.tokens == SEED.tokens and find(records, name, c) and find(records, ADAPTIVE, c)]
         if gaps:
             cell, gap = max(gaps, key=lambda g: g[1])
             rows.append({"target": f"{name} time over {ADAPTIVE}'s at 16,384 rows (worst: s={cell.skew:g})",
@@ -229,10 +227,6 @@ def calibration_table(calibration) -> Table:
                         "the policy compares")
 
 
-def show(table: Table) -> None:
-    print(table.text(), end="\n\n")
-
-
 # --------------------------------------------------------------------------- no GPU
 
 def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
@@ -250,7 +244,6 @@ def show_compile_report(rows: list[dict[str, Any]]) -> None:
 
 def recorded_calibration():
     """The calibration in the recorded results, or the nominal one when there is none."""
-    from moe_gemm.measure.results import recorded
     from moe_gemm.variants.k5.cost_model import Calibration, nominal_calibration
 
     data = recorded(CHAPTER)
@@ -258,17 +251,12 @@ def recorded_calibration():
 
 
 def run_without_gpu(args, reason: str) -> int:
-    print(f"k5 is not run here because {reason}; compiling both schedules for {ARCH} instead.")
-    note = ignored_flags(args, ("--quick", "--no-peers", "--rounds"), "nothing is timed without an sm_90a GPU")
-    if note:
-        print(note)
-    print()
+    print_not_run(args, "k5", reason, f"compiling both schedules for {ARCH} instead",
+                  ("--quick", "--no-peers", "--rounds"), "nothing is timed without an sm_90a GPU")
     show_compile_report(compile_report(ARCH))
     calibration = recorded_calibration()
     show(calibration_table(calibration))
     show(model_table(model_rows(grid(args), calibration)))
-    from moe_gemm.site.records import show_recorded
-
     if show_recorded(CHAPTER) != 0:
         print(f"(no recorded results for chapter {CHAPTER} yet)")
     return 0
@@ -282,17 +270,16 @@ def graph_replays(calibration) -> list[dict[str, Any]]:
     import numpy as np
 
     from moe_gemm.cuda.timing import time_launches
-    from moe_gemm.measure.check import progress
     from moe_gemm.model.problem import Problem
     from moe_gemm.model.reference import check_output
     from moe_gemm.variants.k5.layer import DeviceLayer
 
     rows = []
-    base = Workload(16384, 0.0).problem(0)
-    layer = DeviceLayer(base.b, capacity=16384, calibration=calibration)
+    base = SEED.problem(0)
+    layer = DeviceLayer(base.b, capacity=SEED.tokens, calibration=calibration)
     for skew in GRAPH_SKEWS:
         progress(f"[graph] replay with the s={skew:g} routing")
-        problem = Workload(16384, skew).problem(0)
+        problem = Workload(SEED.tokens, skew).problem(0)
         problem = Problem(a=problem.a, b=base.b, counts=problem.counts, skew=skew)
         check = check_output(layer(problem.a, problem.counts), problem)
         timing = time_launches(lambda _: layer.replay(), warmup=5, iterations=30)
@@ -314,20 +301,14 @@ def run_on_gpu(args, gpu) -> int:
     import sys
 
     from moe_gemm.measure.ceilings import basis_for, roofline_ceilings
-    from moe_gemm.measure.check import progress
-    from moe_gemm.measure.results import save_results
-    from moe_gemm.measure.runs import run_checks, run_variants
-    from moe_gemm.site.compile_report import compile_table
-    from moe_gemm.site.records import checks_table, records_table
     from moe_gemm.variants.k5 import K5Adaptive, slots
     from moe_gemm.variants.k5.calibration import calibrate
     from moe_gemm.variants.k5.config import CHECKED
-    from moe_gemm.variants.peer.torch import TorchGroupedMM, torch_available
 
     timing = timing_options(args)
-    print(f"{gpu.name} ({gpu.arch}, {gpu.sm_count} SMs, driver CUDA {gpu.driver_cuda})\n")
+    print(describe_gpu(gpu) + "\n")
     report = compile_report(gpu.arch)
-    show(compile_table(report, OPCODES, {}, legend=COMPILE_LEGEND))
+    show_compile_report(report)
 
     checks = run_checks([K5Adaptive(name) for name in CHECKED])
     show(checks_table(checks))
@@ -344,8 +325,8 @@ def run_on_gpu(args, gpu) -> int:
     show(calibration_table(calibration))
 
     timed = [variant(name, calibration) for name in (ADAPTIVE, *DEVICE, ORDERING)] + [variant(FIXED)]
-    if not args.no_peers and torch_available():
-        timed += [TorchGroupedMM(), TorchGroupedMM(k_major=True)]
+    if not args.no_peers:
+        timed += grouped_mm_peers()
     records = run_variants(timed, grid(args), rounds=args.rounds, **timing)
     show(records_table(records, title="Every measurement", basis=basis,
                        columns=("variant", "workload", "ms", "tflops", "vs_peer", "roofline", "eta", "tiles")))
@@ -365,12 +346,7 @@ def run_on_gpu(args, gpu) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    from moe_gemm.cuda.gpu import detect_gpu
-
-    gpu = detect_gpu()
-    reason = why_not_sm90a(gpu)
-    return run_without_gpu(args, reason) if reason else run_on_gpu(args, gpu)
+    return chapter_main(parse_args(argv), REQUIRES, run_on_gpu, run_without_gpu)
 
 
 if __name__ == "__main__":

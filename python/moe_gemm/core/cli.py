@@ -1,4 +1,5 @@
-"""Command-line plumbing shared by the chapters' run.py: argument types and one-line errors."""
+"""Command-line plumbing shared by the chapters' run.py: argument types, one-line errors, and the
+flags a run names as ignored."""
 
 from __future__ import annotations
 
@@ -42,10 +43,40 @@ def tile_size(name: str):
 
 
 class ChapterParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (no usage block): 'run.py: error: ... (see --help)'."""
+    """An ArgumentParser whose errors are one line (no usage block): 'run.py: error: ... (see --help)'.
+
+    It also remembers which options the command line gave (:func:`given_options`), so that a run
+    can name the flags it ignores without mistaking a default for a request.
+    """
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = super().parse_known_args(args, namespace)
+        # Parse the same words again with every default suppressed: an option is then on the result
+        # only if the command line set it, even to its default value.
+        defaults = [(action, action.default) for action in self._actions]
+        try:
+            for action, _ in defaults:
+                action.default = argparse.SUPPRESS
+            probe, _ = super().parse_known_args(args, argparse.Namespace())
+        finally:
+            for action, default in defaults:
+                action.default = default
+        setattr(parsed, _GIVEN, frozenset(option for action in self._actions if hasattr(probe, action.dest)
+                                          for option in action.option_strings))
+        return parsed, extras
+
+
+_GIVEN = "_given_options"  # where ChapterParser leaves the option strings the command line gave
+
+
+def given_options(args: argparse.Namespace) -> frozenset[str]:
+    """The option strings (every spelling of each given option) the command line set in ``args``."""
+    if not hasattr(args, _GIVEN):
+        raise TypeError("these arguments were not parsed by chapter_parser(): which flags were given is unknown")
+    return getattr(args, _GIVEN)
 
 
 def chapter_parser(description: str | None) -> ChapterParser:
@@ -73,35 +104,15 @@ def add_problem_arguments(parser: argparse.ArgumentParser, *, tokens: int = 1638
 
 
 def ignored_flags(args: argparse.Namespace, flags: Sequence[str], reason: str) -> str | None:
-    """One line naming the given flags that cannot act here and why, or None if none was given.
-
-    ``flags`` are option strings ('--profile'); their argparse destinations are looked up on ``args``.
+    """One line naming the flags among ``flags`` that the command line gave and that cannot act here,
+    and why; None if it gave none of them. A default is not a request: ``--rounds`` with its default
+    of 3 is not reported, ``--rounds 3`` typed out is. ``args`` come from a :class:`ChapterParser`.
     """
-    given = [flag for flag in flags if getattr(args, flag.lstrip("-").replace("-", "_"), False)]
+    given = [flag for flag in flags if flag in given_options(args)]
     if not given:
         return None
     verb = "was" if len(given) == 1 else "were"
     return f"{' and '.join(given)} {verb} ignored: {reason}."
-
-
-def kernel_not_run(kernel: str, needs: str, gpu: Any, arch: str) -> str:
-    """Why ``kernel`` does not run on this machine (no GPU, or one older than it ``needs``), and what
-    the chapter's run does instead. ``gpu`` is a moe_gemm.cuda.gpu.GpuInfo or None."""
-    if gpu is None:
-        return f"No NVIDIA GPU was found, so {kernel} is compiled for {arch} and not run."
-    cc = f"sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
-    return f"{kernel} needs {needs} and {gpu.name} is {cc}, so {kernel} is compiled for {arch} and not run."
-
-
-def why_not_sm90a(gpu: Any) -> str | None:
-    """Why a wgmma kernel cannot run here (no GPU, or one that is not sm_90a), or None if it can.
-    ``gpu`` is a moe_gemm.cuda.gpu.GpuInfo or None; the reason completes "... is not run here because"."""
-    if gpu is None:
-        return "there is no NVIDIA GPU on this machine"
-    if gpu.compute_capability != (9, 0):
-        major, minor = gpu.compute_capability
-        return f"{gpu.name} is sm_{major}{minor} and wgmma runs only on sm_90a"
-    return None
 
 
 QUICK_TIMING = {"warmup": 5, "iterations": 20}  # --quick; the default is moe_gemm.cuda.timing's 10 and 50

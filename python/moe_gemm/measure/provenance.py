@@ -10,6 +10,7 @@ import datetime as _dt
 import importlib.metadata
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -51,6 +52,25 @@ def git_commit(root: Path = REPO_ROOT) -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
+
+
+COMMIT_DIGITS = 12  # how many hex digits of a recorded commit a run prints
+
+
+def commit_label(commit: str, root: Path = REPO_ROOT) -> str:
+    """A recorded commit as :data:`COMMIT_DIGITS` hex digits, '+dirty' kept, for a table's title.
+
+    A commit recorded shorter than that (a short hash given in $MOE_GEMM_GIT_COMMIT) is looked up in
+    this checkout's git and lengthened; where git does not know it, it is shown as recorded.
+    """
+    head, dirty, _ = commit.partition("+")
+    if re.fullmatch(rf"[0-9a-f]{{4,{COMMIT_DIGITS - 1}}}", head):
+        try:
+            head = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{head}^{{commit}}"], cwd=root,
+                                  capture_output=True, text=True, check=True).stdout.strip() or head
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    return head[:COMMIT_DIGITS] + ("+dirty" if dirty else "")
 
 
 def gpu_clocks() -> dict[str, str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from moe_gemm.core.tables import Table
 from moe_gemm.measure.ceilings import roofline_basis
+from moe_gemm.measure.provenance import commit_label
 from moe_gemm.measure.results import RECORDED_GPU, load_results, results_path
 from moe_gemm.model.roofline import RooflineBasis
 from moe_gemm.model.workloads import WORKLOAD_KEYS, Workload
@@ -127,5 +128,5 @@ def show_recorded(chapter: str, gpu_slug: str = RECORDED_GPU, title: str | None 
     prov = data["provenance"]
     print(records_table(data["records"], basis=roofline_basis(gpu_slug),
                         title=title or f"Recorded on {prov['gpu']} ({prov['date']}, commit "
-                                       f"{prov['git_commit'][:12]})").text())
+                                       f"{commit_label(prov['git_commit'])})").text())
     return 0
