@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from moe_gemm.chapter import SEED, SEED_WORKLOADS, Table, figures_main, run_main
+from moe_gemm.chapter import GRID_SKEWS, SEED, SEED_WORKLOADS, Table, figures_main, run_main
 from moe_gemm.model.occupancy import issue_rate, max_registers_for, registers_per_warp, residency, sm_ipc
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta
@@ -33,7 +33,7 @@ CHAPTER = "00"
 EXPERTS, K, N = SEED.experts, SEED.K, SEED.N
 ROWS = (SEED.tokens, 2048)  # the seed's routed rows, and the memory-bound 2,048 of SEED_WORKLOADS
 ROOFLINE_ROWS = (2048, 4096, 16384, 65536)
-SKEWS = SEED_SKEWS
+SKEWS = GRID_SKEWS  # the skews the seed's worklog sweeps, which chapter 06's grid keeps
 # Experts shown in the tile picture: a spread of sizes at s=1.2, 16k rows (695 down to 32 rows),
 # each leaving a different amount of padding in its last tile.
 PICTURE_EXPERTS = (4, 10, 20, 33, 50, 63)

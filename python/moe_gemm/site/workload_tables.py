@@ -17,11 +17,10 @@ from moe_gemm.model.problem import useful_flops
 from moe_gemm.model.roofline import compulsory_bytes
 from moe_gemm.model.routing import expert_counts, routing_summary
 from moe_gemm.model.tiles import eta, eta_estimate, m_tiles_per_expert, scheduled_flops, tile_count
-from moe_gemm.model.workloads import GRID_SKEWS, SEED, Workload
+from moe_gemm.model.workloads import SEED, Workload
 
 TokensSkew = tuple[int, float]  # a routing of the seed shape: (M_tot, s)
 
-SEED_SKEWS = GRID_SKEWS  # the skews the seed's worklog sweeps, which chapter 06's grid keeps
 # The one balanced rate we can quote without a GPU: k2/S2 (BM=128) at 16,384 rows on the seed's B300.
 SEED_B300_K2_TFLOPS = 440.1
 SEED_B300_K2_LABEL = "the seed's B300 k2/S2 number"
