@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from moe_gemm.core.chapters import chapter_module
+from moe_gemm.measure.results import recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "chapters" / "06" / "results" / "h200.json"
@@ -53,6 +54,11 @@ def test_run_without_gpu_prints_the_compile_report_and_the_models_choices(capsys
     assert "k5/device" in out and "HGMMA" in out and "SHFL" in out
     assert "Calibration (measured" in out  # the recorded calibration, not the nominal stand-in
     assert "2,048 s=1.2" in out and "Recorded on NVIDIA H200" in out
+    # the measured columns of the model's table come from the recorded run, not '-'
+    data = recorded("06")
+    measured = next(r for r in data["records"] if r["variant"] == "k5/host" and (r["tokens"], r["skew"]) == (2048, 1.2))
+    row = next(line for line in out.splitlines() if line.startswith("2,048 s=1.2 "))
+    assert f"{measured['median_ms'] * 1e3:.1f}" in row.split() and "-" not in row.split()
 
 
 def test_run_without_gpu_and_without_flags_reports_no_flag_as_ignored(capsys, monkeypatch):
