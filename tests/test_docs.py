@@ -1,7 +1,8 @@
 """The docs site: `mkdocs build --strict` passes, and headless Chromium renders the pages as a reader
 sees them: math typeset, figures loaded and opening full size in the lightbox, no request leaving
-localhost, no math in the table of contents, and nothing cut off at 1400 px or 400 px. The pages
-are the ones in mkdocs.yml's nav, which must list every page in site_docs/.
+localhost, no math in the table of contents, nothing cut off at 1400 px or 400 px, and no table that
+needs a sideways scrollbar at 1400 px. The pages are the ones in mkdocs.yml's nav, which must list
+every page in site_docs/.
 
 Chromium is Debian's `chromium` (.ci/run installs it). It is driven over the Chrome DevTools
 protocol on a pipe (--remote-debugging-pipe: JSON messages ending in NUL on fds 3 and 4), so the
@@ -445,6 +446,49 @@ def test_nothing_is_cut_off(browser, served_site, page, width):
 
         # The figures are sized for this width (moe_gemm.site.style): a narrower article shrinks their text.
         assert seen["article_width"] >= DISPLAY_WIDTH_PX, (page, seen["article_width"])
+
+
+# Every table as a reader at this width sees it: how much wider its content is than its box, and
+# the same for the nearest scroll container around it (Material's .md-typeset__scrollwrap).
+TABLE_WIDTHS = """
+(() => {
+  const article = document.querySelector("article.md-content__inner");
+  const scroller = el => {
+    for (let a = el.parentElement; a && a !== article; a = a.parentElement) {
+      const ox = getComputedStyle(a).overflowX;
+      if (ox === "auto" || ox === "scroll") return a;
+    }
+    return null;
+  };
+  const tables = Array.from(article.querySelectorAll("table")).map(t => {
+    const s = scroller(t);
+    return {header: Array.from(t.querySelectorAll("th")).map(h => h.textContent.trim()).join(" | ").slice(0, 80),
+            scroll: t.scrollWidth, client: t.clientWidth,
+            wrapper_scroll: s ? s.scrollWidth : 0, wrapper_client: s ? s.clientWidth : 0};
+  });
+  const root = document.documentElement;
+  return {tables, page_scroll: root.scrollWidth, page_client: root.clientWidth};
+})()
+"""
+
+
+@pytest.mark.parametrize("page", NAV_PAGES)
+def test_tables_fit_the_column_at_1400_px(browser, served_site, page):
+    """At a 1400 px window no table needs a sideways scrollbar: a reader sees every column at once.
+
+    A table too wide for the column is shortened where it is written (shorter headers, the long
+    meaning in the legend under it) or split where it has two jobs, not left to scroll.
+    """
+    target, session = _open(browser, served_site, page, 1400)
+    try:
+        seen = browser.evaluate(session, TABLE_WIDTHS)
+    finally:
+        browser.send("Target.closeTarget", {"targetId": target})
+    wide = [f"{t['header']!r}: content {max(t['scroll'], t['wrapper_scroll'])} px in "
+            f"{t['wrapper_client'] or t['client']} px" for t in seen["tables"]
+            if t["scroll"] > t["client"] + 1 or t["wrapper_scroll"] > t["wrapper_client"] + 1]
+    assert not wide, f"{page} at 1400 px: {len(wide)} table(s) scroll sideways: {wide}"
+    assert seen["page_scroll"] <= seen["page_client"] + 1, f"{page} at 1400 px: the page scrolls sideways"
 
 
 TOC = """
