@@ -185,10 +185,16 @@ def run_gpu(args, gpu) -> int:
     from moe_gemm.model.roofline import roofline_basis
     from moe_gemm.model.workloads import SEED_WORKLOADS, Workload
     from moe_gemm.site.records import records_table
-    from moe_gemm.variants.k0 import K0Fp32
+    from moe_gemm.variants.k0 import K0Fp32, numba_cuda_problem
     from moe_gemm.variants.peer.torch import available_peers
 
     print(f"GPU: {gpu.name} (sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}, {gpu.sm_count} SMs)\n")
+    if (problem := numba_cuda_problem()) is not None:  # numba-cuda cannot compile with this numpy
+        from moe_gemm.site.records import show_recorded
+
+        print(problem + "\n")
+        show_recorded(CHAPTER)
+        return 0
     k0 = K0Fp32()
     progress("checking k0 (compiles it first) ...")
     checks, passed = check_k0(k0)
