@@ -164,8 +164,9 @@ def test_bad_stage_choices_are_refused(bm, frag_db, stages, rule):
 
 
 @pytest.mark.parametrize(("K", "N", "addresses", "rule"), [
-    (48, 200, {}, "K to be a multiple of BK = 32"),
-    (1000, 200, {}, "K to be a multiple of BK = 32"),
+    (48, 200, {}, "K to be a positive multiple of BK = 32"),
+    (1000, 200, {}, "K to be a positive multiple of BK = 32"),
+    (0, 200, {}, "K to be a positive multiple of BK = 32"),
     (128, 100, {}, "N to be a multiple of 8"),
     (128, 200, {"a_address": 0x1008}, "A to start on a 16-byte boundary"),
     (128, 200, {"b_address": 0x1002}, "B to start on a 16-byte boundary"),

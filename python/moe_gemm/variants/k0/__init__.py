@@ -4,7 +4,7 @@ One 256-thread block per 64 x 64 tile of the flat tile list, K in slices of 16, 
 widened to fp32 in shared memory, fp32 accumulation, one bf16 rounding at the store.
 
 What the kernel cannot take is refused here, before any launch, with a ValueError naming the
-rule: K must be a multiple of BK = 16 (there is no K tail), the inputs must be bf16 of the
+rule: K must be a positive multiple of BK = 16 (there is no K tail), the inputs must be bf16 of the
 problem's shapes, and the GPU must be one that CUDA 13 (numba-cuda's compiler here) targets. A
 numpy that numba-cuda cannot compile with (2.5 and newer, for numba-cuda 0.30.4) is refused when
 the variant is made, with the one-line fix (:func:`.numba_loader.numba_cuda_problem`).
@@ -51,8 +51,8 @@ SASS_OPCODES = ("FFMA", "LDS.128", "LDS", "LDG.E.U16", "STS", "BAR.SYNC", "STG.E
 # --8<-- [start:checks]
 def check_inputs(K: int, N: int) -> None:
     """ValueError naming the first rule of the kernel that these inputs break."""
-    if K % BK:
-        raise ValueError(f"k0 needs K to be a multiple of BK = {BK} (it stages whole "
+    if K < 1 or K % BK:
+        raise ValueError(f"k0 needs K to be a positive multiple of BK = {BK} (it stages whole "
                          f"K slices and has no K tail), got K = {K}")
     if N < 1:
         raise ValueError(f"k0 needs N >= 1, got N = {N}")
