@@ -57,6 +57,24 @@ def test_no_gpu_prints_the_compile_report_and_exits_0(no_gpu, capsys) -> None:
         assert text in out, text
 
 
+def test_progression_leaves_k0_out_where_numba_cuda_cannot_compile(monkeypatch, capsys) -> None:
+    """numpy 2.5 removed np.row_stack, which numba-cuda 0.30.4 calls: k1 and k2 run, k0 does not,
+    and the run says why and what to do in one line (it used to crash at k0's first compile)."""
+    import numpy as np
+
+    from moe_gemm.variants.k0 import numba_loader
+
+    run = chapter_module("03", "run")
+    assert [v.name for v in run.progression_variants(with_peers=False)][0] == "k0"
+    capsys.readouterr()
+    monkeypatch.delattr(np, "row_stack", raising=False)
+    monkeypatch.setattr(numba_loader, "numba_cuda_version", lambda: "0.30.4")
+    names = [v.name for v in run.progression_variants(with_peers=False)]
+    assert "k0" not in names and names[0].startswith("k1/") and {"k2/s2", "k2/s3", "k2/s4"} <= set(names)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and 'python -m pip install "numpy<2.5"' in out
+
+
 def test_compile_report_rows() -> None:
     run = chapter_module("03", "run")
     rows = {r["variant"]: r for r in run.compile_report("sm_90a")}

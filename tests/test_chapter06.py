@@ -231,3 +231,47 @@ def test_the_other_targets_are_met(data):
     assert len(missed) == 2 and all(name.startswith(("k5/device time", "k5/device-graph time")) for name in missed)
     met_names = [name for name, ok in met.items() if ok]  # "the four on k5/host's ratio ... and the roofline one"
     assert sum("/ peer" in name for name in met_names) == 4 and sum("roofline" in name for name in met_names) == 1
+
+
+# --------------------------------------------------------------------------- the figures, as a reader sees them
+
+@pytest.fixture(scope="module")
+def figures():
+    return chapter_module("06", "figures")
+
+
+def test_the_model_figures_ticks_are_round_numbers_that_do_not_overlap(figures, data):
+    """model.png: log axes labelled at 50, 100, 200, 500 only; matplotlib's minor labels
+    ('6 x 10^1', '3 x 10^2', ...) had crowded the x axis into each other."""
+    import matplotlib.pyplot as plt
+
+    fig = figures.model_figure(data)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    for axis in (ax.xaxis, ax.yaxis):
+        labels = [t for t in axis.get_ticklabels(which="both") if t.get_visible() and t.get_text().strip()]
+        texts = [t.get_text() for t in labels]
+        assert texts and all(text.isdigit() for text in texts), texts
+        boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: (b.x0, b.y0))
+        for one, two in zip(boxes, boxes[1:]):
+            assert not one.overlaps(two), (texts, one, two)
+    plt.close(fig)
+
+
+def test_the_grids_numbers_are_legible_on_a_phone(figures, data):
+    """grid.png's 75 ratios stay at least 10 px tall when a 400 px window scales the figure to its
+    article (three panels in a row had shown them at under 6 px); at 1400 px the house check holds."""
+    import re
+
+    import matplotlib.pyplot as plt
+
+    from moe_gemm.site.style import MIN_TEXT_PX, NARROW_DISPLAY_WIDTH_PX, displayed_text_px
+
+    fig = figures.grid_figure(data)
+    numbers = [t for t in fig.findobj(lambda a: hasattr(a, "get_text") and re.fullmatch(r"\d\.\d\d", a.get_text()))]
+    assert len(numbers) == 3 * len(TOKENS) * len(SKEWS)
+    narrow = displayed_text_px(fig, NARROW_DISPLAY_WIDTH_PX)
+    assert min(narrow[t.get_text()] for t in numbers) >= 10.0
+    assert min(displayed_text_px(fig).values()) >= MIN_TEXT_PX
+    plt.close(fig)

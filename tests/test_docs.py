@@ -1,6 +1,8 @@
 """The docs site: `mkdocs build --strict` passes, and headless Chromium renders the pages as a reader
 sees them: math typeset, figures loaded and opening full size in the lightbox, no request leaving
-localhost, no math in the table of contents, and nothing cut off at 1400 px or 400 px.
+localhost, no math in the table of contents, nothing cut off at 1400 px or 400 px, and no table that
+needs a sideways scrollbar at 1400 px. The pages are the ones in mkdocs.yml's nav, which must list
+every page in site_docs/.
 
 Chromium is Debian's `chromium` (.ci/run installs it). It is driven over the Chrome DevTools
 protocol on a pipe (--remote-debugging-pipe: JSON messages ending in NUL on fds 3 and 4), so the
@@ -30,8 +32,27 @@ from urllib.parse import urlsplit
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-NAV_PAGES = ("index.md", "00-problem.md", "01-fp32-baseline.md", "02-mma-sync.md",
-             "03-tma-warp-specialization.md", "04-wgmma.md", "05-tcgen05.md")
+
+
+def nav_pages(config: Path = REPO / "mkdocs.yml") -> tuple[str, ...]:
+    """The pages of mkdocs.yml's ``nav``, in its order (sections flattened), as paths under docs_dir."""
+    import yaml
+
+    def walk(entries) -> list[str]:
+        found = []
+        for entry in entries:
+            value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+            if isinstance(value, list):
+                found += walk(value)
+            elif isinstance(value, str) and value.endswith(".md"):
+                found.append(value)
+        return found
+
+    return tuple(walk(yaml.safe_load(config.read_text(encoding="utf-8"))["nav"]))
+
+
+# Every page a reader can reach, from the nav itself: a page added there is checked from then on.
+NAV_PAGES = nav_pages()
 MATH_PAGES = ("index.md", "00-problem.md")  # pages that must show typeset math
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -56,6 +77,15 @@ def built_site(tmp_path_factory) -> Path:
     )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     return site
+
+
+def test_the_nav_lists_every_page_and_only_pages_that_exist():
+    """The browser tests cover NAV_PAGES; so the nav must hold every page, and nothing else."""
+    pages = {p.name for p in (REPO / "site_docs").glob("*.md")}
+    assert len(NAV_PAGES) == len(set(NAV_PAGES)), f"a page is in the nav twice: {NAV_PAGES}"
+    assert pages - set(NAV_PAGES) == set(), "pages in site_docs/ that the nav (and so these tests) leave out"
+    assert set(NAV_PAGES) - pages == set(), "nav entries with no page in site_docs/"
+    assert {"index.md", "06-adaptive.md"} <= set(NAV_PAGES)
 
 
 def test_site_builds_with_every_page_and_a_local_mathjax(built_site):
@@ -401,6 +431,9 @@ CLIPPED = """
 @pytest.mark.parametrize("width", (1400, 400))
 @pytest.mark.parametrize("page", NAV_PAGES)
 def test_nothing_is_cut_off(browser, served_site, page, width):
+    """Nothing reaches past the column outside a scroll container, and the page body never scrolls
+    sideways: at 400 px a wide table scrolls inside its own wrapper, long inline math does not
+    push the page wider (06-adaptive.md's grid is written in words for that)."""
     target, session = _open(browser, served_site, page, width)
     try:
         seen = browser.evaluate(session, CLIPPED)
@@ -408,11 +441,55 @@ def test_nothing_is_cut_off(browser, served_site, page, width):
         browser.send("Target.closeTarget", {"targetId": target})
     assert not seen["clipped"], f"{page} at {width} px: cut off outside a scroll container: {seen['clipped']}"
     assert not seen["page_scrolls_sideways"], f"{page} at {width} px: the whole page scrolls sideways"
-    if width == 1400 and page != "index.md":
-        from moe_gemm.site.style import DISPLAY_WIDTH_PX
+    if page != "index.md":
+        from moe_gemm.site.style import DISPLAY_WIDTH_PX, NARROW_DISPLAY_WIDTH_PX
 
-        # The figures are sized for this width (moe_gemm.site.style): a narrower article shrinks their text.
-        assert seen["article_width"] >= DISPLAY_WIDTH_PX, (page, seen["article_width"])
+        # The figures are sized for these widths (moe_gemm.site.style): a narrower article shrinks their text.
+        least = DISPLAY_WIDTH_PX if width == 1400 else NARROW_DISPLAY_WIDTH_PX
+        assert seen["article_width"] >= least, (page, width, seen["article_width"])
+
+
+# Every table as a reader at this width sees it: how much wider its content is than its box, and
+# the same for the nearest scroll container around it (Material's .md-typeset__scrollwrap).
+TABLE_WIDTHS = """
+(() => {
+  const article = document.querySelector("article.md-content__inner");
+  const scroller = el => {
+    for (let a = el.parentElement; a && a !== article; a = a.parentElement) {
+      const ox = getComputedStyle(a).overflowX;
+      if (ox === "auto" || ox === "scroll") return a;
+    }
+    return null;
+  };
+  const tables = Array.from(article.querySelectorAll("table")).map(t => {
+    const s = scroller(t);
+    return {header: Array.from(t.querySelectorAll("th")).map(h => h.textContent.trim()).join(" | ").slice(0, 80),
+            scroll: t.scrollWidth, client: t.clientWidth,
+            wrapper_scroll: s ? s.scrollWidth : 0, wrapper_client: s ? s.clientWidth : 0};
+  });
+  const root = document.documentElement;
+  return {tables, page_scroll: root.scrollWidth, page_client: root.clientWidth};
+})()
+"""
+
+
+@pytest.mark.parametrize("page", NAV_PAGES)
+def test_tables_fit_the_column_at_1400_px(browser, served_site, page):
+    """At a 1400 px window no table needs a sideways scrollbar: a reader sees every column at once.
+
+    A table too wide for the column is shortened where it is written (shorter headers, the long
+    meaning in the legend under it) or split where it has two jobs, not left to scroll.
+    """
+    target, session = _open(browser, served_site, page, 1400)
+    try:
+        seen = browser.evaluate(session, TABLE_WIDTHS)
+    finally:
+        browser.send("Target.closeTarget", {"targetId": target})
+    wide = [f"{t['header']!r}: content {max(t['scroll'], t['wrapper_scroll'])} px in "
+            f"{t['wrapper_client'] or t['client']} px" for t in seen["tables"]
+            if t["scroll"] > t["client"] + 1 or t["wrapper_scroll"] > t["wrapper_client"] + 1]
+    assert not wide, f"{page} at 1400 px: {len(wide)} table(s) scroll sideways: {wide}"
+    assert seen["page_scroll"] <= seen["page_client"] + 1, f"{page} at 1400 px: the page scrolls sideways"
 
 
 TOC = """

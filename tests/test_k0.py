@@ -113,6 +113,85 @@ def test_variant_is_registered():
     assert registry.get("k0").name == "k0"
 
 
+# ---- a numpy that numba-cuda cannot compile with (numpy 2.5 removed np.row_stack) ----------------
+
+@pytest.fixture
+def numpy_2_5(monkeypatch):
+    """numpy as 2.5 has it (no np.row_stack) beside numba-cuda 0.30.4, which still calls it."""
+    from moe_gemm.variants.k0 import numba_loader
+
+    monkeypatch.delattr(np, "row_stack", raising=False)
+    monkeypatch.setattr(numba_loader, "numba_cuda_version", lambda: "0.30.4")
+
+
+def test_the_numpy_check_names_the_problem_and_the_fix(numpy_2_5, monkeypatch):
+    from moe_gemm.variants.k0 import numba_loader
+
+    problem = numba_loader.numba_cuda_problem()
+    assert problem is not None and "\n" not in problem
+    assert "numba-cuda 0.30.4" in problem and "np.row_stack" in problem
+    assert problem.endswith('python -m pip install "numpy<2.5"')
+    monkeypatch.setattr(numba_loader, "numba_cuda_version", lambda: "0.31.0")  # a release with the guard
+    assert numba_loader.numba_cuda_problem() is None
+    monkeypatch.setattr(numba_loader, "numba_cuda_version", lambda: None)  # no numba-cuda: not this problem
+    assert numba_loader.numba_cuda_problem() is None
+
+
+def test_the_numpy_check_passes_where_numpy_has_row_stack(monkeypatch):
+    from moe_gemm.variants.k0 import numba_loader
+
+    monkeypatch.setattr(np, "row_stack", np.vstack, raising=False)
+    assert numba_loader.numba_cuda_problem() is None
+    assert numba_loader._version_tuple("0.30.4") == (0, 30, 4) and numba_loader._version_tuple("0.31.0rc1") == (0, 31, 0)
+
+
+def test_k0_is_refused_before_any_compile_with_the_fix(numpy_2_5, monkeypatch):
+    """A ValueError naming the fix, not numba's AttributeError from deep inside its first compile."""
+    def no_compile(*args):
+        raise AssertionError("k0 was compiled")
+
+    monkeypatch.setattr(k0_module, "kernel_module", no_compile)
+    with pytest.raises(ValueError, match=r'row_stack.*python -m pip install "numpy<2\.5"'):
+        K0Fp32()
+    made = object.__new__(K0Fp32)  # made before numpy changed under it: prepare checks again
+    with pytest.raises(ValueError, match=r'pip install "numpy<2\.5"'):
+        made.prepare(None)
+    from moe_gemm.variants import registry
+
+    with pytest.raises(ValueError, match="numpy<2.5"):
+        registry.get("k0")
+    assert k0_module.runnable_k0() == []
+
+
+def test_a_row_stack_error_at_compile_time_becomes_the_same_line(monkeypatch):
+    """For a numba-cuda newer than the check knows that still calls np.row_stack."""
+    class Kernel:
+        def compile(self, signature):
+            raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+
+    monkeypatch.setattr(k0_module, "kernel_module", lambda: type("M", (), {"k0_fp32": Kernel()})())
+    with pytest.raises(ValueError, match=r'pip install "numpy<2\.5"'):
+        K0Fp32().compile()
+
+
+def test_chapter01_with_a_gpu_says_what_to_do_and_shows_the_record(numpy_2_5, monkeypatch, capsys):
+    """``python chapters/01/run.py`` on a GPU whose numpy breaks numba-cuda: the line, the recorded
+    results, exit 0; nothing compiled."""
+    from types import SimpleNamespace
+
+    import moe_gemm.cuda.gpu
+
+    gpu = SimpleNamespace(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132)
+    monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda ordinal=0: gpu)
+    monkeypatch.setattr(k0_module, "kernel_module", lambda: pytest.fail("k0 was compiled"))
+    assert chapter_module("01", "run").main([]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("GPU: NVIDIA H200")
+    assert lines[2].startswith("k0 cannot be compiled here") and lines[2].endswith('pip install "numpy<2.5"')
+    assert "Recorded on NVIDIA H200" in out and "k0" in out.split("Recorded on", 1)[1]
+
+
 # ---- the peers' rules (no torch, no GPU needed) ---------------------------------------------
 
 def test_peers_are_registered_and_absent_without_a_gpu():

@@ -113,6 +113,17 @@ def test_each_layout_covers_its_tile_exactly_once():
     assert c == {(r, n) for r in range(16) for n in range(8)}
 
 
+def test_the_a_layout_table_has_one_column_per_register_pair():
+    """A register holds two bf16 neighbours in k: eight columns, which fit the page at 1400 px."""
+    from moe_gemm.variants.k1.fragments import a_layout_markdown
+
+    lines = a_layout_markdown().splitlines()
+    assert lines[0] == "| row \\ k | 0, 1 | 2, 3 | 4, 5 | 6, 7 | 8, 9 | 10, 11 | 12, 13 | 14, 15 |"
+    assert lines[2] == "| 0 | L0.a0 | L1.a0 | L2.a0 | L3.a0 | L0.a2 | L1.a2 | L2.a2 | L3.a2 |"
+    assert lines[10] == "| 8 | L0.a1 | L1.a1 | L2.a1 | L3.a1 | L0.a3 | L1.a3 | L2.a3 | L3.a3 |"
+    assert len(lines) == 2 + 16
+
+
 def test_padded_rows_make_ldmatrix_conflict_free():
     """The eight 16-byte rows one ldmatrix phase reads fall on eight different bank groups."""
     for row_bytes in ((32 + 8) * 2, (128 + 8) * 2):
@@ -153,8 +164,9 @@ def test_bad_stage_choices_are_refused(bm, frag_db, stages, rule):
 
 
 @pytest.mark.parametrize(("K", "N", "addresses", "rule"), [
-    (48, 200, {}, "K to be a multiple of BK = 32"),
-    (1000, 200, {}, "K to be a multiple of BK = 32"),
+    (48, 200, {}, "K to be a positive multiple of BK = 32"),
+    (1000, 200, {}, "K to be a positive multiple of BK = 32"),
+    (0, 200, {}, "K to be a positive multiple of BK = 32"),
     (128, 100, {}, "N to be a multiple of 8"),
     (128, 200, {"a_address": 0x1008}, "A to start on a 16-byte boundary"),
     (128, 200, {"b_address": 0x1002}, "B to start on a 16-byte boundary"),

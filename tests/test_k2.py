@@ -80,6 +80,7 @@ def test_stages_must_be_2_3_or_4():
     (1024, 2690, "N to be a multiple of 8"),
     (1000, 2688, "multiple of BK = 64"),
     (72, 200, "multiple of BK = 64"),
+    (0, 2688, "K to be a positive multiple of BK = 64"),
 ])
 def test_shapes_tma_cannot_take(K, N, rule):  # noqa: N803
     with pytest.raises(ValueError, match=rule):

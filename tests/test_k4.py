@@ -97,6 +97,7 @@ def test_registry_names_resolve():
     (100, 2688, "K to be a multiple of 8"),
     (1024, 2690, "N to be a multiple of 8"),
     (1000, 2688, "multiple of BK = 64"),
+    (0, 2688, "K to be a positive multiple of BK = 64"),
 ])
 def test_shapes_the_kernel_cannot_take(K, N, rule):  # noqa: N803
     with pytest.raises(ValueError, match=rule):

@@ -124,10 +124,11 @@ def test_results_table_selects_variants_workloads_and_columns(pages):
                                 columns=["variant", "workload", "tflops", "vs_peer", "roofline"])
     lines = table.strip().splitlines()
     assert lines[0] == "| variant | workload | TFLOP/s | vs peer | % roofline (800 / 4.00) |"
-    assert lines[2] == "| k9/a | 16,384 rows, s=0 | 100.0 | 0.50 | 13.1 |"  # of 761
-    assert lines[3] == "| k9/a | 16,384 rows, s=1.2 | 80.0 | 0.50 | 10.5 |"
+    assert lines[2] == "| k9/a | 16k s=0 | 100.0 | 0.50 | 13.1 |"  # of 761
+    assert lines[3] == "| k9/a | 16k s=1.2 | 80.0 | 0.50 | 10.5 |"
     assert lines[4] == ""
-    assert lines[5].startswith("*TFLOP/s: useful") and "ceilings wgmma peak and device copy measured on the H200" in lines[5]
+    assert lines[5].startswith("*workload: 16k = 16,384 rows") and "TFLOP/s: useful" in lines[5]
+    assert "ceilings wgmma peak and device copy measured on the H200" in lines[5]
     everything = pages.results_table("99")
     assert everything.count("| k9/a |") == 4 and "peer/torch_grouped_mm" in everything
     with pytest.raises(PageDataError, match="no record of k9/a at 2,048 rows, s=1.2"):

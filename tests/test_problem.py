@@ -43,6 +43,7 @@ def test_valid_inputs_pass() -> None:
         (lambda a, b, c: (a, b, np.array([5.0, 0.0, 7.0])), "non-negative integers"),
         (lambda a, b, c: (a, b, np.array([13, 0, -1])), "non-negative integers"),
         (lambda a, b, c: (a, np.ones((3, 15, 8), dtype=BF16), c), "K"),
+        (lambda a, b, c: (np.ones((12, 0), dtype=BF16), np.ones((3, 0, 8), dtype=BF16), c), "K and N must be >= 1"),
     ],
 )
 def test_bad_inputs_raise(mutate, pattern: str) -> None:
@@ -121,3 +122,25 @@ def test_empty_and_single_expert_problems() -> None:
     assert empty.a.shape == (0, 16) and empty.useful_flops == 0
     single = make_problem(experts=1, tokens=33, K=16, N=8, seed=0)
     assert single.counts.tolist() == [33]
+
+
+# ---- K = 0: refused before any launch, by the problem and by every kernel's own check ------------
+
+@pytest.mark.parametrize(("family", "bk"), [("k0", 16), ("k1", 32), ("k2", 64), ("k3", 64), ("k4", 64), ("k5", 64)])
+def test_every_kernel_family_refuses_k_zero(family: str, bk: int) -> None:
+    """K = 0 passes every 'multiple of' rule, but no kernel here has a K step to run: k3 would store
+    the previous tile's accumulators and k5 would wait forever on its ring. A ValueError before any
+    launch names the rule instead."""
+    import importlib
+
+    module = importlib.import_module(f"moe_gemm.variants.{family}" + (".maps" if family == "k3" else ""))
+    with pytest.raises(ValueError, match=rf"^{family} needs K to be a positive multiple of BK = {bk}\b.*got K = 0"):
+        module.check_inputs(0, 2688)
+    module.check_inputs(bk, 2688)  # one K step is enough
+    with pytest.raises(ValueError, match=rf"^{family} needs N >= 1"):
+        module.check_inputs(bk, 0)
+
+
+def test_a_problem_with_k_zero_cannot_be_made() -> None:
+    with pytest.raises(ValueError, match="K must be >= 1"):
+        make_problem(experts=2, tokens=8, K=0, N=8)

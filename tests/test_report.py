@@ -76,6 +76,53 @@ def test_dashes_do_not_change_a_columns_alignment() -> None:
     assert lines[2:] == ["0.500", "    -", "1.000"]
 
 
+def test_numeric_ranges_are_right_aligned() -> None:
+    """'0.621-0.625' lines up like a number (and on the site, does not wrap at its dash)."""
+    lines = format_table(("min-max ms",), [("0.621-0.625",), ("12.109-12.400",), ("1.8–2.1x",)]).splitlines()
+    assert lines[2:] == ["  0.621-0.625", "12.109-12.400", "     1.8–2.1x"]
+    assert markdown_table(("range", "name"), [("1-2", "k1/bm64-s3")]).splitlines()[1] == "|---:|:---|"
+    assert format_table(("x",), [("1-",), ("10",)]).splitlines()[2:] == ["1-", "10"]  # not a range
+
+
+# ---- tables that fit a page's column (tests/test_docs.py measures them at 1400 px) ----------
+
+def test_a_page_split_table_is_two_tables_on_the_page_and_one_in_the_terminal() -> None:
+    table = Table(("kernel", "regs", "HGMMA", "SYNCS"), (("k3/a", 168, 4, 19), ("k3/b", 158, 8, 13)),
+                  "T", legend="regs: per thread; the rest: SASS counts", page_split=2)
+    assert table.markdown() == ("| kernel | regs |\n|:---|---:|\n| k3/a | 168 |\n| k3/b | 158 |\n\n"
+                                "| kernel | HGMMA | SYNCS |\n|:---|---:|---:|\n| k3/a | 4 | 19 |\n| k3/b | 8 | 13 |\n"
+                                "\n*regs: per thread; the rest: SASS counts*\n")
+    assert table.text().splitlines()[1].split() == ["kernel", "regs", "HGMMA", "SYNCS"]
+    for bad in (0, 1, 4):
+        with pytest.raises(ValueError, match="page_split"):
+            Table(("kernel", "regs", "HGMMA", "SYNCS"), (), legend="x", page_split=bad)
+
+
+def _compile_row(variant: str, limiter: str, spill_bytes: int = 0) -> dict:
+    return {"variant": variant, "arch": "sm_90a", "registers": 168, "smem_bytes": 200 * 1024,
+            "spill_bytes": spill_bytes, "warps_per_block": 12, "blocks_per_sm": 1, "limiter": limiter,
+            "sass": {"HGMMA": 4, "UCGABAR": 2}}
+
+
+def test_the_compile_report_abbreviates_its_limits_and_splits_on_the_page() -> None:
+    from moe_gemm.site.compile_report import compile_table, short_limit
+
+    assert short_limit("registers = shared memory") == "regs = smem"
+    assert short_limit("warps") == "warps"
+    table = compile_table([_compile_row("k3/a", "registers = shared memory")], ("HGMMA", "UCGABAR"),
+                          {"UCGABAR": "CLUSTER BAR"}, legend="regs: per thread")
+    assert table.headers == ("kernel", "regs", "smem KB", "warps", "blocks/SM", "limit", "HGMMA", "CLUSTER BAR")
+    assert table.rows[0][5] == "regs = smem"
+    assert "regs: registers, smem: shared memory" in table.legend and "spills: none" in table.legend
+    first, second = table.markdown().split("\n\n")[:2]
+    assert first.splitlines()[0] == "| kernel | regs | smem KB | warps | blocks/SM | limit |"
+    assert second.splitlines()[0] == "| kernel | HGMMA | CLUSTER BAR |"
+    # A kernel that spills keeps the column: the number matters then.
+    spilled = compile_table([_compile_row("k3/a", "registers", 64), _compile_row("k3/b", "registers")], ("HGMMA",))
+    assert "spills" in spilled.headers and "spills: none" not in spilled.legend
+    assert [row[spilled.headers.index("spills")] for row in spilled.rows] == [64, 0]
+
+
 def test_interleaved_rounds_keep_the_median_of_their_medians():
     from moe_gemm.measure.runs import _merge_rounds
 

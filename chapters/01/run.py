@@ -200,10 +200,14 @@ def ceiling_table(records: list[dict[str, Any]], ceilings: list[dict[str, Any]])
 
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.ceilings import basis_for
-    from moe_gemm.variants.k0 import K0Fp32
+    from moe_gemm.variants.k0 import K0Fp32, numba_cuda_problem
     from moe_gemm.variants.peer.torch import available_peers
 
     print(describe_gpu(gpu) + "\n")
+    if (problem := numba_cuda_problem()) is not None:  # numba-cuda cannot compile with this numpy
+        print(problem + "\n")
+        show_recorded(CHAPTER)
+        return 0
     k0 = K0Fp32()
     progress("checking k0 (compiles it first) ...")
     checks, passed = check_k0(k0)

@@ -101,9 +101,9 @@ def k1_variant(name: str):
 
 
 def progression_variants(with_peers: bool) -> list:
-    from moe_gemm.variants.k0 import K0Fp32
+    from moe_gemm.variants.k0 import runnable_k0
 
-    variants = [K0Fp32(), k1_variant(best_k1_name()), *k2_variants()]
+    variants = [*runnable_k0(), k1_variant(best_k1_name()), *k2_variants()]  # k0: unless numba-cuda cannot
     if with_peers:
         from moe_gemm.variants.peer.torch import available_peers
 

@@ -2,8 +2,9 @@
 
 Cells may be strings or numbers. Numbers are formatted here (ints with thousands separators,
 floats with ``float_format``) so every chapter prints them the same way; a column whose cells
-are all numeric, or numeric-looking strings such as ``"90.2"``, ``"22.0%"`` or ``"1.8x"``, is
-right-aligned so the digits line up.
+are all numeric, or numeric-looking strings such as ``"90.2"``, ``"22.0%"``, ``"1.8x"`` or the
+range ``"0.621-0.625"``, is right-aligned so the digits line up (and, on the docs site, does not
+wrap: site_docs/stylesheets/extra.css).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from dataclasses import dataclass, field
 
 Cell = str | int | float
 
-# A number, optionally with thousands separators, a sign, an exponent and a unit suffix.
-_NUMERIC = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)?(\.\d+)?([eE][-+]?\d+)?\s*(%|x|×)?$")
+# A number, optionally with thousands separators, a sign, an exponent and a unit suffix; or a range
+# of two such numbers ("0.621-0.625", "1.8-2.1x"), which lines up like one.
+_NUMBER = r"[-+]?(\d{1,3}(,\d{3})+|\d+)?(\.\d+)?([eE][-+]?\d+)?"
+_NUMERIC = re.compile(rf"^{_NUMBER}(\s*[-–]\s*(?=[-+]?\.?\d){_NUMBER})?\s*(%|x|×)?$")
 
 
 def format_cell(value: Cell, float_format: str = "{:.3f}") -> str:
@@ -90,6 +93,11 @@ class Table:
 
     The legend is required: a reader of run.py's output has no page beside it to say what "eta"
     or "vs peer" means, so every table says it under itself.
+
+    ``page_split`` is for a table with two jobs that is too wide for a docs page's column (which
+    holds about a dozen narrow columns at 1400 px, tests/test_docs.py): :meth:`markdown` writes it
+    as two tables, columns ``[0, page_split)`` and then column 0 (the row's name) with the rest,
+    and the legend once under both. A terminal is wide, so :meth:`text` keeps one table.
     """
 
     headers: tuple[str, ...]
@@ -97,14 +105,24 @@ class Table:
     title: str | None = None
     float_format: str = "{:.3f}"
     legend: str = field(kw_only=True)
+    page_split: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if not self.legend.strip() or "\n" in self.legend:
             raise ValueError(f"a table's legend is one non-empty line, got {self.legend!r}")
+        if self.page_split is not None and not 1 < self.page_split < len(self.headers):
+            raise ValueError(f"page_split {self.page_split} leaves a table with no columns of its own "
+                             f"(there are {len(self.headers)})")
 
     def text(self, indent: int = 0) -> str:
         table = format_table(self.headers, self.rows, self.title, float_format=self.float_format, indent=indent)
         return f"{table}\n{' ' * indent}{self.legend}"
 
     def markdown(self) -> str:
-        return markdown_table(self.headers, self.rows, float_format=self.float_format) + f"\n*{self.legend}*\n"
+        if self.page_split is None:
+            parts = [range(len(self.headers))]
+        else:
+            parts = [range(self.page_split), [0, *range(self.page_split, len(self.headers))]]
+        tables = [markdown_table([self.headers[c] for c in columns], [[row[c] for c in columns] for row in self.rows],
+                                 float_format=self.float_format) for columns in parts]
+        return "\n".join(tables) + f"\n*{self.legend}*\n"

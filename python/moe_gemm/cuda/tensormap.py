@@ -134,7 +134,17 @@ class TiledMap:
 # --8<-- [start:checks]
 def check_tma_gemm(kernel: str, K: int, N: int, bk: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
     """ValueError naming the first rule of TMA, or of a kernel that loads ``bk`` of K per box, that
-    these inputs break (the rules of every TMA-fed kernel here: k2, k3, k4)."""
+    these inputs break (the rules of every TMA-fed kernel here: k2, k3, k4, k5).
+
+    K = 0 passes every divisibility rule but gives the pipeline no K step: the consumers would
+    store accumulators no MMA wrote (k3 stores the previous tile's) or wait on a full barrier that
+    no copy ever arrives at (k5 hangs), so it is refused first, as is N = 0.
+    """
+    if K < 1:
+        raise ValueError(f"{kernel} needs K to be a positive multiple of BK = {bk} (at least one K step to load "
+                         f"and multiply), got K = {K}")
+    if N < 1:
+        raise ValueError(f"{kernel} needs N >= 1, got N = {N}")
     if K % 8:
         raise ValueError(f"{kernel} needs K to be a multiple of 8: TMA row strides (K * 2 bytes) must be multiples "
                          f"of 16 bytes, got K = {K}")

@@ -4,6 +4,11 @@ For each variant: registers, shared memory (static + dynamic), spills, warps per
 blocks per SM the occupancy model allows from those numbers (and every limit that binds), and
 static counts of the SASS instructions the chapter is about. It needs NVRTC and the cuobjdump
 wheel, not a GPU.
+
+The table is as narrow as it can be and still show every number: the limits that bind are
+abbreviated (:data:`LIMIT_ABBREVIATIONS`, spelled out in the legend), a spills column that is all
+zero gives way to a note in the legend, and on a docs page it is two tables (resources and
+occupancy, then the SASS counts), each of which fits the page's column.
 """
 
 from __future__ import annotations
@@ -23,6 +28,15 @@ def limiters(fit: Residency) -> str:
     return " = ".join(name for name, blocks in limits.items() if blocks == fit.blocks)
 
 
+# The limits' names as the table shows them; the legend spells them out.
+LIMIT_ABBREVIATIONS = {"registers": "regs", "shared memory": "smem"}
+
+
+def short_limit(limit: str) -> str:
+    """'registers = shared memory' -> 'regs = smem': the "limit" cell of a compile report."""
+    return " = ".join(LIMIT_ABBREVIATIONS.get(name, name) for name in limit.split(" = "))
+
+
 def compile_rows(variants: Sequence[Any], arch: str, opcodes: Sequence[str]) -> list[dict[str, Any]]:
     """One row per variant (anything with ``compile(arch)`` and ``resources(arch)``)."""
     rows = []
@@ -40,12 +54,22 @@ def compile_rows(variants: Sequence[Any], arch: str, opcodes: Sequence[str]) -> 
 
 def compile_table(rows: Sequence[dict[str, Any]], opcodes: Sequence[str], labels: Mapping[str, str] | None = None,
                   legend: str = "regs: per thread (ptxas); smem: static + dynamic per block; blocks/SM: the occupancy "
-                                "model's, and the limits that bind; the rest: static SASS instruction counts") -> Table:
+                                "model's; the rest: static SASS instruction counts") -> Table:
+    """The compile report as a table; ``legend`` says what the columns mean, and the table adds what
+    its own abbreviations mean (the limits, and the spills when it leaves that column out)."""
     labels = labels or {}
-    headers = ("kernel", "regs", "smem KB", "spills", "warps", "blocks/SM", "limited by",
+    spills = any(r["spill_bytes"] for r in rows)
+    headers = ("kernel", "regs", "smem KB", *(("spills",) if spills else ()), "warps", "blocks/SM", "limit",
                *(labels.get(op, op) for op in opcodes))
-    body = tuple((r["variant"], r["registers"], f"{r['smem_bytes'] / 1024:.1f}", r["spill_bytes"],
-                  r["warps_per_block"], r["blocks_per_sm"], r["limiter"], *(r["sass"][op] for op in opcodes))
+    body = tuple((r["variant"], r["registers"], f"{r['smem_bytes'] / 1024:.1f}",
+                  *((r["spill_bytes"],) if spills else ()), r["warps_per_block"], r["blocks_per_sm"],
+                  short_limit(r["limiter"]), *(r["sass"][op] for op in opcodes))
                  for r in rows)
     arch = rows[0]["arch"] if rows else "?"
-    return Table(headers, body, title=f"Compile report ({arch}, NVRTC)", legend=legend)
+    notes = ["limit: what caps blocks/SM (regs: registers, smem: shared memory; 'regs = smem' when both give "
+             "the same count)"]
+    if not spills:
+        notes.append("spills: none (0 bytes) in every kernel")
+    # On a page: what ptxas gives and the occupancy it allows, then the SASS counts, as two tables.
+    return Table(headers, body, title=f"Compile report ({arch}, NVRTC)", legend=f"{legend}; {'; '.join(notes)}",
+                 page_split=len(headers) - len(opcodes))

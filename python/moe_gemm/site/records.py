@@ -50,6 +50,11 @@ class Column:
     cell: Callable[[dict[str, Any], Sequence[dict[str, Any]], RooflineBasis], str]
 
 
+def _workload_cell(w: Workload) -> str:
+    """'16k s=1.2' (narrow, for a table of many columns); the full label off the seed's shape."""
+    return w.short_label if w.seed_shape else w.label
+
+
 def _roofline_cell(r: dict[str, Any], _: Sequence[dict[str, Any]], basis: RooflineBasis) -> str:
     return f"{100 * r['useful_tflops'] / basis.tflops(Workload.of(r)):.1f}"
 
@@ -58,7 +63,8 @@ def _roofline_cell(r: dict[str, Any], _: Sequence[dict[str, Any]], basis: Roofli
 # from the same definitions, so a number on the site and the same number in a terminal agree.
 COLUMNS: dict[str, Column] = {
     "variant": Column("variant", "", lambda r, rs, b: r["variant"]),
-    "workload": Column("workload", "", lambda r, rs, b: Workload.of(r).label),
+    "workload": Column("workload", "workload: 16k = 16,384 rows, s = the routing's skew",
+                       lambda r, rs, b: _workload_cell(Workload.of(r))),
     "ms": Column("median ms", "median ms: of the timed launches",
                  lambda r, rs, b: f"{r['median_ms']:.3f}"),
     "ms_range": Column("min-max ms", "min-max: fastest and slowest timed launch",
@@ -76,7 +82,7 @@ COLUMNS: dict[str, Column] = {
     "registers": Column("regs", "regs: per thread", lambda r, rs, b: _fmt(r.get("registers"), "d")),
     "smem": Column("smem KB", "smem: per block",
                    lambda r, rs, b: _fmt(None if r.get("smem_bytes") is None else r["smem_bytes"] / 1024, ".1f")),
-    "blocks": Column("blocks/SM", "blocks/SM: the occupancy model's, from registers and shared memory",
+    "blocks": Column("blocks per SM", "blocks per SM: the occupancy model's, from registers and shared memory",
                      lambda r, rs, b: _fmt(r.get("blocks_per_sm"), "d")),
 }
 DEFAULT_COLUMNS = ("variant", "workload", "ms", "ms_range", "tflops", "vs_peer", "roofline", "eta", "tiles",

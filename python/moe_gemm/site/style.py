@@ -23,6 +23,9 @@ DPI = 130
 # The article's width on a 1400 px screen with both sidebars shown (site_docs/stylesheets/extra.css);
 # tests/test_docs.py measures it in Chromium and checks this value against it.
 DISPLAY_WIDTH_PX = 850
+# The article's width in a 400 px window (a phone), where every figure is scaled to this width;
+# tests/test_docs.py checks it too. A figure whose numbers are the point keeps them legible there.
+NARROW_DISPLAY_WIDTH_PX = 350
 MIN_TEXT_PX = 11.0  # the body text is 16 px; figure labels may be smaller, not much
 
 # One colour per kernel family, kept across chapters so a reader can follow k1 from page to page.

@@ -4,8 +4,10 @@ One 256-thread block per 64 x 64 tile of the flat tile list, K in slices of 16, 
 widened to fp32 in shared memory, fp32 accumulation, one bf16 rounding at the store.
 
 What the kernel cannot take is refused here, before any launch, with a ValueError naming the
-rule: K must be a multiple of BK = 16 (there is no K tail), the inputs must be bf16 of the
-problem's shapes, and the GPU must be one that CUDA 13 (numba-cuda's compiler here) targets.
+rule: K must be a positive multiple of BK = 16 (there is no K tail), the inputs must be bf16 of the
+problem's shapes, and the GPU must be one that CUDA 13 (numba-cuda's compiler here) targets. A
+numpy that numba-cuda cannot compile with (2.5 and newer, for numba-cuda 0.30.4) is refused when
+the variant is made, with the one-line fix (:func:`.numba_loader.numba_cuda_problem`).
 N and the row counts are free: the kernel guards rows at each expert's end and columns at N.
 
 The same kernel also runs in numba's CUDA simulator, with no GPU: :mod:`.simulator`.
@@ -20,7 +22,15 @@ from moe_gemm.cuda.gpu import detect_gpu, require_capability
 from moe_gemm.cuda.variant import Prepared, Resources
 from moe_gemm.model.problem import BF16
 from moe_gemm.model.tiles import tile_list
-from moe_gemm.variants.k0.numba_loader import as_numba_array, kernel_resources, load_kernel_module, numba_stream
+from moe_gemm.variants.k0.numba_loader import (
+    as_numba_array,
+    kernel_resources,
+    load_kernel_module,
+    numba_cuda_problem,
+    numba_stream,
+    require_numba_cuda,
+    row_stack_message,
+)
 
 KERNEL_STEM = "k0_fp32"  # kernels/k0_fp32.py
 KERNEL_FUNCTION = "k0_fp32"
@@ -41,8 +51,8 @@ SASS_OPCODES = ("FFMA", "LDS.128", "LDS", "LDG.E.U16", "STS", "BAR.SYNC", "STG.E
 # --8<-- [start:checks]
 def check_inputs(K: int, N: int) -> None:
     """ValueError naming the first rule of the kernel that these inputs break."""
-    if K % BK:
-        raise ValueError(f"k0 needs K to be a multiple of BK = {BK} (it stages whole "
+    if K < 1 or K % BK:
+        raise ValueError(f"k0 needs K to be a positive multiple of BK = {BK} (it stages whole "
                          f"K slices and has no K tail), got K = {K}")
     if N < 1:
         raise ValueError(f"k0 needs N >= 1, got N = {N}")
@@ -77,12 +87,21 @@ class K0Fp32:
     source = f"{KERNEL_STEM}.py"  # under kernels/
     kernel_name = KERNEL_FUNCTION
 
+    def __init__(self) -> None:
+        # Before anything is compiled: numba-cuda 0.30.4 fails its first compile under numpy >= 2.5.
+        require_numba_cuda()
+
     def __repr__(self) -> str:
         return "K0Fp32()"
 
     def compile(self):
         """The kernel compiled for the current GPU (numba's ``_Kernel``; compiled once per process)."""
-        return kernel_module().k0_fp32.compile(SIGNATURE)
+        try:
+            return kernel_module().k0_fp32.compile(SIGNATURE)
+        except AttributeError as error:
+            if "row_stack" in str(error):  # a numba-cuda newer than numba_loader knows, still without the guard
+                raise ValueError(row_stack_message()) from error
+            raise
 
     def resources(self) -> Resources:
         """Registers, shared memory and local memory as the driver reports them for the compiled kernel."""
@@ -96,6 +115,7 @@ class K0Fp32:
         return opcode_counts(self.compile().inspect_sass(), SASS_OPCODES)
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
+        require_numba_cuda()
         problem = dev.problem
         for name, array, shape in (("A", dev.a, problem.a.shape), ("B", dev.b, problem.b.shape)):
             if array.dtype != BF16 or tuple(array.shape) != tuple(shape):
@@ -125,6 +145,16 @@ class K0Fp32:
         return Prepared(launch=run, output=output, bm=BM, bn=BN, resources=resources,
                         keep_alive=[tiles, dev, args])
     # --8<-- [end:launch]
+
+
+def runnable_k0() -> list[K0Fp32]:
+    """``[K0Fp32()]`` where numba-cuda can compile it; else ``[]``, after printing the one line that
+    says why and what to do, so that a chapter runs its other kernels without k0."""
+    problem = numba_cuda_problem()
+    if problem is not None:
+        print(problem, flush=True)
+        return []
+    return [K0Fp32()]
 
 
 # Names the by-name entry points (sanitizer and profiler targets) resolve; see variants/registry.py.

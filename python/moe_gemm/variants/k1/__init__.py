@@ -44,8 +44,11 @@ SASS_OPCODES = ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGST
 # --8<-- [start:checks]
 def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0, c_address: int = 0) -> None:  # noqa: N803
     """ValueError naming the first rule of the kernel that these inputs break."""
-    if K % BK:
-        raise ValueError(f"k1 needs K to be a multiple of BK = {BK} (whole K slices per pipeline stage), got K = {K}")
+    if K < 1 or K % BK:
+        raise ValueError(f"k1 needs K to be a positive multiple of BK = {BK} (whole K slices per pipeline stage, "
+                         f"at least one), got K = {K}")
+    if N < 1:
+        raise ValueError(f"k1 needs N >= 1, got N = {N}")
     if N % CHUNK_ELEMENTS:
         raise ValueError(f"k1 needs N to be a multiple of {CHUNK_ELEMENTS}: every 16-byte cp.async of a B row must "
                          f"lie wholly inside or wholly past column N, got N = {N}")

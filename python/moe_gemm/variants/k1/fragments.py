@@ -99,9 +99,15 @@ def c_layout_markdown() -> str:
 
 
 def a_layout_markdown() -> str:
-    """The 16x16 A tile: lane and register (a0..a3) of each element."""
+    """The 16x16 A tile: lane and register (a0..a3) of each pair of elements along k.
+
+    A register holds two bf16 neighbours in k, so the table has one column per pair (k, k+1):
+    eight columns, not sixteen, which fits the page's column.
+    """
     owner = {mma_a(lane, reg, half): f"L{lane}.a{reg}" for lane in range(32) for reg in range(4) for half in range(2)}
-    return _grid_markdown(16, 16, lambda r, c: owner[(r, c)], "row", "k")
+    assert all(owner[(r, 2 * p)] == owner[(r, 2 * p + 1)] for r in range(16) for p in range(8))
+    headers = ["row \\ k", *(f"{2 * p}, {2 * p + 1}" for p in range(8))]
+    return markdown_table(headers, [[str(r), *(owner[(r, 2 * p)] for p in range(8))] for r in range(16)])
 
 
 def b_layout_markdown() -> str:

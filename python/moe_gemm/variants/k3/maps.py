@@ -15,9 +15,10 @@ from moe_gemm.cuda.tensormap import TiledMap, batched_matrix_map, check_tma_gemm
 from moe_gemm.variants.k3.config import BK, BOX, PLAN_DTYPE, REQUIRED_CAPABILITY, K3Config
 
 
-def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
-    """ValueError naming the first rule of TMA or of the kernel that these inputs break."""
-    check_tma_gemm("k3", K, N, BK, a_address, b_address)
+def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0, kernel: str = "k3") -> None:  # noqa: N803
+    """ValueError naming the first rule of TMA or of the kernel that these inputs break: K a
+    positive multiple of 64, N of 8, both operands 16-byte aligned (k5 loads through the same maps)."""
+    check_tma_gemm(kernel, K, N, BK, a_address, b_address)
 
 
 def require_sm90a(variant: str) -> Any:

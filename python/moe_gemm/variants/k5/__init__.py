@@ -29,7 +29,8 @@ from moe_gemm.cuda.graph import Graph
 from moe_gemm.cuda.launch import TensorMapArg, launch, prefer_shared_memory
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.variants.compiled import NamedConfigVariant
-from moe_gemm.variants.k3.maps import check_inputs, plan_argument, plans, require_sm90a
+from moe_gemm.variants.k3.maps import check_inputs as k3_check_inputs
+from moe_gemm.variants.k3.maps import plan_argument, plans, require_sm90a
 from moe_gemm.variants.k5.config import (
     KERNEL_FUNCTION,
     MAPS,
@@ -49,6 +50,12 @@ from moe_gemm.variants.k5.cost_model import (
 )
 from moe_gemm.variants.k5.maps import tensor_maps
 from moe_gemm.variants.k5.mixed_tiles import Policy, kind_counts, mixed_eta, mixed_tile_list
+
+
+def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
+    """ValueError naming the first rule these inputs break: k3's, whose TMA maps and BK = 64 k5 loads
+    through. K = 0 above all: the consumers would wait forever on a full barrier no copy arrives at."""
+    k3_check_inputs(K, N, a_address, b_address, kernel="k5")
 
 
 class K5Adaptive(NamedConfigVariant):
