@@ -177,17 +177,16 @@ def test_a_row_stack_error_at_compile_time_becomes_the_same_line(monkeypatch):
 def test_chapter01_with_a_gpu_says_what_to_do_and_shows_the_record(numpy_2_5, monkeypatch, capsys):
     """``python chapters/01/run.py`` on a GPU whose numpy breaks numba-cuda: the line, the recorded
     results, exit 0; nothing compiled."""
-    from types import SimpleNamespace
-
     import moe_gemm.cuda.gpu
+    from moe_gemm.cuda.gpu import GpuInfo
 
-    gpu = SimpleNamespace(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132)
+    gpu = GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
     monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda ordinal=0: gpu)
     monkeypatch.setattr(k0_module, "kernel_module", lambda: pytest.fail("k0 was compiled"))
     assert chapter_module("01", "run").main([]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].startswith("GPU: NVIDIA H200")
+    assert lines[0].startswith("NVIDIA H200 (sm_90a, 132 SMs")
     assert lines[2].startswith("k0 cannot be compiled here") and lines[2].endswith('pip install "numpy<2.5"')
     assert "Recorded on NVIDIA H200" in out and "k0" in out.split("Recorded on", 1)[1]
 
