@@ -4,7 +4,7 @@ Without a GPU and without quack (CI, and most machines): the registry names it, 
 refuse before quack is imported or anything launched, a missing quack is a ValueError with the
 install hint, and a fake ``quack.gemm_interface`` (with the autotuner's caching behaviour of
 quack 0.6.5) shows what the wrapper calls and what ``launch_info`` records. On a GPU with quack
-installed (``../shared/tools/peer-wheels.sh``), the ``gpu`` tests check it against the numpy
+installed, the ``gpu`` tests check it against the numpy
 reference on every edge case and on random data, and that it runs on the harness stream.
 """
 
@@ -205,7 +205,7 @@ def test_quack_available_without_quack_says_how_to_install(monkeypatch):
     no_quack(monkeypatch)
     monkeypatch.setattr(qk, "detect_gpu", lambda: H100)
     reason = qk.quack_available()
-    assert reason is not None and "pip install -e '.[peers]'" in reason and "peer-wheels.sh" in reason
+    assert reason is not None and "pip install -e '.[peers]'" in reason and "quack-kernels[cu13] 0.6.5" in reason
     assert qk.quack_peers() == []
 
 

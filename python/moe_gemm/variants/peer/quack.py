@@ -48,8 +48,8 @@ is checked and timed by the harness like any variant, and a chapter takes the fa
 ``-top1`` runs the same configuration as ``peer/quack`` without the ``gemm`` wrapper and
 the autotuner's lookup, so the two differ only by host time per call.
 
-quack is optional (``pip install -e '.[peers]'``; the GPU machine, which reaches no package
-index, gets the wheels from ``../shared/tools/peer-wheels.sh``): :func:`quack_available`
+quack is optional (``pip install -e '.[peers]'``; a machine that reaches no package index needs
+the wheels of quack-kernels and nvidia-cutlass-dsl carried to it): :func:`quack_available`
 says why it cannot run here, and :func:`quack_peers` is then empty.
 """
 
@@ -81,8 +81,8 @@ QUACK_VERSION = "0.6.5"  # the release whose API this wrapper follows
 QUACK_ARCH_MAJORS = (9, 10)  # sm_90 (wgmma) and sm_100 (tcgen05)
 QUACK_ELEMENT_MULTIPLE = 8  # K and N: non-unit strides are 16-byte multiples (8 bf16)
 QUACK_ALIGNMENT = 16  # bytes, every data pointer (the kernels' assumed_align)
-INSTALL_HINT = ("pip install -e '.[peers]' (quack-kernels[cu13]); on the GPU machine, which reaches "
-                "no package index: ../shared/tools/peer-wheels.sh")
+INSTALL_HINT = ("pip install -e '.[peers]' (quack-kernels[cu13] 0.6.5 and nvidia-cutlass-dsl 4.8.1; on a machine "
+                "with no package index, install their wheels)")
 
 
 # ---- quack's rules, checked before quack is imported ------------------------------------------
