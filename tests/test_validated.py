@@ -80,3 +80,13 @@ def test_comments_and_blank_lines_do_not_make_a_kernel_stale(kernels_copy):
 def test_the_stale_message_names_the_kernel_and_the_command():
     message = validation.stale_message(["k1/bm64", "ceiling/wgmma"])
     assert "k1/bm64" in message and "python -m moe_gemm.measure.validation run ceiling k1" in message
+
+
+def test_the_record_can_be_read_where_numpy_breaks_numba_cuda(monkeypatch):
+    """k0 refuses to be made under numpy 2.5 (numba-cuda 0.30 calls np.row_stack); its identity
+    must still be known, so that `validation status` and `run` work on such a GPU machine."""
+    import numpy as np
+
+    monkeypatch.delattr(np, "row_stack", raising=False)
+    assert validation.kernel_configurations()["k0"] == ("k0_fp32.py", "k0_fp32")
+    assert validation.stale() == []

@@ -55,10 +55,19 @@ def kernel_configurations() -> dict[str, tuple[str, str]]:
     found = {name: (kernel.source, kernel.name) for name, kernel in CEILING_KERNELS.items()}
     for family in GPU_TESTS:
         if family != "ceiling":
-            for name in registry.names(family):
-                variant = registry.get(name)
-                found[name] = (variant.source, variant.kernel_name)
+            found.update((name, kernel_identity(name)) for name in registry.names(family))
     return found
+
+
+def kernel_identity(name: str) -> tuple[str, str]:
+    """(source, instance) of a registered variant. A variant class that names both as class
+    attributes (k0) is not constructed: k0 refuses to be made where numba-cuda cannot compile."""
+    made = registry.factory(name)
+    source, instance = getattr(made, "source", None), getattr(made, "kernel_name", None)
+    if isinstance(source, str) and isinstance(instance, str):
+        return source, instance
+    variant = made()
+    return variant.source, variant.kernel_name
 
 
 def current_hashes(kernel_dir: Path = KERNEL_DIR) -> dict[str, str]:

@@ -55,12 +55,17 @@ def names(family: str) -> list[str]:
     return list(_family_variants(family))
 
 
-def get(name: str) -> Any:
-    """A fresh variant for ``name`` (e.g. 'k1/bm64'); ValueError listing the family's names if unknown."""
+def factory(name: str) -> Callable[[], Any]:
+    """What makes the variant ``name``; ValueError listing the family's names if unknown."""
     variants = _family_variants(family_of(name))
     if name not in variants:
         raise ValueError(f"unknown variant {name!r}; {family_of(name)} has {', '.join(variants)}")
-    return variants[name]()
+    return variants[name]
+
+
+def get(name: str) -> Any:
+    """A fresh variant for ``name`` (e.g. 'k1/bm64')."""
+    return factory(name)()
 
 
 def resolve(selectors: list[str]) -> list[Any]:
