@@ -144,7 +144,7 @@ def record_family(record: dict[str, Any], outcome: dict[str, Any], gpu: Any, has
             "source": source, "instance": instance, "hash": digest, "gpu": gpu.name,
             "compute_capability": f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}", "date": date,
             "commit": git_commit(), "gpu_tests_passed": outcome["tests_passed"],
-            "sanitizer": ", ".join(outcome["sanitizer"]) or "not run (no CUDA C++ memory access to check)",
+            "sanitizer": ", ".join(outcome["sanitizer"]) or "not run (compute-sanitizer is run on the CUDA C++ families k1, k2, k3, k5)",
         }
 
 
