@@ -90,3 +90,16 @@ def test_the_record_can_be_read_where_numpy_breaks_numba_cuda(monkeypatch):
     monkeypatch.delattr(np, "row_stack", raising=False)
     assert validation.kernel_configurations()["k0"] == ("k0_fp32.py", "k0_fp32")
     assert validation.stale() == []
+
+
+def test_run_with_no_family_named_takes_them_all(monkeypatch):
+    taken = []
+    monkeypatch.setattr(validation, "run", lambda families, jobs: taken.append((families, jobs)) or 0)
+    assert validation.main(["run"]) == 0 and validation.main(["run", "k3", "--jobs", "2"]) == 0
+    assert taken == [(list(validation.GPU_TESTS), 8), (["k3"], 2)]
+
+
+def test_an_unknown_family_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit):
+        validation.main(["run", "k9"])
+    assert "unknown family k9; choose from k0, k1, k2, k3, k5, ceiling" in capsys.readouterr().err
