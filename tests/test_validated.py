@@ -103,3 +103,9 @@ def test_an_unknown_family_is_refused_in_one_line(capsys):
     with pytest.raises(SystemExit):
         validation.main(["run", "k9"])
     assert "unknown family k9; choose from k0, k1, k2, k3, k5, ceiling" in capsys.readouterr().err
+
+
+def test_jobs_must_be_at_least_one(capsys):
+    with pytest.raises(SystemExit):
+        validation.main(["run", "--jobs", "0"])
+    assert "--jobs must be >= 1" in capsys.readouterr().err

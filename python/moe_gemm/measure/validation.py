@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from moe_gemm.core.cli import positive_int
 from moe_gemm.core.paths import KERNEL_DIR, REPO_ROOT
 from moe_gemm.cuda.sources import source_hash
 from moe_gemm.measure.ceilings import CEILING_KERNELS
@@ -200,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner = sub.add_parser("run", help="on an sm_90a GPU: run GPU tests and compute-sanitizer, record what passes")
     runner.add_argument("families", nargs="*", metavar="FAMILY",
                         help=f"families to validate (default: all of {', '.join(GPU_TESTS)})")
-    runner.add_argument("--jobs", type=int, default=8, help="pytest processes at once (default 8)")
+    runner.add_argument("--jobs", type=positive_int("--jobs"), default=8, help="pytest processes at once (default 8)")
     args = parser.parse_args(argv)
     if args.command == "status":
         names = stale()
