@@ -41,7 +41,7 @@ from moe_gemm.measure.results import find_measurement, recorded, save_results
 from moe_gemm.measure.runs import run_checks, run_variants
 from moe_gemm.model.workloads import GRID_SKEWS, GRID_TOKENS, SEED, SEED_FIVE, SEED_WORKLOADS, Workload
 from moe_gemm.site.records import PEER, checks_table, records_table, show_recorded
-from moe_gemm.variants.peer.torch import PEER_GROUPED_MM_KMAJOR, TorchGroupedMM, torch_available
+from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS, TorchGroupedMM, torch_available
 
 __all__ = [
     "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "NO_GPU", "PEER", "PEERS", "SEED", "SEED_FIVE", "SEED_WORKLOADS",
@@ -119,7 +119,7 @@ def show(table: Table) -> None:
 
 # --------------------------------------------------------------------------- looking records up
 
-PEERS = (PEER, PEER_GROUPED_MM_KMAJOR)  # torch._grouped_mm given B as [E, K, N] and as B^T [E, N, K]
+PEERS = GROUPED_MM_PEERS  # torch._grouped_mm given B as [E, K, N] and as B^T [E, N, K]
 
 
 def grouped_mm_peers() -> list[TorchGroupedMM]:

@@ -16,8 +16,8 @@ from matplotlib.lines import Line2D
 from moe_gemm.measure.results import recorded
 from moe_gemm.model.workloads import SEED_WORKLOADS, Workload
 from moe_gemm.site.style import COLORS, new_figure
+from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS as PEERS  # either B layout: the faster counts
 
-PEERS = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")  # either B layout: the faster one counts
 # (step, the chapter whose run measured it, the prefix of its variants' names)
 STEPS = (("k0", "03", "k0"), ("k1", "03", "k1/"), ("k2", "03", "k2/"), ("k3", "04", "k3/"), ("k5", "06", "k5/"))
 STEP_COLORS = {**COLORS, "k5": "#8c564b"}

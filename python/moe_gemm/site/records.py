@@ -18,8 +18,7 @@ from moe_gemm.measure.provenance import commit_label
 from moe_gemm.measure.results import RECORDED_GPU, load_results, results_path
 from moe_gemm.model.roofline import RooflineBasis
 from moe_gemm.model.workloads import WORKLOAD_KEYS, Workload
-
-PEER = "peer/torch_grouped_mm"
+from moe_gemm.variants.peer.torch import PEER_GROUPED_MM as PEER  # the 'vs peer' column's
 
 
 def checks_table(checks: Sequence[dict[str, Any]]) -> Table:

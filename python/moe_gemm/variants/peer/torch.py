@@ -31,6 +31,8 @@ from moe_gemm.model.problem import BF16
 PEER_GROUPED_MM = "peer/torch_grouped_mm"
 PEER_GROUPED_MM_KMAJOR = "peer/torch_grouped_mm-kmajor"  # the same call, B column-major (K contiguous)
 PEER_LOOP = "peer/torch_loop"
+# One call, B in either layout: the faster of the two is the peer's number at a workload.
+GROUPED_MM_PEERS = (PEER_GROUPED_MM, PEER_GROUPED_MM_KMAJOR)
 GROUPED_MM_MIN_CAPABILITY = (9, 0)  # torch._grouped_mm's bf16 CUTLASS kernels are sm_90+
 GROUPED_MM_MAX_GROUPS = 1023  # "fewer than 1024 groups"
 GROUPED_MM_ELEMENT_MULTIPLE = 8  # K and N: 8 bf16 = 16-byte strides for TMA
