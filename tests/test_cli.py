@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from moe_gemm.core.cli import add_problem_arguments, chapter_parser, ignored_flags, run_main, tile_size
+from moe_gemm.model.workloads import SEED
 
 
 def _parser():
     parser = chapter_parser("test parser")
-    add_problem_arguments(parser)
+    add_problem_arguments(parser, SEED)
     parser.add_argument("--bm", type=tile_size("--bm"), default=64)
     return parser
 

@@ -37,7 +37,7 @@ BMS = (32, 64, 128)  # the M tile sizes of the eta tables unless --bm says other
 
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
-    add_problem_arguments(parser, skew=None, skew_default_help="the seed's two, 0 and 1.2")
+    add_problem_arguments(parser, SEED, show_skews="the seed's two, 0 and 1.2")
     parser.add_argument("--bm", type=tile_size("--bm"), nargs="+", default=list(BMS), metavar="BM",
                         help=f"M tile sizes for the eta table (powers of two >= 16; default {' '.join(map(str, BMS))})")
     return parser.parse_args(argv)

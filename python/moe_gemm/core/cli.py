@@ -84,14 +84,15 @@ def chapter_parser(description: str | None) -> ChapterParser:
     return ChapterParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def add_problem_arguments(parser: argparse.ArgumentParser, *, tokens: int = 16384, experts: int = 64,
-                          skew: float | None = 0.0, skew_default_help: str | None = None,
-                          K: int = 1024, N: int = 2688) -> None:  # noqa: N803
-    """--tokens, --experts, --skew, -K, -N with the seed configuration as defaults.
+def add_problem_arguments(parser: argparse.ArgumentParser, defaults: Any, *, show_skews: str | None = None) -> None:
+    """--tokens, --experts, --skew, -K, -N, with ``defaults``' values (a model.workloads.Workload: the
+    seed, usually; this layer sits below the model and does not name it).
 
-    ``skew=None`` leaves --skew unset unless given, for a chapter whose default shows several
-    skews; ``skew_default_help`` then says which.
+    ``show_skews`` leaves --skew unset unless given, for a chapter whose default shows several
+    skews, and says which.
     """
+    tokens, experts, K, N = defaults.tokens, defaults.experts, defaults.K, defaults.N  # noqa: N806
+    skew, skew_default_help = (None, show_skews) if show_skews else (defaults.skew, None)
     parser.add_argument("--tokens", type=nonnegative_int("--tokens"), default=tokens,
                         help=f"routed rows M_tot (default {tokens:,})")
     parser.add_argument("--experts", type=positive_int("--experts"), default=experts,
