@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from moe_gemm.model.occupancy import issue_rate
+from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N
 
 # The counters the issue model needs; a profile without them is no profile.
 CORE_METRICS = {
@@ -128,8 +129,8 @@ def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | 
     return proc.returncode, report, proc.stdout + proc.stderr
 
 
-def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int = 64, K: int = 1024,  # noqa: N803
-                    N: int = 2688, warmup: int | None = None, kernel_regex: str | None = None) -> dict[str, Any]:
+def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int = SEED_EXPERTS,
+                    K: int = SEED_K, N: int = SEED_N, warmup: int | None = None, kernel_regex: str | None = None) -> dict[str, Any]:
     """Profile one launch of ``variant_name`` on one workload; the counters as a dict.
 
     ``kernel_regex`` defaults to the variant's ``kernel_function`` attribute (only its launches

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from moe_gemm.core.cli import chapter_parser, nonnegative_float, nonnegative_int, run_main
+from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N, Workload
 
 CHECK_LAUNCHES = 1
 DEFAULT_WARMUP = 10
@@ -28,15 +29,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("variant", help="a variant name, e.g. k1/bm64")
     parser.add_argument("tokens", type=nonnegative_int("tokens"), help="routed rows M_tot")
     parser.add_argument("skew", type=nonnegative_float("skew"), help="routing skew s")
-    parser.add_argument("--experts", type=int, default=64)
-    parser.add_argument("-K", type=int, default=1024)
-    parser.add_argument("-N", type=int, default=2688)
+    parser.add_argument("--experts", type=int, default=SEED_EXPERTS)
+    parser.add_argument("-K", type=int, default=SEED_K)
+    parser.add_argument("-N", type=int, default=SEED_N)
     parser.add_argument("--warmup", type=nonnegative_int("--warmup"), default=DEFAULT_WARMUP)
     args = parser.parse_args(argv)
 
     from moe_gemm.cuda.device import DeviceProblem, synchronize
     from moe_gemm.measure.check import verify
-    from moe_gemm.model.workloads import Workload
     from moe_gemm.variants.registry import get
 
     variant = get(args.variant)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from moe_gemm.cuda.device import DeviceProblem
+from moe_gemm.model.workloads import SEED_K, SEED_N
 from moe_gemm.variants.k5 import K5Adaptive, slots
 from moe_gemm.variants.k5.cost_model import Calibration
 from moe_gemm.variants.k5.mixed_tiles import mixed_tile_list
@@ -21,7 +22,7 @@ def calibrate(copy_tbps: float, iterations: int = 30) -> Calibration:
         calibration_rows,
     )
 
-    problem = make_problem(CALIBRATION_EXPERTS, calibration_rows(), 1024, 2688, seed=0)
+    problem = make_problem(CALIBRATION_EXPERTS, calibration_rows(), SEED_K, SEED_N, seed=0)
     dev = DeviceProblem(problem)
     variant = K5Adaptive("k5/m128")
     grid = slots(variant)

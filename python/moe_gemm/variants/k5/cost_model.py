@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from moe_gemm.model.roofline import compulsory_bytes
+from moe_gemm.model.workloads import SEED_K, SEED_N
 from moe_gemm.variants.k5.mixed_tiles import (
     BM,
     POLICIES,
@@ -58,8 +59,8 @@ class Calibration:
     tile_us: Mapping[str, float]
     overhead_us: float
     copy_tbps: float
-    K: int = 1024  # noqa: N815
-    N: int = 2688  # noqa: N815
+    K: int = SEED_K  # noqa: N815
+    N: int = SEED_N  # noqa: N815
     source: str = "measured"
     measurements: list[dict[str, Any]] = field(default_factory=list)
 
