@@ -31,7 +31,7 @@ def test_each_record_says_where_and_what_passed():
     for name, entry in validation.load_record()["kernels"].items():
         assert entry["gpu"] and entry["compute_capability"] == "9.0" and entry["date"][:2] == "20", name
         assert entry["gpu_tests_passed"] > 0, name
-        if validation.family_of(name) in validation.SANITIZED:
+        if registry.family_of(name) in validation.SANITIZED:
             assert all(f"{tool}: " in entry["sanitizer"] for tool in validation.SANITIZER_TOOLS), name
 
 

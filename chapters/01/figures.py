@@ -59,14 +59,6 @@ def _seed(workload: Workload) -> float:
     return SEED_B300_K0["tflops"].get((workload.tokens, workload.skew, workload.K), float("nan"))
 
 
-def ffma_ceiling(data: dict[str, Any]) -> tuple[float, str]:
-    """The FFMA ceiling measured in the recorded run, else the one measured on this H200 earlier."""
-    for record in data.get("ceilings", []):
-        if record.get("variant") == "ceiling/ffma" and record.get("tflops"):
-            return float(record["tflops"]), "measured in this run"
-    return FP32_FFMA_EARLIER_TFLOPS, "measured earlier"
-
-
 # --------------------------------------------------------------------------- figures
 
 def throughput_figure(data: dict[str, Any]):
@@ -76,7 +68,8 @@ def throughput_figure(data: dict[str, Any]):
     page shows it, and its labels stay readable."""
     records = data["records"]
     gpu = data["provenance"]["gpu"]
-    ffma, ffma_source = ffma_ceiling(data)
+    ffma, measured = RUN.ffma_ceiling(data.get("ceilings", []))
+    ffma_source = "measured in this run" if measured else "measured earlier"
     fig, (left, right) = new_figure(8.5, 9.6, nrows=2)
     x = np.arange(len(WORKLOADS))
 

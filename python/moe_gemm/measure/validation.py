@@ -87,12 +87,10 @@ def stale(hashes: dict[str, str] | None = None, record: dict[str, Any] | None = 
     return [name for name, digest in hashes.items() if kernels.get(name, {}).get("hash") != digest]
 
 
-def family_of(name: str) -> str:
-    return "ceiling" if name.startswith("ceiling/") else registry.family_of(name)
 
 
 def stale_message(names: Sequence[str]) -> str:
-    families = sorted({family_of(name) for name in names})
+    families = sorted({registry.family_of(name) for name in names})
     return (f"{len(names)} kernel configuration(s) changed since their GPU tests last passed, or never passed: "
             f"{', '.join(names)}. On an sm_90a GPU, run: python -m moe_gemm.measure.validation run "
             f"{' '.join(families)}  (it runs their GPU tests and compute-sanitizer and updates {RECORD_PATH.name})")
@@ -138,7 +136,7 @@ def family_outcome(family: str, results: list[dict[str, Any]]) -> dict[str, Any]
 def record_family(record: dict[str, Any], outcome: dict[str, Any], gpu: Any, hashes: dict[str, str]) -> None:
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     for name, digest in hashes.items():
-        if family_of(name) != outcome["family"]:
+        if registry.family_of(name) != outcome["family"]:
             continue
         source, instance = kernel_configurations()[name]
         record["kernels"][name] = {
