@@ -153,17 +153,18 @@ def compile_report(arch: str = ARCH, only: Sequence[str] | None = None) -> list[
     return compile_rows(ladder(only), arch, OPCODES)
 
 
-def show_compile_report(rows: list[dict[str, Any]]) -> None:
+def compile_report_table(rows: list[dict[str, Any]]) -> Table:
+    """The compile report as this chapter prints it and as its page shows it (figures.py)."""
     from moe_gemm.site.compile_report import compile_table
 
-    show(compile_table(rows, OPCODES, OPCODE_LABELS, legend=COMPILE_LEGEND))
+    return compile_table(rows, OPCODES, OPCODE_LABELS, legend=COMPILE_LEGEND)
 
 
 def run_without_gpu(args, reason: str) -> int:
     print_not_run(args, "k3", reason, f"compiling every rung for {ARCH} instead",
                   ("--quick", "--no-peers", "--profile", "--repeats"),
                   "nothing is timed or profiled without an sm_90a GPU")
-    show_compile_report(compile_report(ARCH, args.only))
+    show(compile_report_table(compile_report(ARCH, args.only)))
     if show_recorded(CHAPTER) != 0:
         print(f"(no recorded results for chapter {CHAPTER} yet)")
     return 0
@@ -279,7 +280,7 @@ def run_on_gpu(args, gpu) -> int:
     timing = timing_options(args)
     print(describe_gpu(gpu) + "\n")
     report = compile_report(gpu.arch, args.only)
-    show_compile_report(report)
+    show(compile_report_table(report))
 
     variants = ladder(args.only)
     checks = run_checks(variants)

@@ -145,9 +145,7 @@ def calibration_figure(data: dict[str, Any]):
 
 
 def compile_markdown() -> str:
-    from moe_gemm.site.compile_report import compile_table
-
-    return compile_table(RUN.compile_report(RUN.ARCH), RUN.OPCODES, {}, legend=RUN.COMPILE_LEGEND).markdown()
+    return RUN.compile_report_table(RUN.compile_report(RUN.ARCH)).markdown()
 
 
 def write_outputs(root: Path) -> list[Path]:

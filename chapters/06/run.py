@@ -236,10 +236,11 @@ def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
     return compile_rows([K5Adaptive("k5/host"), K5Adaptive("k5/device")], arch, OPCODES)
 
 
-def show_compile_report(rows: list[dict[str, Any]]) -> None:
+def compile_report_table(rows: list[dict[str, Any]]) -> Table:
+    """The compile report as this chapter prints it and as its page shows it (figures.py)."""
     from moe_gemm.site.compile_report import compile_table
 
-    show(compile_table(rows, OPCODES, {}, legend=COMPILE_LEGEND))
+    return compile_table(rows, OPCODES, {}, legend=COMPILE_LEGEND)
 
 
 def recorded_calibration():
@@ -253,7 +254,7 @@ def recorded_calibration():
 def run_without_gpu(args, reason: str) -> int:
     print_not_run(args, "k5", reason, f"compiling both schedules for {ARCH} instead",
                   ("--quick", "--no-peers", "--rounds"), "nothing is timed without an sm_90a GPU")
-    show_compile_report(compile_report(ARCH))
+    show(compile_report_table(compile_report(ARCH)))
     calibration = recorded_calibration()
     show(calibration_table(calibration))
     data = recorded(CHAPTER)  # the measured columns: the recorded H200 run's times, where it has them
@@ -309,7 +310,7 @@ def run_on_gpu(args, gpu) -> int:
     timing = timing_options(args)
     print(describe_gpu(gpu) + "\n")
     report = compile_report(gpu.arch)
-    show_compile_report(report)
+    show(compile_report_table(report))
 
     checks = run_checks([K5Adaptive(name) for name in CHECKED])
     show(checks_table(checks))
