@@ -26,6 +26,10 @@ enum NamedBarrier : int {
     // Both consumer warpgroups (256 threads), while the producer warpgroup runs on: k5's split-K
     // M64 tile adds one warpgroup's partial sums to the other's (k5_adaptive.cu, reduce_halves).
     PAIR_BARRIER = STAGING_BARRIER + MAX_CONSUMER_WARPGROUPS,
-    NAMED_BARRIERS_USED,
+    // ORDER_BARRIER + w: k6's ping-pong hand-over (k6_persistent.cu). Warpgroup w waits on its id
+    // (bar.sync, 256) before its main loop; the other warpgroup arrives there (bar.arrive) once it
+    // has issued its own. Ids 4 and 5.
+    ORDER_BARRIER = PAIR_BARRIER + 1,
+    NAMED_BARRIERS_USED = ORDER_BARRIER + MAX_CONSUMER_WARPGROUPS,
 };
 static_assert(NAMED_BARRIERS_USED <= 16, "a CTA has 16 hardware barriers");

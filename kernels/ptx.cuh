@@ -411,6 +411,16 @@ __device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const CUtens
                  " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
                  :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask) : "memory");
 }
+// tma_load_2d, multicast: chapter 07's k6 splits A's box between the two blocks of a cluster
+// that share its rows, each loading half for both (SASS: UTMALDG.2D.MULTICAST).
+// PTX ISA "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.multicast::cluster)
+//   #data-movement-and-conversion-instructions-cp-async-bulk-tensor
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const CUtensorMap* map, int c0, int c1,
+                                                      unsigned bar, unsigned short cta_mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask) : "memory");
+}
 // --8<-- [end:cluster]
 
 // --8<-- [start:tma_store]
@@ -442,6 +452,15 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 //   #parallel-synchronization-and-communication-instructions-bar
 __device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {
     asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
+// Arrive on barrier `id` without waiting: the other `threads` - 32k threads wait there with
+// bar.sync. Chapter 07's ping-pong consumers hand the tensor cores over this way: the warpgroup
+// that has issued its main loop arrives, the one about to start waits.
+// PTX ISA "Parallel Synchronization and Communication Instructions: bar.arrive"
+//   #parallel-synchronization-and-communication-instructions-bar
+__device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned threads) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
 }
 
 // One box of a 2-D tensor, shared -> global (SASS: UTMASTG.2D). Elements outside the tensor are

@@ -15,8 +15,8 @@ from moe_gemm.variants.registry import sanitized
 pytestmark = pytest.mark.gpu
 
 # The family and the compute capability it needs: k1 is mma.sync (sm_80), k2 adds TMA (sm_90),
-# k3 wgmma and k5 its mixed tiles (sm_90a), each checked on its module's SANITIZED variants.
-FAMILIES = {"k1": (8, 0), "k2": (9, 0), "k3": (9, 0), "k5": (9, 0)}
+# k3 wgmma, k5 its mixed tiles and k6 chapter 07's ladder (sm_90a), each checked on its module's SANITIZED variants.
+FAMILIES = {"k1": (8, 0), "k2": (9, 0), "k3": (9, 0), "k5": (9, 0), "k6": (9, 0)}
 CLEAN = ("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards")
 
 

@@ -68,6 +68,8 @@ EXTRA_METRICS = {
     "dram_bytes_read": "dram__bytes_read.sum",
     "dram_bytes_write": "dram__bytes_write.sum",
     "l2_hit_pct": "lts__t_sector_hit_rate.pct",
+    "l2_throughput_pct": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "l2_bytes": "lts__t_bytes.sum",
     **{f"stall_{reason}": f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
        for reason in STALL_REASONS},
 }
@@ -115,11 +117,13 @@ def parse_ncu_csv(text: str, metrics: Mapping[str, str]) -> dict[str, float]:
     return values
 
 
-def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | None, skip: int) -> tuple[int, str, str]:
+def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | None, skip: int | None) -> tuple[int, str, str]:
+    """``skip`` None: profile the first launch inside the target's cuProfilerStart/Stop range."""
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "ncu.csv")
         command = [find_ncu(), "--clock-control", "none", "--csv", "--print-units", "base", "--log-file", log,
-                   "--metrics", ",".join(metrics.values()), "--launch-skip", str(skip), "--launch-count", "1"]
+                   "--metrics", ",".join(metrics.values()), "--launch-count", "1"]
+        command += ["--profile-from-start", "off"] if skip is None else ["--launch-skip", str(skip)]
         if kernel_regex:
             command += ["-k", f"regex:{kernel_regex}"]
         proc = subprocess.run(command + target, capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
@@ -130,11 +134,14 @@ def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | 
 
 
 def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int = SEED_EXPERTS,
-                    K: int = SEED_K, N: int = SEED_N, warmup: int | None = None, kernel_regex: str | None = None) -> dict[str, Any]:
+                    K: int = SEED_K, N: int = SEED_N, warmup: int | None = None, kernel_regex: str | None = None,
+                    profiler_range: bool = False) -> dict[str, Any]:
     """Profile one launch of ``variant_name`` on one workload; the counters as a dict.
 
     ``kernel_regex`` defaults to the variant's ``kernel_function`` attribute (only its launches
-    are counted and profiled). If ncu rejects metrics this GPU or ncu version lacks, the profile
+    are counted and profiled). ``profiler_range`` profiles the first launch inside the target's
+    cuProfilerStart/Stop range instead of counting launches: for variants whose preparation launches
+    kernels of its own (an autotuner's trials). If ncu rejects metrics this GPU or ncu version lacks, the profile
     is retaken without them (the three the model needs, :data:`ESSENTIAL`, are never dropped).
     """
     from moe_gemm.measure.profile_target import DEFAULT_WARMUP, launches_before_profiled
@@ -145,7 +152,7 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
         kernel_regex = getattr(get(variant_name), "kernel_function", None)
     target = [sys.executable, "-m", "moe_gemm.measure.profile_target", variant_name, str(tokens), str(skew),
               "--experts", str(experts), "-K", str(K), "-N", str(N), "--warmup", str(warmup)]
-    skip = launches_before_profiled(warmup)
+    skip = None if profiler_range else launches_before_profiled(warmup)
     metrics = {**CORE_METRICS, **EXTRA_METRICS}
     values: dict[str, float] = {}
     code, report, output = 0, "", ""

@@ -44,9 +44,10 @@ RECORD_PATH = KERNEL_DIR / "validated.json"
 # available to this project, so it is compiled and inspected only (chapter 05).
 GPU_TESTS = {
     "k0": ("tests/test_k0_gpu.py",), "k1": ("tests/test_k1_gpu.py",), "k2": ("tests/test_k2_gpu.py",),
-    "k3": ("tests/test_k3_gpu.py",), "k5": ("tests/test_k5_gpu.py",), "ceiling": ("tests/test_ceilings.py",),
+    "k3": ("tests/test_k3_gpu.py",), "k5": ("tests/test_k5_gpu.py",), "k6": ("tests/test_k6_gpu.py",),
+    "ceiling": ("tests/test_ceilings.py",),
 }
-SANITIZED = ("k1", "k2", "k3", "k5")  # the CUDA C++ families; k0 is numba and the ceilings touch no memory
+SANITIZED = ("k1", "k2", "k3", "k5", "k6")  # the CUDA C++ families; k0 is numba and the ceilings touch no memory
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
 TEST_TIMEOUT_S = 1200
 

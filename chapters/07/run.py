@@ -1,0 +1,353 @@
+"""Chapter 07: the last mile: k6 against quack's autotuned varlen-M GEMM.
+
+    python chapters/07/run.py                 # checks, the ladder, the grid, the model shapes
+    python chapters/07/run.py --quick         # fewer timed launches per round
+    python chapters/07/run.py --parts ladder  # only some parts: ladder, grid, models
+    python chapters/07/run.py --profile       # also Nsight Compute on k6/auto, two rungs and quack
+
+With an sm_90a GPU (the recorded numbers come from an H200) it checks every rung of k6
+(kernels/k6_persistent.cu) and k6/auto on the edge cases (exact, integer-valued inputs) and on
+random data, then times, in interleaved rounds on the same inputs:
+  ladder  every rung, k6/auto on the device walk and on the host list, chapter 04's and 06's
+          fastest kernels, torch._grouped_mm (both B layouts) and quack (its autotuned pick and its
+          three fastest configurations) at the seed five;
+  grid    k6/auto and the peers on chapter 06's 25 cells (M_tot 512 .. 65,536 x s 0 .. 1.6), at
+          2,048 rows and fewer also as CUDA-graph replays;
+  models  k6/auto and the peers at four MoE projections of real models (E 8 .. 256).
+It prints each table, the targets, and writes chapters/07/results/<gpu>.json. quack is optional:
+without it (pip install quack-kernels; see the README) the chapter says so and times the rest.
+
+Without a GPU it compiles every rung for sm_90a, prints the compile report and the recorded H200
+results, and exits 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from moe_gemm.chapter import (
+    GRID_SKEWS,
+    GRID_TOKENS,
+    SEED_FIVE,
+    SM90A,
+    Table,
+    Workload,
+    add_timing_arguments,
+    chapter_main,
+    chapter_parser,
+    checks_table,
+    describe_gpu,
+    find,
+    grouped_mm_peers,
+    print_not_run,
+    progress,
+    recorded,
+    run_checks,
+    run_main,
+    run_variants,
+    save_results,
+    show,
+    show_recorded,
+    timing_options,
+)
+from moe_gemm.core.cli import positive_int
+
+CHAPTER = "07"
+REQUIRES = SM90A
+ARCH = "sm_90a"
+AUTO, AUTO_HOST = "k6/auto", "k6/auto-host"
+EARLIER = ("k3/tmastore-bn192", "k5/host", "k5/device")  # chapters 04 and 06 at their best
+TORCH = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")
+QUACK = ("peer/quack", "peer/quack-top1", "peer/quack-top2", "peer/quack-top3")
+GRAPH_MAX_TOKENS = 2048  # cells this small are also timed as CUDA-graph replays, and judged on them
+# Real MoE projections, none with the seed's K and N: (label, workload). M_tot = tokens x top-k.
+MODEL_SHAPES = {
+    "Mixtral-8x7B w1 (16k tokens, top-2)": Workload(32768, 0.4, 8, 4096, 14336),
+    "Qwen3-30B-A3B gate_up (4k tokens, top-8)": Workload(32768, 0.4, 128, 2048, 1536),
+    "Qwen3-30B-A3B down (4k tokens, top-8)": Workload(32768, 0.4, 128, 768, 2048),
+    "DeepSeek-V3 down (4k tokens, top-8)": Workload(32768, 0.4, 256, 2048, 7168),
+}
+PARTS = ("ladder", "grid", "models")
+OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "STSM", "SYNCS", "USETMAXREG", "UCGABAR")
+COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consumers 232, the producer 40); smem: "
+                  "ring + C staging + barriers (+ the device walk's 2 KB); the rest: static SASS counts (HGMMA = wgmma, "
+                  "UTMALDG / UTMASTG = TMA load / store, multicast loads included, STSM = stmatrix, SYNCS = "
+                  "mbarrier, UCGABAR = cluster barrier)")
+PROFILED = ("k6/auto", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192", "k3/tmastore-bn192", "peer/quack")
+PROFILE_CELLS = (Workload(16384, 0.0), Workload(65536, 0.0))
+
+
+def parse_args(argv: Sequence[str] | None):
+    parser = chapter_parser(__doc__)
+    add_timing_arguments(parser, peers="torch._grouped_mm and quack")
+    parser.add_argument("--rounds", type=positive_int("--rounds"), default=3,
+                        help="interleaved timing rounds per workload; each variant's median over rounds is kept "
+                             "(default 3)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="which measurements to make (default: all three)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also Nsight Compute on k6/auto, two rungs, k3 and quack at 16,384 and 65,536 rows, s=0")
+    return parser.parse_args(argv)
+
+
+def grid() -> list[Workload]:
+    return [Workload(tokens, skew) for tokens in GRID_TOKENS for skew in GRID_SKEWS]
+
+
+# --------------------------------------------------------------------------- lookups
+
+def best_of(records: Sequence[dict[str, Any]], names: Sequence[str], workload: Workload) -> dict[str, Any] | None:
+    """The fastest of ``names`` at ``workload`` in these records (one run's)."""
+    found = [r for name in names if (r := find(records, name, workload)) is not None]
+    return max(found, key=lambda r: r["useful_tflops"]) if found else None
+
+
+def judged(names: Sequence[str], workload: Workload) -> list[str]:
+    """The names a target compares at ``workload``: their graph replays at the small cells."""
+    from moe_gemm.measure.graph_replay import graph_name
+
+    return [graph_name(n) for n in names] if workload.tokens <= GRAPH_MAX_TOKENS else list(names)
+
+
+def ratio(records: Sequence[dict[str, Any]], name: str, peers: Sequence[str], workload: Workload) -> float | None:
+    """``name``'s useful TFLOP/s over the best of ``peers`` at ``workload``, both judged the same way."""
+    ours = best_of(records, judged([name], workload), workload)
+    theirs = best_of(records, judged(peers, workload), workload)
+    return None if ours is None or theirs is None else ours["useful_tflops"] / theirs["useful_tflops"]
+
+
+# --------------------------------------------------------------------------- tables
+
+def ladder_table(records: Sequence[dict[str, Any]], names: Sequence[str], basis) -> Table:
+    cells = [w for w in SEED_FIVE if any(find(records, n, w) for n in names)]
+    rows = []
+    for name in names:
+        row = [name]
+        for cell in cells:
+            record = find(records, name, cell)
+            row.append("-" if record is None else f"{record['useful_tflops']:.0f}")
+        big = find(records, name, SEED_FIVE[3])
+        row.append("-" if big is None else f"{100 * big['useful_tflops'] / basis.tflops(SEED_FIVE[3]):.0f}%")
+        rows.append(tuple(row))
+    for label, peers in (("/ quack", QUACK), ("/ torch", TORCH)):
+        rows.append((f"{AUTO} {label}", *(_fmt(ratio(records, AUTO, peers, c)) for c in cells), ""))
+    return Table(("variant", *(c.short_label for c in cells), "roof 64k"), tuple(rows),
+                 title="The ladder at the seed five: useful TFLOP/s",
+                 legend="eager launches, median of the rounds' medians; roof 64k: share of the roofline at 65,536 "
+                        "rows, s=0; the last rows: k6/auto over the best quack configuration and the faster "
+                        "torch._grouped_mm layout (graph replays at 2,048 rows)")
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def grid_table(records: Sequence[dict[str, Any]], peers: Sequence[str], label: str) -> Table:
+    tokens = list(dict.fromkeys(c.tokens for c in grid()))
+    rows = [(f"{t:,}", *(_fmt(ratio(records, AUTO, peers, Workload(t, s))) for s in GRID_SKEWS)) for t in tokens]
+    return Table(("M_tot", *(f"s={s:g}" for s in GRID_SKEWS)), tuple(rows), title=f"k6/auto over {label}",
+                 legend=f"useful TFLOP/s over the best of {label} on the same inputs in the same run; at "
+                        f"{GRAPH_MAX_TOKENS:,} rows and fewer, both timed as CUDA-graph replays")
+
+
+def models_table(records: Sequence[dict[str, Any]]) -> Table:
+    rows = []
+    for label, w in MODEL_SHAPES.items():
+        auto, quack, torch = (best_of(records, names, w) for names in ([AUTO], QUACK, TORCH))
+        if auto is None:
+            continue
+        rows.append((label, f"E={w.experts} K={w.K} N={w.N}", f"{auto['useful_tflops']:.0f}",
+                     "-" if quack is None else f"{quack['useful_tflops']:.0f}",
+                     "-" if torch is None else f"{torch['useful_tflops']:.0f}",
+                     _fmt(ratio(records, AUTO, QUACK, w)), _fmt(ratio(records, AUTO, TORCH, w)),
+                     auto.get("choice", "")))
+    return Table(("projection", "shape", "k6/auto", "quack", "torch", "/ quack", "/ torch", "k6/auto chose"),
+                 tuple(rows), title="Model shapes: useful TFLOP/s (32,768 routed rows, s=0.4)",
+                 legend="quack: its best of the autotuned pick and three fastest configurations; torch: the faster "
+                        "B layout of torch._grouped_mm")
+
+
+# --------------------------------------------------------------------------- targets
+
+def target_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+
+    def add(name: str, value: float | None, goal: float, at_most: bool = False) -> None:
+        if value is not None:
+            rows.append({"target": name, "value": value, "goal": goal, "at_most": at_most,
+                         "met": value <= goal if at_most else value >= goal})
+
+    everywhere = [w for w in (*grid(), *MODEL_SHAPES.values()) if ratio(records, AUTO, QUACK, w) is not None]
+    if everywhere:
+        worst = min(everywhere, key=lambda w: ratio(records, AUTO, QUACK, w))
+        add(f"k6/auto / quack, every cell and model shape (worst: {worst.label})", ratio(records, AUTO, QUACK, worst),
+            1.0)
+    for w in (Workload(16384, 1.2), Workload(65536, 1.2), *(Workload(512, s) for s in GRID_SKEWS)):
+        add(f"k6/auto / quack at {w.label}", ratio(records, AUTO, QUACK, w), 1.10)
+    large = [w for w in (*grid(), *SEED_FIVE, *MODEL_SHAPES.values()) if w.tokens >= 4096
+             and ratio(records, AUTO, TORCH, w) is not None]
+    if large:
+        worst = min(large, key=lambda w: ratio(records, AUTO, TORCH, w))
+        add(f"k6/auto / torch, 4,096 rows or more (worst: {worst.label})", ratio(records, AUTO, TORCH, worst), 1.25)
+    for w in SEED_FIVE:
+        device, host = find(records, AUTO, w), find(records, AUTO_HOST, w)
+        if device and host:
+            add(f"k6/auto time over k6/auto-host at {w.label}", device["median_ms"] / host["median_ms"] - 1, 0.02,
+                at_most=True)
+    return rows
+
+
+def targets_table(rows: Sequence[dict[str, Any]]) -> Table:
+    body = tuple((r["target"], f"{r['value']:+.3f}" if r["at_most"] else f"{r['value']:.3f}",
+                  f"<= {r['goal']:.2f}" if r["at_most"] else f">= {r['goal']:.2f}", "yes" if r["met"] else "NO")
+                 for r in rows)
+    return Table(("target", "value", "goal", "met"), body, title="Targets, same run",
+                 legend="ratios of useful TFLOP/s (graph replays at 2,048 rows and fewer), except the device walk's "
+                        "relative extra time over the host list with the same configuration")
+
+
+# --------------------------------------------------------------------------- no GPU
+
+def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
+    from moe_gemm.site.compile_report import compile_rows
+    from moe_gemm.variants.k6 import ladder
+
+    return compile_rows(ladder(), arch, OPCODES)
+
+
+def compile_report_table(rows: list[dict[str, Any]]) -> Table:
+    from moe_gemm.site.compile_report import compile_table
+
+    return compile_table(rows, OPCODES, {}, legend=COMPILE_LEGEND)
+
+
+def run_without_gpu(args, reason: str) -> int:
+    print_not_run(args, "k6", reason, f"compiling every rung for {ARCH} instead",
+                  ("--quick", "--no-peers", "--rounds", "--parts", "--profile"),
+                  "nothing is timed without an sm_90a GPU")
+    show(compile_report_table(compile_report(ARCH)))
+    if show_recorded(CHAPTER) != 0:
+        print(f"(no recorded results for chapter {CHAPTER} yet)")
+    return 0
+
+
+# --------------------------------------------------------------------------- with a GPU
+
+def peers(args, graphs: bool) -> list[Any]:
+    from moe_gemm.measure.graph_replay import GraphReplay
+    from moe_gemm.variants.peer.quack import quack_available, quack_peers
+
+    if args.no_peers:
+        return []
+    found = grouped_mm_peers() + quack_peers()
+    missing = quack_available()
+    if missing is not None:
+        progress(f"[peers] quack is not here ({missing}): timing without it")
+    return found + ([GraphReplay(p) for p in found] if graphs else [])
+
+
+def measure_part(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
+    """One part's records, each tagged with the part (a later run of one part replaces only its own)."""
+    return [{**r, "part": part} for r in _measure(part, args, timing)]
+
+
+def _measure(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
+    from moe_gemm.measure.graph_replay import GraphReplay
+    from moe_gemm.variants.registry import get
+
+    auto = get(AUTO)
+    if part == "ladder":
+        from moe_gemm.variants.k6.config import LADDER
+
+        ours = [get(n) for n in (*LADDER, AUTO, AUTO_HOST, *EARLIER)] + [GraphReplay(auto)]
+        return run_variants(ours + peers(args, graphs=True), SEED_FIVE, rounds=args.rounds, **timing)
+    if part == "grid":
+        small = [w for w in grid() if w.tokens <= GRAPH_MAX_TOKENS]
+        large = [w for w in grid() if w.tokens > GRAPH_MAX_TOKENS]
+        return (run_variants([auto, GraphReplay(auto), *peers(args, graphs=True)], small, rounds=args.rounds, **timing)
+                + run_variants([auto, *peers(args, graphs=False)], large, rounds=args.rounds, **timing))
+    return run_variants([auto, *peers(args, graphs=False)], list(MODEL_SHAPES.values()), rounds=args.rounds, **timing)
+
+
+def profile_rows() -> list[dict[str, Any]]:
+    from moe_gemm.measure import profile
+
+    rows = []
+    for cell in PROFILE_CELLS:
+        for name in PROFILED:
+            progress(f"[profile] {name} at {cell.label} under ncu")
+            try:
+                rows.append(profile.profile_variant(name, cell.tokens, cell.skew, profiler_range=True))
+            except (RuntimeError, ValueError) as error:
+                progress(f"[profile] {name}: no profile ({str(error).splitlines()[0]})")
+    return rows
+
+
+def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
+    def pct(row, key):
+        value = row.get(key)
+        return "-" if value is None else f"{value:.1f}"
+
+    body = tuple((r["variant"], Workload.of(r).short_label, pct(r, "gmma_pipe_pct"), pct(r, "l2_throughput_pct"),
+                  "-" if r.get("l2_bytes") is None else f"{r['l2_bytes'] / 1e9:.2f}",
+                  "-" if r.get("dram_bytes_read") is None else f"{r['dram_bytes_read'] / 1e9:.2f}",
+                  pct(r, "stall_barrier"), pct(r, "stall_long_scoreboard"),
+                  "-" if r.get("duration_ns") is None else f"{r['duration_ns'] / 1e3:.1f}") for r in rows)
+    return Table(("variant", "cell", "wgmma %", "L2 %", "L2 GB", "DRAM rd GB", "bar stall", "lsb stall", "us"), body,
+                 title="Nsight Compute, one launch each",
+                 legend="wgmma %: tensor pipe (HGMMA) active, % of peak; L2 %: lts throughput, % of peak; L2 GB: bytes "
+                        "through L2; DRAM rd: bytes read from HBM; stalls: warp cycles per issued instruction waiting "
+                        "at a barrier / on a long scoreboard; us: the profiled launch's duration")
+
+
+def run_on_gpu(args, gpu) -> int:
+    import sys
+
+    from moe_gemm.measure.ceilings import basis_for
+    from moe_gemm.variants.k6 import ladder
+    from moe_gemm.variants.registry import get
+
+    timing = timing_options(args)
+    print(describe_gpu(gpu) + "\n")
+    report = compile_report(gpu.arch)
+    show(compile_report_table(report))
+    checks = run_checks([*ladder(), get(AUTO)])
+    show(checks_table([c for c in checks if not c["passed"]] or checks[:3]))
+    failed = sorted({c["variant"] for c in checks if not c["passed"]})
+    if failed:
+        print(f"checks FAILED for {', '.join(failed)}: nothing is timed.", file=sys.stderr)
+        return 1
+    print(f"all {len(checks)} checks passed\n")
+    basis = basis_for(gpu)
+    # The parts can be run in separate processes (each is minutes): a run keeps the records of the
+    # parts it does not measure from the file it finds, from the same GPU.
+    earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
+    records = [r for r in earlier["records"] if r.get("part") not in args.parts]
+    for part in args.parts:
+        records += measure_part(part, args, timing)
+    from moe_gemm.variants.k6.config import LADDER
+
+    show(ladder_table(records, [*LADDER, AUTO, AUTO_HOST, *EARLIER, *TORCH, *QUACK], basis))
+    show(grid_table(records, QUACK, "quack"))
+    show(grid_table(records, TORCH, "torch._grouped_mm"))
+    show(models_table(records))
+    targets = target_rows(records)
+    show(targets_table(targets))
+    extra: dict[str, Any] = {key: earlier[key] for key in ("profile",) if key in earlier}
+    if args.profile:
+        extra["profile"] = profile_rows()
+        show(profile_table(extra["profile"]))
+    parts = sorted({r["part"] for r in records}, key=PARTS.index)
+    path = save_results(CHAPTER, records, gpu, checks=checks, compile_report=report, targets=targets,
+                        rounds=args.rounds, parts=parts, **extra)
+    print(f"results written to {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return chapter_main(parse_args(argv), REQUIRES, run_on_gpu, run_without_gpu)
+
+
+if __name__ == "__main__":
+    run_main(main)

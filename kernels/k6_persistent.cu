@@ -1,0 +1,369 @@
+// k6_persistent.cu: chapter 07's kernel, the last mile. k3's TMA ring and wgmma consumers, with what
+// the strongest Hopper GEMMs (CUTLASS's and quack's) add on top, one template parameter per rung:
+//
+//   python chapters/07/run.py              # check, time and compare with quack (needs an sm_90a GPU)
+//   pytest tests/test_k6.py                # compiles every rung for sm_90a, no GPU needed
+//
+//   MODE = PINGPONG     (a) the two consumer warpgroups each own a whole 128 x BN tile and take
+//                           turns: while one drains and stores its tile, the other multiplies the
+//                           next. A pair of named barriers hands the tensor cores over in order.
+//   CLUSTER_N = 2       (b) two blocks of a cluster take the same rows of one expert and
+//                           neighbouring N tiles; each loads half of A's box and multicasts it to
+//                           both. N is never ragged, so every unit pairs; an odd last N tile runs
+//                           with a partner whose columns start past N, which loads its half of A
+//                           for its peer and multiplies nothing.
+//   CLUSTER_M = 2           chapter 04's pairing, for comparison: two M tiles of one expert share
+//                           B's boxes (an expert's odd last M tile pairs with an empty partner).
+//   MODE = COOPERATIVE  (c) one 256 x BN tile, 128 rows per warpgroup: each B box comes from L2
+//                           once per 256 rows instead of per 128.
+//   group (run time)    (d) the persistent walk in raster groups (tile_walk.cuh).
+//   DEVICE_SCHEDULE     (f) the walk is found from the expert ends on the device: no host list.
+//
+// Every consumer warpgroup owns 128 rows (two m64 wgmmas per k16 step, BN/2 x 2 accumulators per
+// thread) and issues only the m64 wgmmas whose rows hold tokens: a tile with 40 rows pays for one
+// m64 slice, not two. The epilogue stages C through a small ring of 64 x 64 boxes per warpgroup
+// (STAGING_BOXES of them) so that the shared memory goes to the operand ring instead.
+#include "named_barriers.cuh"
+#include "ptx.cuh"
+#include "tile_walk.cuh"
+#include "tma_pipeline.cuh"
+#include "wgmma_config.cuh"
+
+namespace k6 {
+
+// --8<-- [start:config]
+enum Mode : int { PINGPONG = 0, COOPERATIVE = 1 };
+
+template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES>
+struct Config {
+    static_assert(MODE == PINGPONG || MODE == COOPERATIVE, "ping-pong or cooperative consumers");
+    static_assert(BN % sm90::BOX == 0 && BN <= 256, "BN is 64, 128, 192 or 256 columns");
+    static_assert(CLUSTER_M * CLUSTER_N <= 2, "clusters of one or two blocks, along M or along N");
+    static constexpr int CLUSTER = CLUSTER_M * CLUSTER_N, ALONG_M = CLUSTER_M, ALONG_N = CLUSTER_N;
+    static constexpr int WG_ROWS = 128, M_ITERS = 2;             // two m64 slices per warpgroup
+    static constexpr int BM = MODE == PINGPONG ? WG_ROWS : 2 * WG_ROWS;
+    static constexpr int TILE_N = BN;
+    static constexpr int THREADS = 3 * sm90::WARPGROUP;          // two consumers and a producer
+    static constexpr unsigned A_BYTES = BM * sm90::BK * 2;
+    static constexpr unsigned B_BYTES = BN * sm90::BK * 2;
+    static constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int B_BOXES = BN / sm90::BOX;
+    // Along N each block loads A_SHARE_ROWS of A's box and multicasts them to both; along M each
+    // loads every other B box for both.
+    static constexpr int A_SHARE_ROWS = BM / CLUSTER_N;
+    static constexpr unsigned A_SHARE_BYTES = A_BYTES / CLUSTER_N;
+    // A unit of work: UNIT_ROWS x UNIT_COLS, one tile per block of the cluster.
+    static constexpr int UNIT_ROWS = BM * CLUSTER_M, UNIT_COLS = BN * CLUSTER_N;
+    // Consumer warpgroups that read each stage: one in ping-pong (the stage belongs to one tile),
+    // both in cooperative; empty[s] also waits for the peer block's readers (either producer writes
+    // into both rings).
+    static constexpr int READERS = MODE == PINGPONG ? 1 : 2;
+    static constexpr int EMPTY_ARRIVALS = READERS * CLUSTER;
+    // setmaxnreg: a 128 x 192 warpgroup tile holds 192 fp32 accumulators per thread, so the
+    // consumers take 232 registers and the producer keeps 40: 2 x 128 x 232 + 128 x 40 = 64,512.
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+    static constexpr unsigned STAGING_BYTES = 2 * STAGING_BOXES * sm90::BOX_BYTES;  // per block
+    static_assert(STAGE_BYTES % sm90::SWIZZLE_ALIGN == 0 && A_SHARE_BYTES % sm90::SWIZZLE_ALIGN == 0,
+                  "every stage, box and A half starts on a 1 KB boundary (the 128-byte swizzle's period)");
+};
+
+// The producer writes each unit's tile into a slot before it announces the unit's first stage;
+// the consumer warpgroup reads it after that stage's full barrier. STAGES + 1 slots suffice, as in
+// k5: the producer reaches unit j + STAGES + 1 only once every stage of unit j has been released,
+// and a warpgroup reads the slot before it releases any stage of its unit.
+template <int STAGES>
+struct Slots {
+    static constexpr int COUNT = STAGES + 1;
+    int4 tile[COUNT];
+};
+// --8<-- [end:config]
+
+// --8<-- [start:producer]
+// One thread issues every copy. Unit j's tile for this block is (expert, row0, rows, col0 + rank
+// x BN) along N, (expert, row0 + rank x BM, rows - rank x BM, col0) along M; its stages carry all
+// of A's box and the B boxes that start before column N (none for a partner past N: it multiplies
+// nothing), each shared box loaded half by each block of the cluster.
+template <class Cfg, int STAGES, int CLUSTER, bool B_K_MAJOR, class UnitAt>
+__device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, UnitAt&& unit_at,
+                                        int units, int first, int stride, unsigned rank, int k_steps, int N,
+                                        unsigned ring, Slots<STAGES>& slots, unsigned long long* full,
+                                        unsigned long long* empty) {
+    tma_prefetch_descriptor(tmap_a);
+    tma_prefetch_descriptor(tmap_b);
+    int stage = 0;
+    unsigned phase = 0;
+    for (int unit = first, ordinal = 0; unit < units; unit += stride, ++ordinal) {
+        int4 tile = unit_at(unit);
+        if constexpr (Cfg::ALONG_N == 2) tile.w += rank * Cfg::TILE_N;
+        if constexpr (Cfg::ALONG_M == 2) tile.y += rank * Cfg::BM, tile.z -= rank * Cfg::BM;  // z <= 0: no rows
+        const int boxes = tile.w < N ? min(Cfg::B_BOXES, (N - tile.w + sm90::BOX - 1) / sm90::BOX) : 0;
+        const unsigned stage_tx = Cfg::A_BYTES + boxes * sm90::BOX_BYTES;
+        for (int ks = 0; ks < k_steps; ++ks) {
+            mbarrier_wait_parity(smem_u32(&empty[stage]), phase ^ 1);
+            if (ks == 0) slots.tile[ordinal % Slots<STAGES>::COUNT] = tile;  // released by the arrive below
+            const unsigned bar = smem_u32(&full[stage]);
+            mbarrier_arrive_expect_tx(bar, stage_tx);
+            const unsigned a_dst = ring + stage * Cfg::STAGE_BYTES;
+            const int k = ks * sm90::BK;
+            // Rows past the expert (or past M_tot: zeros) are loaded and never stored.
+            if constexpr (Cfg::ALONG_N == 2)
+                tma_load_2d_multicast(a_dst + rank * Cfg::A_SHARE_BYTES, tmap_a, k, tile.y + rank * Cfg::A_SHARE_ROWS,
+                                      bar, 0b11);
+            else
+                tma_load_2d(a_dst, tmap_a, k, tile.y, bar);
+            for (int box = 0; box < boxes; ++box) {
+                const int n = tile.w + box * sm90::BOX;
+                const int c0 = B_K_MAJOR ? k : n, c1 = B_K_MAJOR ? n : k;  // B: (n, k, e); B^T: (k, n, e)
+                const unsigned b_dst = a_dst + Cfg::A_BYTES + box * sm90::BOX_BYTES;
+                if constexpr (Cfg::ALONG_M == 2) {
+                    if (box % 2 == static_cast<int>(rank)) tma_load_3d_multicast(b_dst, tmap_b, c0, c1, tile.x, bar, 0b11);
+                } else {
+                    tma_load_3d(b_dst, tmap_b, c0, c1, tile.x, bar);
+                }
+            }
+            if (++stage == STAGES) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+// --8<-- [end:producer]
+
+// --8<-- [start:consumer]
+// A warpgroup's 128 x BN share of a tile, SLICES m64 slices of it (1 or 2: only those with rows; 0
+// waits for the stages and hands them back), A from row `a_slice` x 128 of the stage. In ping-pong
+// the hand-over to the other warpgroup (`hand_over`) comes once every wgmma is issued, before
+// waiting for the last ones to finish. SLICES is a template parameter, not a test inside the loop:
+// a wgmma under a run-time branch makes ptxas serialize every wgmma of the kernel (its warning
+// C7520, "wgmma.mma_async instructions are serialized").
+template <class Cfg, int SLICES, int STAGES, int CLUSTER, bool B_K_MAJOR, class HandOver>
+__device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], int a_slice, int k_steps,
+                                         unsigned ring, const OperandPlan& plan_a, const OperandPlan& plan_b,
+                                         unsigned long long* full, unsigned long long* empty, int& stage,
+                                         unsigned& phase, HandOver&& hand_over) {
+    int previous = -1;
+    for (int ks = 0; ks < k_steps; ++ks) {
+        mbarrier_wait_parity(smem_u32(&full[stage]), phase);
+        if constexpr (SLICES > 0) {
+            const unsigned a_tile = ring + stage * Cfg::STAGE_BYTES + a_slice * Cfg::M_ITERS * plan_a.mn64_bytes;
+            const unsigned b_tile = ring + stage * Cfg::STAGE_BYTES + Cfg::A_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < sm90::BK / 16; ++kk) {
+                const unsigned long long desc_b = matrix_descriptor(plan_b.bits, b_tile + kk * plan_b.k16_bytes);
+#pragma unroll
+                for (int i = 0; i < SLICES; ++i)
+                    wgmma_bf16<Cfg::TILE_N, false, !B_K_MAJOR>(
+                        acc[i], matrix_descriptor(plan_a.bits, a_tile + i * plan_a.mn64_bytes + kk * plan_a.k16_bytes),
+                        desc_b, ks > 0 || kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<1>();  // the previous stage's wgmmas are done: hand it back (k3's loop)
+        }
+        if (previous >= 0) sm90::release<CLUSTER>(empty, previous);
+        previous = stage;
+        if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+    hand_over();
+    if constexpr (SLICES > 0) wgmma_wait<0>();
+    if (previous >= 0) sm90::release<CLUSTER>(empty, previous);
+}
+// --8<-- [end:consumer]
+
+// --8<-- [start:epilogue]
+// The warpgroup's rows row0 .. row0 + rows - 1 (rows > 0) of the tile, columns col0 .. col0 + BN - 1.
+// Whole m64 slices go through shared memory: each 64 x 64 box is packed with stmatrix into the
+// next of the warpgroup's STAGING_BOXES staging boxes (128-byte swizzle, as TMA reads it) and
+// stored by TMA, the box's previous store having finished reading it. A slice with fewer than 64
+// rows (the expert's last) is stored from registers with a row guard, since a TMA store writes
+// whole boxes and the rows past it belong to the next expert.
+template <class Cfg, int STAGING_BOXES>
+__device__ __forceinline__ void store(const float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], int row0, int rows,
+                                      int col0, int warpgroup, unsigned staging, int& stored,
+                                      const CUtensorMap* tmap_c, unsigned short* __restrict__ C, int N) {
+    constexpr int BN = Cfg::TILE_N;
+    const bool issuer = threadIdx.x % sm90::WARPGROUP == 0;
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % sm90::WARPGROUP) / 32;
+#pragma unroll
+    for (int i = 0; i < Cfg::M_ITERS; ++i) {
+        const int slice_rows = rows - 64 * i;
+        if (slice_rows <= 0) break;
+        const int slice_row0 = row0 + 64 * i;
+        if (slice_rows < 64) {  // register stores: D[16 warp + 8h + g][8j + 2t + c] is acc[i][4j + 2h + c]
+            const int g = lane / 4, t = lane % 4;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = warp * 16 + h * 8 + g;
+                if (r >= slice_rows) continue;
+                unsigned short* c_row = C + static_cast<long long>(slice_row0 + r) * N;
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+                    const int col = col0 + j * 8 + 2 * t;
+                    if (col < N)
+                        *reinterpret_cast<unsigned*>(c_row + col) =
+                            pack_bf16x2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+                }
+            }
+            continue;
+        }
+        const int m = lane / 8, r = warp * 16 + (m % 2) * 8 + lane % 8;  // stmatrix: lane l, row l%8 of matrix l/8
+#pragma unroll
+        for (int b = 0; b < Cfg::B_BOXES; ++b) {
+            if (col0 + b * sm90::BOX >= N) break;
+            const unsigned box = staging + (stored % STAGING_BOXES) * sm90::BOX_BYTES;
+            if (issuer) bulk_wait_read<STAGING_BOXES - 1>();  // the box's last store has read it
+            named_barrier_sync(STAGING_BARRIER + warpgroup, sm90::WARPGROUP);
+#pragma unroll
+            for (int jj = 4 * b; jj < 4 * b + 4; ++jj) {  // 16 columns each
+                const unsigned chunk = ((jj % 4) * 16 + (m / 2) * 8) / 8;
+                const unsigned fragment[4] = {
+                    pack_bf16x2(acc[i][8 * jj + 0], acc[i][8 * jj + 1]), pack_bf16x2(acc[i][8 * jj + 2], acc[i][8 * jj + 3]),
+                    pack_bf16x2(acc[i][8 * jj + 4], acc[i][8 * jj + 5]), pack_bf16x2(acc[i][8 * jj + 6], acc[i][8 * jj + 7])};
+                stmatrix_x4(box + r * 128 + ((chunk ^ (r % 8)) << 4), fragment);
+            }
+            fence_proxy_async_shared();  // stmatrix's writes, before TMA (the async proxy) reads them
+            named_barrier_sync(STAGING_BARRIER + warpgroup, sm90::WARPGROUP);
+            if (issuer) {
+                tma_store_2d(tmap_c, col0 + b * sm90::BOX, slice_row0, box);
+                bulk_commit();
+            }
+            ++stored;
+        }
+    }
+}
+// --8<-- [end:epilogue]
+
+// A warpgroup's position in the ring after skipping `steps` stages (the other warpgroup's tile).
+template <int STAGES>
+__device__ __forceinline__ void skip(int& stage, unsigned& phase, int steps) {
+    const int moved = stage + steps;
+    stage = moved % STAGES;
+    phase ^= (moved / STAGES) & 1;
+}
+
+// --8<-- [start:body]
+template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
+          bool DEVICE_SCHEDULE>
+__device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
+                                        const CUtensorMap* tmap_c, unsigned short* C, const int4* units_list,
+                                        int num_units, const int* ends, int experts, int group, int K, int N,
+                                        const OperandPlan& plan_a, const OperandPlan& plan_b) {
+    using Cfg = Config<MODE, BN, STAGES, CLUSTER_M, CLUSTER_N, B_K_MAJOR, STAGING_BOXES>;
+    constexpr int CLUSTER = Cfg::CLUSTER;
+    __shared__ alignas(8) unsigned long long full[STAGES];
+    __shared__ alignas(8) unsigned long long empty[STAGES];
+    __shared__ walk::Walk<Cfg::UNIT_ROWS, Cfg::UNIT_COLS> order;  // DEVICE_SCHEDULE only (2 KB)
+    __shared__ Slots<STAGES> slots;
+    extern __shared__ unsigned char dynamic_smem[];
+    const unsigned ring = (smem_u32(dynamic_smem) + sm90::SWIZZLE_ALIGN - 1) & ~(sm90::SWIZZLE_ALIGN - 1);
+    const unsigned staging = ring + STAGES * Cfg::STAGE_BYTES;
+    const int warpgroup = threadIdx.x / sm90::WARPGROUP;
+    const int k_steps = K / sm90::BK;  // the host checked K % 64 == 0 and K > 0
+
+    if constexpr (DEVICE_SCHEDULE) {
+        order.build(ends, experts, N, group);
+        num_units = order.total();
+    }
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(smem_u32(&full[s]), 1);
+            mbarrier_init(smem_u32(&empty[s]), Cfg::EMPTY_ARRIVALS);
+        }
+        fence_barrier_init();
+    }
+    if constexpr (CLUSTER == 2) cluster_sync(); else __syncthreads();
+
+    // Both blocks of a cluster walk the same units (first, first + stride, ...), rank r taking the
+    // unit's columns r x BN onwards (along N) or its rows r x BM onwards (along M).
+    const unsigned rank = CLUSTER == 2 ? cluster_ctarank() : 0;
+    const int first = blockIdx.x / CLUSTER, stride = gridDim.x / CLUSTER;
+    if (warpgroup == 2) {
+        setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+        if (threadIdx.x % sm90::WARPGROUP == 0) {
+            auto unit_at = [&](int unit) {
+                if constexpr (DEVICE_SCHEDULE) return order.unit(unit);
+                else return units_list[unit];
+            };
+            produce<Cfg, STAGES, CLUSTER, B_K_MAJOR>(tmap_a, tmap_b, unit_at, num_units, first, stride, rank,
+                                                     k_steps, N, ring, slots, full, empty);
+        }
+    } else {
+        setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+        float acc[Cfg::M_ITERS][BN / 2];
+        const unsigned my_staging = staging + warpgroup * STAGING_BOXES * sm90::BOX_BYTES;
+        const int mine = first < num_units ? (num_units - first + stride - 1) / stride : 0;  // this block's units
+        int stage = 0, stored = 0;
+        unsigned phase = 0;
+        for (int ordinal = 0; ordinal < mine; ++ordinal) {
+            if (MODE == PINGPONG && ordinal % 2 != warpgroup) {  // the other warpgroup's tile
+                skip<STAGES>(stage, phase, k_steps);
+                continue;
+            }
+            // Ping-pong: wait until the other warpgroup has issued its whole main loop (and tell it
+            // when this one has, if it has a next tile). Besides handing the tensor cores over in
+            // order, this keeps the parity waits sound: having skipped k_steps stages, a warpgroup
+            // that waited on full[s] before the other had consumed them could see the completion of
+            // a phase two fills old (same parity) and read a stage that holds the wrong tile.
+            if (MODE == PINGPONG && ordinal > 0) named_barrier_sync(ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
+            mbarrier_wait_parity(smem_u32(&full[stage]), phase);  // the unit's first stage, and its slot
+            const int4 tile = slots.tile[ordinal % Slots<STAGES>::COUNT];
+            const int row_offset = MODE == PINGPONG ? 0 : warpgroup * Cfg::WG_ROWS;
+            const int rows = tile.w < N ? min(tile.z - row_offset, Cfg::WG_ROWS) : 0;  // none past N
+            const int slices = rows <= 0 ? 0 : rows <= 64 ? 1 : 2;
+            auto hand_over = [&] {
+                if (MODE == PINGPONG && ordinal + 1 < mine)
+                    named_barrier_arrive(ORDER_BARRIER + (warpgroup ^ 1), 2 * sm90::WARPGROUP);
+            };
+            const int a_slice = MODE == PINGPONG ? 0 : warpgroup;
+            if (slices == 2)
+                multiply<Cfg, 2, STAGES, CLUSTER, B_K_MAJOR>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
+                                                             stage, phase, hand_over);
+            else if (slices == 1)
+                multiply<Cfg, 1, STAGES, CLUSTER, B_K_MAJOR>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
+                                                             stage, phase, hand_over);
+            else
+                multiply<Cfg, 0, STAGES, CLUSTER, B_K_MAJOR>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
+                                                             stage, phase, hand_over);
+            if (slices > 0)
+                store<Cfg, STAGING_BOXES>(acc, tile.y + row_offset, rows, tile.w, warpgroup, my_staging, stored,
+                                          tmap_c, C, N);
+        }
+        if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait<0>();  // the staged boxes are read before exit
+    }
+    // No block may leave while its peer can still multicast into its ring or arrive on its barriers.
+    if constexpr (CLUSTER == 2) cluster_sync();
+}
+// --8<-- [end:body]
+
+}  // namespace k6
+
+// --8<-- [start:kernels]
+// Two entry points over one body, as in k3: __cluster_dims__ cannot depend on a template parameter.
+#define K6_PARAMS                                                                                              \
+    const __grid_constant__ CUtensorMap tmap_a,  /* A [M_tot, K]: box {64, BM / CLUSTER_N}                 */ \
+    const __grid_constant__ CUtensorMap tmap_b,  /* B [E, K, N]: {N, K, E}; B^T [E, N, K]: {K, N, E}; 64 x 64 */ \
+    const __grid_constant__ CUtensorMap tmap_c,  /* C [M_tot, N]: box {64, 64}                              */ \
+    unsigned short* __restrict__ C,              /* [M_tot, N] bf16                                         */ \
+    const int4* __restrict__ units_list,         /* host walk: (expert, row0, rows, col0) per unit          */ \
+    int num_units,                               /* host walk: the list's length                            */ \
+    const int* __restrict__ ends,                /* device walk: [E] cumulative row ends (torch's offs)     */ \
+    int experts, int group, int K, int N, const OperandPlan plan_a, const OperandPlan plan_b
+
+template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE>
+__global__ void __launch_bounds__(384, 1) k6_persistent(K6_PARAMS) {
+    k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE>(
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
+}
+
+// ALONG_M: the cluster's two blocks take two M tiles of one N column (B shared), else two N tiles
+// of one M tile (A shared).
+template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) k6_persistent_cluster2(K6_PARAMS) {
+    k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE>(
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
+}
+// --8<-- [end:kernels]

@@ -1,0 +1,84 @@
+// tile_walk.cuh: k6's order of work, found on the device from the expert offsets alone.
+//
+// A *unit* is what one block (or one cluster of CLUSTER blocks) computes at a time: BM rows of one
+// expert by UNIT_COLS = CLUSTER x BN columns. Units run expert by expert (experts in order, so B[e]
+// stays in L2 while its units run), and within an expert in a *grouped* order: the expert's M tiles
+// are taken GROUP at a time, and the group is walked column by column,
+//
+//     (m0, n0) (m1, n0) .. (m7, n0) (m0, n1) (m1, n1) ..    for GROUP = 8,
+//
+// so that the blocks running at the same moment (consecutive units: a persistent grid takes units
+// first, first + stride, ...) share B's columns across GROUP M tiles and A's rows across the
+// columns they span. GROUP = 1 is the plain row-major walk. CUTLASS and quack call this swizzle
+// "rasterization"; python/moe_gemm/variants/k6/walk.py is its mirror (the host-built unit list).
+//
+// The launch reads only the expert ends (int32, the cumulative row counts torch._grouped_mm takes as
+// `offs`), so a CUDA graph captured once replays correctly for any routing of the same M_tot.
+#pragma once
+
+namespace walk {
+
+enum : int { MAX_EXPERTS = 256 };  // the prefix sums live in shared memory (2 KB)
+
+// --8<-- [start:walk]
+template <int BM, int UNIT_COLS>
+struct Walk {
+    int offsets[MAX_EXPERTS + 1];  // first row of expert e; offsets[experts] = M_tot
+    int starts[MAX_EXPERTS + 1];   // units of experts 0 .. e-1
+    int experts;
+    int n_units;  // units across N: ceil(N / UNIT_COLS)
+    int group;    // M tiles per raster group
+
+    __device__ int total() const { return starts[experts]; }
+
+    // Every thread of the block takes part: the ends go to shared memory, one warp scans the
+    // per-expert unit counts 32 experts at a time with shuffles, and everyone waits for the result.
+    __device__ void build(const int* __restrict__ ends, int num_experts, int N, int raster_group) {
+        for (int e = threadIdx.x; e < num_experts; e += blockDim.x) offsets[e + 1] = ends[e];
+        if (threadIdx.x == 0) {
+            offsets[0] = 0;
+            starts[0] = 0;
+            experts = num_experts;
+            n_units = (N + UNIT_COLS - 1) / UNIT_COLS;
+            group = raster_group;
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            const int lane = threadIdx.x;
+            int carry = 0;
+            for (int base = 0; base < num_experts; base += 32) {
+                const int e = base + lane;
+                int v = e < num_experts ? (offsets[e + 1] - offsets[e] + BM - 1) / BM * n_units : 0;
+#pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    const int up = __shfl_up_sync(0xFFFFFFFFu, v, d);
+                    if (lane >= d) v += up;
+                }
+                if (e < num_experts) starts[e + 1] = carry + v;
+                carry += __shfl_sync(0xFFFFFFFFu, v, 31);
+            }
+        }
+        __syncthreads();
+    }
+
+    // Unit `index` as (expert, row0, rows, col0): the last expert whose units start at or before
+    // it (a binary search over starts), then the grouped position inside that expert.
+    __device__ int4 unit(int index) const {
+        int lo = 0, hi = experts;
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            if (starts[mid] <= index) lo = mid; else hi = mid;
+        }
+        const int row0 = offsets[lo], rows = offsets[lo + 1] - row0;
+        const int m_tiles = (rows + BM - 1) / BM;
+        const int local = index - starts[lo];
+        const int span = group * n_units;  // units of one full group
+        const int g = local / span, within = local - g * span;
+        const int in_group = min(group, m_tiles - g * group);  // the last group may be short
+        const int m = g * group + within % in_group, n = within / in_group;
+        return make_int4(lo, row0 + m * BM, min(BM, rows - m * BM), n * UNIT_COLS);
+    }
+};
+// --8<-- [end:walk]
+
+}  // namespace walk

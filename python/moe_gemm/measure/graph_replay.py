@@ -1,0 +1,70 @@
+"""Any variant's launch, captured once in a CUDA graph and timed as graph replays.
+
+Where a launch takes under about 100 us (512 and 2,048 routed rows at the seed shape) the host's
+work per launch (Python, torch's dispatcher, quack's argument packing, our ``cuLaunchKernel``) can
+decide a ratio. A model that cares about those sizes captures its layer in a graph; so chapter 07
+times every contender both ways. ``GraphReplay(variant)`` is named ``<variant>+graph``, prepares the
+inner variant, runs it once (compiling, tuning), captures one launch and replays it.
+
+Our kernels launch through the driver on the harness stream and are captured with the driver's
+stream capture (cuda.graph.Graph). Peers built on torch (torch._grouped_mm, quack) allocate and pick
+streams through torch, so they are captured with ``torch.cuda.graph`` on the same stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from moe_gemm.cuda.device import DeviceProblem, synchronize
+from moe_gemm.cuda.graph import Graph
+from moe_gemm.cuda.variant import Prepared, Variant
+
+SUFFIX = "+graph"
+
+
+def graph_name(name: str) -> str:
+    return name + SUFFIX
+
+
+class GraphReplay:
+    """``variant`` timed as the replay of one captured CUDA graph."""
+
+    def __init__(self, variant: Variant) -> None:
+        self.inner = variant
+        self.name = graph_name(variant.name)
+        self.kernel_function = getattr(variant, "kernel_function", None)
+
+    def __repr__(self) -> str:
+        return f"GraphReplay({self.inner!r})"
+
+    def prepare(self, dev: DeviceProblem) -> Prepared:
+        prepared = self.inner.prepare(dev)
+        if dev.problem.tokens == 0:
+            return prepared
+        prepared.launch()  # compiles, tunes, allocates: nothing of that may happen during capture
+        synchronize()
+        if self.inner.name.startswith("peer/"):
+            replay, graph = _torch_graph(prepared.launch)
+        else:
+            graph = Graph(prepared.launch)
+            replay = graph.launch
+        return dataclasses.replace(prepared, launch=replay, keep_alive=[*prepared.keep_alive, graph],
+                                   launch_info={**prepared.launch_info, "timing": "cuda graph replay"})
+
+
+def _torch_graph(launch) -> tuple[Any, Any]:
+    import torch
+
+    from moe_gemm.variants.peer.torch import torch_stream
+
+    stream = torch_stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        launch()
+
+    def replay() -> None:
+        with torch.cuda.stream(stream):
+            graph.replay()
+
+    return replay, graph

@@ -1,0 +1,161 @@
+"""k6: the last mile (kernels/k6_persistent.cu), chapter 07.
+
+============================================  ===================================================================
+``k6/pingpong-bn*``                           (a) each consumer warpgroup owns a 128 x BN tile; the two take turns
+``k6/pingpong-cluster-bn*``                   (b) clusters of two blocks along N, A multicast
+``k6/coop256-*``                              (c) 256-row tiles, 128 rows per warpgroup
+``...-g8``                                    (d) the walk in raster groups of 8 M tiles
+``k6/auto``                                   (e) the configuration for the shape, autotuned once and cached
+``...-host``                                  (f) the host-built walk: every other rung finds its walk on the device
+``...-kmajor``                                B given as B^T [E, N, K] (chapter 08's backward pass reads it so)
+============================================  ===================================================================
+
+Every rung but ``-host`` takes only the expert ends on the device (``offs``, as torch._grouped_mm):
+a launch needs no host copy of the counts, so it can be captured in a CUDA graph once and replayed
+for any routing. Refused before any launch, with a ValueError naming the rule: what k3 refuses (K,
+N multiples of 8, K of 64, 16-byte alignment, a GPU other than sm_90a) and, for the device walk,
+more than 256 experts.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from moe_gemm.cuda.descriptors import operand_plan
+from moe_gemm.cuda.device import DeviceArray, DeviceProblem, to_device
+from moe_gemm.cuda.graph import Graph
+from moe_gemm.cuda.launch import TensorMapArg, launch, max_active_clusters, prefer_shared_memory
+from moe_gemm.cuda.tensormap import batched_matrix_map, matrix_map
+from moe_gemm.cuda.variant import Prepared
+from moe_gemm.model.edge_cases import EdgeCase
+from moe_gemm.variants.compiled import NamedConfigVariant
+from moe_gemm.variants.k3 import transposed_b
+from moe_gemm.variants.k3.config import BK, BOX
+from moe_gemm.variants.k3.maps import check_inputs as k3_check_inputs
+from moe_gemm.variants.k3.maps import output_map, plan_argument, require_sm90a
+from moe_gemm.variants.k6.config import (
+    KERNEL_FUNCTION,
+    LADDER,
+    MAX_EXPERTS,
+    SANITIZED,
+    SMEM_LIMIT,
+    SOURCE,
+    STATIC_SMEM_ALLOWANCE,
+    THREADS,
+    K6Config,
+)
+from moe_gemm.variants.k6.walk import unit_list
+
+
+def check_inputs(config: K6Config, experts: int, K: int, N: int, a_address: int = 0, b_address: int = 0,  # noqa: N803
+                 name: str = "k6") -> None:
+    """ValueError naming the first rule these inputs break: k3's TMA rules, then the device walk's
+    256 experts (its prefix sums live in shared memory)."""
+    k3_check_inputs(K, N, a_address, b_address, kernel=name)
+    if config.schedule == "device" and experts > MAX_EXPERTS:
+        raise ValueError(f"{name}: the device walk takes at most {MAX_EXPERTS} experts (its prefix sums live in "
+                         f"shared memory), got {experts}")
+
+
+class K6Persistent(NamedConfigVariant):
+    """One rung of chapter 07's ladder: ``K6Persistent("k6/pingpong-cluster-bn192")``, or any
+    configuration: ``K6Persistent("k6/mine", K6Config(...))``."""
+
+    kernel_function = KERNEL_FUNCTION
+    source = SOURCE
+    configs = LADDER
+    family = "k6"
+    warps_per_block = THREADS // 32
+    # compute-sanitizer's extra case: the edge cases give most blocks one tile; this one gives every
+    # block several, so both ping-pong warpgroups, the hand-over and the staging ring all run.
+    sanitize_cases = (EdgeCase("several tiles per block", (300,) * 40, K=128, N=392),)
+
+    def __init__(self, name: str, config: K6Config | None = None) -> None:
+        if config is None:
+            super().__init__(name)
+        else:
+            self.name, self.config = name, config
+        if self.config.dynamic_smem_bytes + STATIC_SMEM_ALLOWANCE > SMEM_LIMIT:
+            raise ValueError(f"{self.name}: {self.config.dynamic_smem_bytes:,} B of shared memory plus the static "
+                             f"part pass the {SMEM_LIMIT:,} B a block may have")
+
+    def prepare(self, dev: DeviceProblem) -> Prepared:
+        problem, config = dev.problem, self.config
+        self.require_bf16_inputs(dev)
+        b = transposed_b(dev) if config.b_layout == "nk" and problem.tokens else dev.b
+        check_inputs(config, problem.experts, problem.K, problem.N, dev.a.ptr, b.ptr, self.name)
+        gpu = require_sm90a(self.name)
+        resources = self.resources(gpu.arch)
+        output = dev.new_output()
+        if problem.tokens == 0:  # nothing to compute; a tensor map cannot even describe 0 rows
+            return Prepared(launch=lambda: None, output=output, bm=config.bm, bn=config.bn, resources=resources)
+        run, keep, info = self.launcher(dev, b, output, gpu.sm_count)
+        return Prepared(launch=run, output=output, bm=config.bm, bn=config.bn, resources=resources,
+                        keep_alive=keep, launch_info=info)
+
+    def launcher(self, dev: DeviceProblem, b: DeviceArray, output: DeviceArray, sm_count: int):
+        """The launch (or its graph replay), what it must keep alive, and what the record notes."""
+        problem, config = dev.problem, self.config
+        kernel = self.compile()
+        prefer_shared_memory(kernel)
+        maps = tuple(TensorMapArg(m.encode()) for m in self.tensor_maps(dev.a.ptr, b.ptr, output.ptr, problem.tokens,
+                                                                          problem.experts, problem.K, problem.N))
+        plan_a, plan_b = operand_plan("K"), operand_plan("MN" if config.b_layout == "kn" else "K")
+        smem = config.dynamic_smem_bytes
+        slots = sm_count // config.cluster  # one 384-thread block per SM
+        if config.cluster > 1:
+            slots = min(slots, max_active_clusters(kernel, THREADS, smem, config.cluster) or slots)
+        units_host = unit_list(problem.counts, problem.N, config.unit_rows, config.unit_cols, config.group)
+        if config.schedule == "host":
+            units = to_device(units_host if len(units_host) else np.zeros((1, 4), dtype=np.int32))
+            units_ptr, count, grid = units.ptr, len(units_host), max(1, min(len(units_host), slots)) * config.cluster
+        else:  # the kernel finds its units: one block (cluster) per slot whatever the routing
+            units, units_ptr, count, grid = None, 0, 0, slots * config.cluster
+        ends = dev.offsets.ptr + 4  # offsets [E + 1] from 0: the ends are offsets[1:], torch's offs
+        args: tuple[Any, ...] = (*maps, output.ptr, units_ptr, np.int32(count), ends, np.int32(problem.experts),
+                                 np.int32(config.group), np.int32(problem.K), np.int32(problem.N),
+                                 plan_argument(plan_a), plan_argument(plan_b))
+
+        def run() -> None:
+            launch(kernel, grid, THREADS, smem, *args)
+
+        keep: list[Any] = [units, maps, dev, b, output]
+        if config.graph:
+            graph = Graph(run)
+            keep.append(graph)
+            run = graph.launch  # noqa: F811 - the replay replaces the launch
+        info = {"grid": grid, "units": len(units_host), "schedule": config.schedule, "config": config.label}
+        return run, keep, info
+
+    def tensor_maps(self, a_address: int, b_address: int, c_address: int, tokens: int, experts: int, K: int,  # noqa: N803
+                    N: int) -> tuple:  # noqa: N803
+        """A in boxes of BM / CLUSTER rows (each block of a cluster loads its share), B in 64 x 64 boxes
+        of one expert (B [E, K, N] or B^T [E, N, K]), C in 64 x 64 boxes."""
+        config = self.config
+        a_rows = config.bm // config.cluster if config.cluster_along == "n" else config.bm
+        a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=a_rows, box_cols=BK)
+        if config.b_layout == "kn":
+            b_map = batched_matrix_map("B", b_address, batch=experts, rows=K, cols=N, box_rows=BK, box_cols=BOX)
+        else:
+            b_map = batched_matrix_map("B^T", b_address, batch=experts, rows=N, cols=K, box_rows=BOX, box_cols=BK)
+        return a_map, b_map, output_map(c_address, tokens, N)
+
+
+def ladder() -> list[K6Persistent]:
+    """Every rung the chapter compiles, tests and times, in ladder order."""
+    return [K6Persistent(name) for name in LADDER]
+
+
+def _auto(schedule: str):
+    from moe_gemm.variants.k6.auto import K6Auto
+
+    return K6Auto(schedule)
+
+
+__all__ = ["SANITIZED", "VARIANTS"]  # what the registry reads (variants/registry.py)
+VARIANTS: dict[str, Any] = {name: functools.partial(K6Persistent, name) for name in LADDER}
+VARIANTS["k6/auto"] = functools.partial(_auto, "device")
+VARIANTS["k6/auto-host"] = functools.partial(_auto, "host")

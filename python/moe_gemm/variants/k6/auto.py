@@ -1,0 +1,98 @@
+"""k6/auto: one configuration per shape, chosen by timing the candidates once and kept on disk.
+
+A device-walked launch cannot see the routing, so the choice may depend only on what the host knows
+without reading the device: M_tot, E, K, N and B's layout (quack's autotuner keys on its shapes in
+the same way). The first launch at a shape times every candidate of
+:data:`~moe_gemm.variants.k6.config.AUTO_CANDIDATES` on the inputs at hand (a few launches each,
+median), keeps the fastest in ``<cache>/k6_auto.json`` with the timings, and every later launch at
+that shape, in this process or the next, reads it back. The tuning's time is reported (``tune_s``)
+and never timed as the kernel's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from moe_gemm.cuda.device import DeviceProblem, synchronize
+from moe_gemm.cuda.nvrtc import cache_dir
+from moe_gemm.cuda.timing import time_launches
+from moe_gemm.cuda.variant import Prepared
+from moe_gemm.variants.k6 import K6Persistent
+from moe_gemm.variants.k6.config import AUTO_CANDIDATES, KERNEL_FUNCTION, LADDER, Schedule
+
+TUNE_LAUNCHES = 10
+
+
+def shape_key(tokens: int, experts: int, K: int, N: int, b_layout: str, gpu: str) -> str:  # noqa: N803
+    return f"{gpu}/M{tokens}/E{experts}/K{K}/N{N}/{b_layout}"
+
+
+class K6Auto:
+    """``k6/auto`` (device walk) or ``k6/auto-host`` (the same choice on a host-built walk)."""
+
+    family = "k6"
+    kernel_function = KERNEL_FUNCTION  # for the profiler's filter: tuning launches run before it profiles
+
+    def __init__(self, schedule: Schedule = "device", candidates: tuple[str, ...] = AUTO_CANDIDATES,
+                 cache_file: Path | None = None, b_layout: str = "kn") -> None:
+        self.name = "k6/auto" if schedule == "device" else "k6/auto-host"
+        self.schedule, self.candidates, self.b_layout = schedule, candidates, b_layout
+        self.cache_file = cache_file
+
+    def __repr__(self) -> str:
+        return f"K6Auto({self.schedule!r})"
+
+    def _cache(self) -> Path:
+        return self.cache_file or cache_dir().parent / "k6_auto.json"
+
+    def _load(self) -> dict[str, Any]:
+        path = self._cache()
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def choose(self, dev: DeviceProblem) -> dict[str, Any]:
+        """The cached choice for this shape, or a fresh tuning (kept on disk)."""
+        from moe_gemm.variants.k3.maps import require_sm90a
+
+        problem = dev.problem
+        gpu = require_sm90a(self.name)
+        key = shape_key(problem.tokens, problem.experts, problem.K, problem.N, self.b_layout, gpu.name)
+        table = self._load()
+        if key in table:
+            return {**table[key], "tuning": "cached"}
+        start = time.perf_counter()
+        timings: dict[str, float] = {}
+        for name in self.candidates:
+            variant = K6Persistent(name, LADDER[name].replace(b_layout=self.b_layout))
+            try:
+                prepared = variant.prepare(dev)
+            except ValueError:  # e.g. more experts than the device walk holds: not a candidate here
+                continue
+            prepared.launch()
+            synchronize()
+            timings[name] = time_launches(lambda _i, p=prepared: p.launch(), warmup=2,
+                                          iterations=TUNE_LAUNCHES).median_ms
+        if not timings:
+            raise ValueError(f"{self.name}: no candidate configuration takes this problem")
+        choice = min(timings, key=timings.get)
+        entry = {"choice": choice, "tune_s": round(time.perf_counter() - start, 3), "tune_skew": float(problem.skew),
+                 "timings_ms": {name: round(ms, 5) for name, ms in sorted(timings.items(), key=lambda kv: kv[1])}}
+        table = self._load()  # another process may have written meanwhile
+        table[key] = entry
+        path = self._cache()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(table, indent=1, sort_keys=True))
+        return {**entry, "tuning": "tuned"}
+
+    def prepare(self, dev: DeviceProblem) -> Prepared:
+        problem = dev.problem
+        if problem.tokens == 0:  # nothing to tune on: any rung handles M_tot = 0 without a launch
+            return K6Persistent(self.name, LADDER[self.candidates[0]].replace(schedule=self.schedule)).prepare(dev)
+        chosen = self.choose(dev)
+        config = LADDER[chosen["choice"]].replace(schedule=self.schedule, b_layout=self.b_layout)
+        prepared = K6Persistent(self.name, config).prepare(dev)
+        prepared.launch_info.update(choice=chosen["choice"], tuning=chosen["tuning"], tune_s=chosen["tune_s"],
+                                    tune_skew=chosen["tune_skew"], candidate_ms=chosen["timings_ms"])
+        return prepared

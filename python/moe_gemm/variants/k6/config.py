@@ -1,0 +1,120 @@
+"""k6's configurations: the template instantiations of kernels/k6_persistent.cu and how each launches.
+
+Each rung of chapter 07's ladder is one :class:`K6Config` in :data:`LADDER`, named for what it adds;
+``k6/auto`` picks one of :data:`AUTO_CANDIDATES` per shape (moe_gemm.variants.k6.auto).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from moe_gemm.variants.k3.config import BK, BOX, SWIZZLE_ALIGN, BLayout
+
+SOURCE = "k6_persistent.cu"
+KERNEL_FUNCTION = "k6_persistent"  # the __global__ templates' common prefix (for profiler filters)
+MAX_EXPERTS = 256  # kernels/tile_walk.cuh, walk::MAX_EXPERTS: the device walk's prefix sums in shared memory
+SMEM_LIMIT = 232_448  # 227 KB: the most dynamic + static shared memory one block may have on sm_90
+STATIC_SMEM_ALLOWANCE = 2_304  # barriers, the device walk (2 KB) and the tile slots, rounded up
+WG_ROWS = 128  # every consumer warpgroup owns 128 rows
+THREADS = 384  # two consumer warpgroups and a producer warpgroup
+Mode = Literal["pingpong", "cooperative"]
+Schedule = Literal["device", "host"]
+
+
+@dataclass(frozen=True)
+class K6Config:
+    """One instantiation of the kernel template plus how it is launched."""
+
+    mode: Mode
+    bn: int
+    stages: int
+    cluster: int = 1  # 2: a cluster of two blocks, along N (A multicast) or along M (B multicast)
+    cluster_along: Literal["n", "m"] = "n"
+    staging_boxes: int = 2  # 64 x 64 C staging boxes per consumer warpgroup
+    group: int = 1  # M tiles per raster group of the tile walk (1: row-major within an expert)
+    schedule: Schedule = "device"
+    b_layout: BLayout = "kn"
+    graph: bool = False  # replay one captured CUDA graph instead of launching
+
+    @property
+    def bm(self) -> int:
+        return WG_ROWS if self.mode == "pingpong" else 2 * WG_ROWS
+
+    @property
+    def unit_cols(self) -> int:
+        """Columns of one unit of work: one N tile per block of a cluster along N."""
+        return self.bn * (self.cluster if self.cluster_along == "n" else 1)
+
+    @property
+    def unit_rows(self) -> int:
+        """Rows of one unit of work: one M tile per block of a cluster along M."""
+        return self.bm * (self.cluster if self.cluster_along == "m" else 1)
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.bm + self.bn) * BK * 2
+
+    @property
+    def dynamic_smem_bytes(self) -> int:
+        staging = 2 * self.staging_boxes * BOX * BOX * 2
+        return self.stages * self.stage_bytes + staging + SWIZZLE_ALIGN
+
+    @property
+    def kernel_name(self) -> str:
+        entry = KERNEL_FUNCTION if self.cluster == 1 else f"{KERNEL_FUNCTION}_cluster2"
+        mode = 0 if self.mode == "pingpong" else 1
+        flag = "true" if self.b_layout == "nk" else "false"
+        device = "true" if self.schedule == "device" else "false"
+        along = ", true" if self.cluster_along == "m" else ", false"
+        return f"{entry}<{mode}, {self.bn}, {self.stages}, {flag}, {self.staging_boxes}, {device}{along if self.cluster > 1 else ''}>"
+
+    @property
+    def label(self) -> str:
+        """What a results record keeps of the configuration: '128x192 pingpong 1x2 g8 s4'."""
+        cluster = "" if self.cluster == 1 else " 1x2" if self.cluster_along == "n" else " 2x1"
+        group = f" g{self.group}" if self.group > 1 else ""
+        return f"{self.bm}x{self.bn} {self.mode}{cluster}{group} s{self.stages}"
+
+    def replace(self, **changes) -> K6Config:
+        return dataclasses.replace(self, **changes)
+
+
+# --8<-- [start:ladder]
+LADDER: dict[str, K6Config] = {
+    # (a) ping-pong: each consumer warpgroup owns a 128 x BN tile; 4 x 40 KB stages + 2 x 24 KB staging
+    "k6/pingpong-bn192": K6Config("pingpong", 192, stages=4, staging_boxes=3),
+    "k6/pingpong-bn128": K6Config("pingpong", 128, stages=5, staging_boxes=2),
+    # (b) clusters of two along N, each block loading half of A for both
+    "k6/pingpong-cluster-bn192": K6Config("pingpong", 192, stages=4, cluster=2, staging_boxes=3),
+    "k6/pingpong-cluster-bn128": K6Config("pingpong", 128, stages=5, cluster=2, staging_boxes=2),
+    # chapter 04's pairing for comparison: two M tiles share B
+    "k6/pingpong-mcluster-bn192": K6Config("pingpong", 192, stages=4, cluster=2, cluster_along="m", staging_boxes=3),
+    "k6/pingpong-bn192-s5": K6Config("pingpong", 192, stages=5, staging_boxes=1),
+    # (c) 256-row cooperative tiles: 128 rows per warpgroup, B read once per 256 rows
+    "k6/coop256-bn128": K6Config("cooperative", 128, stages=4, staging_boxes=1),
+    "k6/coop256-cluster-bn128": K6Config("cooperative", 128, stages=4, cluster=2, staging_boxes=1),
+    "k6/coop256-cluster-bn192": K6Config("cooperative", 192, stages=3, cluster=2, staging_boxes=3),
+    # (d) the same walks in raster groups of 8 M tiles
+    "k6/pingpong-cluster-bn192-g8": K6Config("pingpong", 192, stages=4, cluster=2, staging_boxes=3, group=8),
+    "k6/coop256-cluster-bn128-g8": K6Config("cooperative", 128, stages=4, cluster=2, staging_boxes=1, group=8),
+    # (f) the host-built walk, for the device walk's cost; B^T for chapter 08's backward pass
+    "k6/pingpong-cluster-bn192-host": K6Config("pingpong", 192, stages=4, cluster=2, staging_boxes=3,
+                                               schedule="host"),
+    "k6/pingpong-cluster-bn192-kmajor": K6Config("pingpong", 192, stages=4, cluster=2, staging_boxes=3,
+                                                 b_layout="nk"),
+}
+# --8<-- [end:ladder]
+
+# What k6/auto chooses among (its chooser: moe_gemm.variants.k6.auto).
+AUTO_CANDIDATES: tuple[str, ...] = (
+    "k6/pingpong-bn192", "k6/pingpong-bn128", "k6/pingpong-cluster-bn192", "k6/pingpong-cluster-bn128",
+    "k6/coop256-cluster-bn128", "k6/coop256-cluster-bn192", "k6/pingpong-cluster-bn192-g8",
+    "k6/coop256-cluster-bn128-g8", "k6/pingpong-mcluster-bn192", "k6/pingpong-bn192-s5",
+)
+
+# compute-sanitizer's set: both modes, clusters of one and two, 1, 2 and 3 staging boxes, both walks,
+# both B layouts.
+SANITIZED = ("k6/pingpong-bn128", "k6/pingpong-cluster-bn192-g8", "k6/coop256-bn128", "k6/coop256-cluster-bn192",
+             "k6/pingpong-cluster-bn192-host", "k6/pingpong-cluster-bn192-kmajor")

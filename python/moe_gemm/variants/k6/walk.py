@@ -1,0 +1,41 @@
+"""The order k6 computes its units in (kernels/tile_walk.cuh), in numpy: the host-built unit list of
+the ``-host`` rungs, and the mirror the CPU tests hold the device walk to.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moe_gemm.model.routing import expert_offsets
+
+
+# --8<-- [start:walk]
+def expert_units(rows: int, n_units: int, unit_rows: int, group: int) -> np.ndarray:
+    """(m unit, n unit) of one expert's units in walk order: its M units ``group`` at a time, each
+    group column by column."""
+    m_tiles = -(-rows // unit_rows)
+    order = []
+    for g0 in range(0, m_tiles, group):
+        in_group = min(group, m_tiles - g0)
+        for n in range(n_units):
+            order.extend((g0 + m, n) for m in range(in_group))
+    return np.array(order, dtype=np.int64).reshape(-1, 2)
+
+
+def unit_list(counts: np.ndarray, N: int, unit_rows: int, unit_cols: int, group: int) -> np.ndarray:  # noqa: N803
+    """int32 [units, 4]: (expert, row0, rows, col0) per unit of ``unit_rows`` x ``unit_cols``, experts in order."""
+    if group < 1:
+        raise ValueError(f"a raster group holds at least one M tile, got {group}")
+    offsets = expert_offsets(np.asarray(counts, dtype=np.int64))
+    n_units = -(-N // unit_cols)
+    parts = []
+    for e, rows in enumerate(np.asarray(counts, dtype=np.int64)):
+        units = expert_units(int(rows), n_units, unit_rows, group)
+        if not len(units):
+            continue
+        row0 = offsets[e] + units[:, 0] * unit_rows
+        parts.append(np.stack([np.full(len(units), e), row0, np.minimum(unit_rows, offsets[e + 1] - row0),
+                               units[:, 1] * unit_cols], axis=1))
+    return np.concatenate(parts).astype(np.int32) if parts else np.zeros((0, 4), dtype=np.int32)
+# --8<-- [end:walk]
+

@@ -1,0 +1,135 @@
+"""k6 on the GPU: every rung and k6/auto on the shared edge cases and chapter 07's extra ones (N = 2000
+and 136, K = 192 and 8192, 1-row experts, an odd last N tile for the clusters), exact on
+integer-valued inputs; random data within the tolerance; persistent grids with fewer, as many and
+more units than SM slots; the device walk bit-identical to the host walk; one CUDA graph replayed
+with changing routings; and the refusals. Skipped where there is no sm_90a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moe_gemm.model.edge_cases import EDGE_CASES
+from moe_gemm.model.problem import Problem, make_problem, problem_from_counts
+from moe_gemm.variants.k6 import K6Persistent
+from moe_gemm.variants.k6.config import LADDER
+
+pytestmark = pytest.mark.gpu
+
+# Shapes beyond the shared edge cases: (counts, K, N).
+EXTRA_CASES = {
+    "N = 2000: an odd last N tile at BN = 192 (11 tiles) and 128 (16)": ((300, 0, 129, 7), 128, 2000),
+    "N = 136: one partial N tile": ((70, 200, 1), 128, 136),
+    "K = 192: three K steps": ((130, 64, 3), 192, 392),
+    "K = 8192: 128 K steps": ((260, 33), 8192, 264),
+    "1-row experts": ((1,) * 12, 128, 200),
+    "rows on every side of 64, 128 and 256": ((63, 64, 65, 127, 128, 129, 255, 256, 257, 511), 64, 328),
+}
+
+
+@pytest.fixture(params=list(LADDER) + ["k6/auto"])
+def variant(request, tmp_path):
+    if request.param == "k6/auto":
+        from moe_gemm.variants.k6.auto import K6Auto
+
+        return K6Auto(cache_file=tmp_path / "auto.json")
+    return K6Persistent(request.param)
+
+
+@pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: c.name)
+def test_edge_cases_exact(variant, case, sm90a):
+    from moe_gemm.measure.check import verify
+
+    problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
+    check = verify(variant, problem, exact=True)
+    assert check.passed, f"{variant.name} on '{case.name}': {check.describe()}"
+
+
+@pytest.mark.parametrize("name", list(EXTRA_CASES))
+def test_extra_cases_exact(variant, name, sm90a):
+    from moe_gemm.measure.check import verify
+
+    counts, K, N = EXTRA_CASES[name]  # noqa: N806
+    problem = problem_from_counts(np.array(counts), K, N, values="integer", seed=5)
+    check = verify(variant, problem, exact=True)
+    assert check.passed, f"{variant.name} on '{name}': {check.describe()}"
+
+
+def test_random_data_at_the_seed_shape_within_tolerance(variant, sm90a):
+    from moe_gemm.measure.check import verify
+
+    check = verify(variant, make_problem(64, 2048, 1024, 2688, 1.2, seed=11))
+    assert check.passed, f"{variant.name}: {check.describe()}"
+
+
+@pytest.mark.parametrize("units_per_slot", [0.5, 1.0, 3.7])
+@pytest.mark.parametrize("name", ["k6/pingpong-bn128", "k6/pingpong-cluster-bn192", "k6/coop256-cluster-bn128"])
+def test_persistent_grids_below_at_and_above_the_slots(name, units_per_slot, sm90a):
+    """Units = 0.5x, 1x and 3.7x the blocks (clusters) the launch runs, exact."""
+    from moe_gemm.cuda.device import DeviceProblem
+    from moe_gemm.measure.check import verify
+
+    variant = K6Persistent(name)
+    probe = variant.prepare(DeviceProblem(problem_from_counts(np.array([1]), 64, 64)))
+    slots = probe.launch_info["grid"] // variant.config.cluster
+    n_units = -(-392 // variant.config.unit_cols)
+    experts = max(1, round(slots * units_per_slot / n_units))
+    counts = np.full(experts, variant.config.bm - 3)  # one unit row per expert, a short one
+    problem = problem_from_counts(counts, 128, 392, values="integer", seed=2)
+    check = verify(variant, problem, exact=True)
+    assert check.passed, f"{name}, {experts * n_units} units on {slots} slots: {check.describe()}"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_device_walk_matches_the_host_walk_bit_for_bit(seed, sm90a):
+    from moe_gemm.cuda.device import DeviceProblem
+    from moe_gemm.measure.check import run_once
+
+    rng = np.random.default_rng(seed)
+    experts = int(rng.integers(1, 200))
+    counts = rng.integers(0, 600, experts) * (rng.random(experts) > 0.3)  # about a third empty
+    problem = problem_from_counts(counts, 256, 520, seed=seed)
+    dev = DeviceProblem(problem)
+    config = LADDER["k6/pingpong-cluster-bn192-g8"]
+    device = K6Persistent("device", config)
+    host = K6Persistent("host", config.replace(schedule="host"))
+    np.testing.assert_array_equal(run_once(device, dev).view(np.uint16), run_once(host, dev).view(np.uint16))
+
+
+def test_one_graph_replayed_with_changing_routings(sm90a):
+    """Capture once at a capacity of rows; replay with routings that change every time (M_tot = 0 and
+    one expert holding every row among them): every replay exact."""
+    from moe_gemm.cuda.device import BF16_NAN_BITS, DeviceProblem, synchronize
+    from moe_gemm.model.problem import BF16
+    from moe_gemm.model.reference import check_output
+    from moe_gemm.model.routing import expert_offsets
+
+    experts, capacity, K, N = 16, 900, 128, 328  # noqa: N806
+    rng = np.random.default_rng(0)
+    first = problem_from_counts(np.r_[capacity, np.zeros(experts - 1, dtype=int)], K, N, values="integer", seed=1)
+    dev = DeviceProblem(first)
+    prepared = K6Persistent("graph", LADDER["k6/pingpong-cluster-bn192"].replace(graph=True)).prepare(dev)
+    routings = [np.zeros(experts, dtype=np.int64), np.r_[capacity, np.zeros(experts - 1, dtype=np.int64)]]
+    routings += [rng.multinomial(int(rng.integers(1, capacity)), rng.dirichlet(np.ones(experts) * 0.3))
+                 for _ in range(5)]
+    for counts in routings:
+        problem = problem_from_counts(counts, K, N, values="integer", seed=int(counts.sum()))
+        problem = Problem(a=problem.a, b=first.b, counts=problem.counts)
+        if problem.tokens:
+            dev.a.view(0, problem.a.shape, problem.a.dtype).upload(np.ascontiguousarray(problem.a))
+        dev.offsets.upload(expert_offsets(problem.counts).astype(np.int32))
+        prepared.output.fill_u16(BF16_NAN_BITS)
+        prepared.launch()
+        synchronize()
+        out = prepared.output.download()[:problem.tokens]
+        check = check_output(out.astype(BF16), problem, exact=True)
+        assert check.passed, f"routing {counts.tolist()}: {check.describe()}"
+
+
+def test_refusals_before_any_launch(sm90a):
+    from moe_gemm.cuda.device import DeviceProblem
+
+    with pytest.raises(ValueError, match="at most 256 experts"):
+        K6Persistent("k6/pingpong-bn128").prepare(DeviceProblem(problem_from_counts(np.ones(257, dtype=int), 64, 64)))
+    with pytest.raises(ValueError, match="multiple of BK = 64"):
+        K6Persistent("k6/pingpong-bn128").prepare(DeviceProblem(problem_from_counts(np.array([5]), 96, 64)))
