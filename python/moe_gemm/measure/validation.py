@@ -53,15 +53,17 @@ TEST_TIMEOUT_S = 1200
 
 
 def kernel_configurations() -> dict[str, tuple[str, str]]:
-    """Every kernel configuration the chapters run on a GPU: name -> (source under kernels/, instance)."""
+    """Every kernel configuration the chapters run on a GPU: name -> (source under kernels/, instance).
+    A variant that only chooses among others (k6/auto: ``chooses_among``) has no kernel of its own."""
     found = {name: (kernel.source, kernel.name) for name, kernel in CEILING_KERNELS.items()}
     for family in GPU_TESTS:
         if family != "ceiling":
-            found.update((name, kernel_identity(name)) for name in registry.names(family))
+            found.update((name, identity) for name in registry.names(family)
+                         if (identity := kernel_identity(name)) is not None)
     return found
 
 
-def kernel_identity(name: str) -> tuple[str, str]:
+def kernel_identity(name: str) -> tuple[str, str] | None:
     """(source, instance) of a registered variant. A variant class that names both as class
     attributes (k0) is not constructed: k0 refuses to be made where numba-cuda cannot compile."""
     made = registry.factory(name)
@@ -69,6 +71,8 @@ def kernel_identity(name: str) -> tuple[str, str]:
     if isinstance(source, str) and isinstance(instance, str):
         return source, instance
     variant = made()
+    if getattr(variant, "chooses_among", None):
+        return None
     return variant.source, variant.kernel_name
 
 

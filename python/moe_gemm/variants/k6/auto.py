@@ -40,6 +40,7 @@ class K6Auto:
                  cache_file: Path | None = None, b_layout: str = "kn") -> None:
         self.name = "k6/auto" if schedule == "device" else "k6/auto-host"
         self.schedule, self.candidates, self.b_layout = schedule, candidates, b_layout
+        self.chooses_among = candidates  # its kernels are theirs (the validation record covers them)
         self.cache_file = cache_file
 
     def __repr__(self) -> str:
