@@ -86,13 +86,15 @@ def parse_args(argv: Sequence[str] | None):
                              "(default 3)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which measurements to make (default: all three)")
+    parser.add_argument("--tokens", type=positive_int("--tokens"), nargs="+", default=list(GRID_TOKENS), metavar="M",
+                        help=f"the grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))})")
     parser.add_argument("--profile", action="store_true",
                         help="also Nsight Compute on k6/auto, two rungs, k3 and quack at 16,384 and 65,536 rows, s=0")
     return parser.parse_args(argv)
 
 
-def grid() -> list[Workload]:
-    return [Workload(tokens, skew) for tokens in GRID_TOKENS for skew in GRID_SKEWS]
+def grid(tokens: Sequence[int] = GRID_TOKENS) -> list[Workload]:
+    return [Workload(t, skew) for t in tokens for skew in GRID_SKEWS]
 
 
 # --------------------------------------------------------------------------- lookups
@@ -263,8 +265,8 @@ def _measure(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
         ours = [get(n) for n in (*LADDER, AUTO, AUTO_HOST, *EARLIER)] + [GraphReplay(auto)]
         return run_variants(ours + peers(args, graphs=True), SEED_FIVE, rounds=args.rounds, **timing)
     if part == "grid":
-        small = [w for w in grid() if w.tokens <= GRAPH_MAX_TOKENS]
-        large = [w for w in grid() if w.tokens > GRAPH_MAX_TOKENS]
+        small = [w for w in grid(args.tokens) if w.tokens <= GRAPH_MAX_TOKENS]
+        large = [w for w in grid(args.tokens) if w.tokens > GRAPH_MAX_TOKENS]
         return (run_variants([auto, GraphReplay(auto), *peers(args, graphs=True)], small, rounds=args.rounds, **timing)
                 + run_variants([auto, *peers(args, graphs=False)], large, rounds=args.rounds, **timing))
     return run_variants([auto, *peers(args, graphs=False)], list(MODEL_SHAPES.values()), rounds=args.rounds, **timing)
