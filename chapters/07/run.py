@@ -93,6 +93,12 @@ def parse_args(argv: Sequence[str] | None):
     return parser.parse_args(argv)
 
 
+def ladder_names() -> list[str]:
+    from moe_gemm.variants.k6.config import LADDER
+
+    return list(LADDER)
+
+
 def grid(tokens: Sequence[int] = GRID_TOKENS) -> list[Workload]:
     return [Workload(t, skew) for t in tokens for skew in GRID_SKEWS]
 

@@ -1,0 +1,115 @@
+"""Chapter 07's figures, drawn from chapters/07/results/h200.json.
+
+    python chapters/07/figures.py          # writes site_docs/figures/07/*.png
+
+* grid.png: k6/auto over quack and over the faster torch._grouped_mm layout in every cell measured
+  (graph replays at 2,048 rows and fewer);
+* models.png: useful TFLOP/s of k6/auto, quack and torch at the model shapes;
+* ladder.png: every rung's share of the roofline at 65,536 rows, s=0, quack's beside it;
+
+and, with no GPU needed, compile_report.md: NVRTC's resource report and SASS counts of every rung
+for sm_90a. When the results file is absent only the compile report is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from moe_gemm.chapter import Workload, chapter_module, figures_main, recorded, run_main
+from moe_gemm.site.style import COLORS, new_figure, save_figure
+
+CHAPTER = "07"
+RUN = chapter_module(CHAPTER)
+
+
+def grid_figure(data: dict[str, Any]):
+    """Two heatmaps, M_tot down and skew across; a cell not measured is left blank."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    from moe_gemm.model.workloads import GRID_SKEWS, GRID_TOKENS
+
+    records = data["records"]
+    fig, axes = new_figure(10.0, 4.6, ncols=2)
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=0.8, vmax=1.5)
+    for ax, (peers, title) in zip(axes, ((RUN.QUACK, "k6/auto / quack"), (RUN.TORCH, "k6/auto / torch._grouped_mm"))):
+        ratios = [[RUN.ratio(records, RUN.AUTO, peers, Workload(t, s)) for s in GRID_SKEWS] for t in GRID_TOKENS]
+        shown = [[float("nan") if v is None else v for v in row] for row in ratios]
+        ax.imshow(shown, cmap="RdBu", norm=norm, aspect="auto")
+        for i, row in enumerate(ratios):
+            for j, value in enumerate(row):
+                if value is not None:
+                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=13,
+                            color="white" if abs(value - 1) > 0.3 else "black")
+        ax.set_xticks(range(len(GRID_SKEWS)), [f"{s:g}" for s in GRID_SKEWS])
+        ax.set_yticks(range(len(GRID_TOKENS)), [f"{t // 1024}k" if t >= 1024 else str(t) for t in GRID_TOKENS])
+        ax.set_xlabel("skew s")
+        ax.set_title(title, fontsize=13)
+        ax.grid(False)
+    axes[0].set_ylabel("M_tot (rows)")
+    fig.suptitle("ratio of useful TFLOP/s, same run (blue: k6/auto faster; blank: not measured)", fontsize=12)
+    return fig
+
+
+def models_figure(data: dict[str, Any]):
+    records = data["records"]
+    shapes = [(label, w) for label, w in RUN.MODEL_SHAPES.items() if RUN.find(records, RUN.AUTO, w)]
+    fig, ax = new_figure(9.0, 3.8)
+    width = 0.27
+    for k, (names, label, color) in enumerate(((["k6/auto"], "k6/auto", COLORS["k3"]), (RUN.QUACK, "quack (best)", "#2ca02c"),
+                                               (RUN.TORCH, "torch._grouped_mm (faster layout)", "#7f7f7f"))):
+        values = [(RUN.best_of(records, names, w) or {"useful_tflops": 0})["useful_tflops"] for _, w in shapes]
+        ax.bar([i + (k - 1) * width for i in range(len(shapes))], values, width, color=color, label=label)
+    ax.set_xticks(range(len(shapes)), [label.split(" (")[0] for label, _ in shapes], fontsize=10)
+    ax.set_ylabel("useful TFLOP/s")
+    ax.legend(fontsize=9, loc="lower right")
+    ax.grid(axis="x", visible=False)
+    return fig
+
+
+def ladder_figure(data: dict[str, Any]):
+    from moe_gemm.measure.ceilings import roofline_basis
+
+    records = data["records"]
+    cell = Workload(65536, 0.0)
+    basis = roofline_basis()
+    names = [n for n in (*RUN.ladder_names(), RUN.AUTO, *RUN.EARLIER, *RUN.QUACK[:1], *RUN.TORCH[:1])
+             if RUN.find(records, n, cell)]
+    shares = [100 * RUN.find(records, n, cell)["useful_tflops"] / basis.tflops(cell) for n in names]
+    fig, ax = new_figure(7.5, 0.32 * len(names) + 1.2)
+    colors = ["#2ca02c" if n.startswith("peer/quack") else "#7f7f7f" if n.startswith("peer/") else COLORS["k3"]
+              for n in names]
+    ax.barh(range(len(names)), shares, color=colors)
+    for i, share in enumerate(shares):
+        ax.text(share + 0.5, i, f"{share:.0f}%", va="center", fontsize=9)
+    ax.set_yticks(range(len(names)), names, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of the roofline at 65,536 rows, s=0 (%)")
+    ax.grid(axis="y", visible=False)
+    return fig
+
+
+def compile_markdown() -> str:
+    return RUN.compile_report_table(RUN.compile_report(RUN.ARCH)).markdown()
+
+
+def write_outputs(root: Path) -> list[Path]:
+    report = root / CHAPTER / "compile_report.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(compile_markdown())
+    data = recorded(CHAPTER)
+    if data is None:
+        return [report]
+    return [report, save_figure(grid_figure(data), CHAPTER, "grid", root),
+            save_figure(models_figure(data), CHAPTER, "models", root),
+            save_figure(ladder_figure(data), CHAPTER, "ladder", root)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return figures_main(__doc__, write_outputs, CHAPTER, argv)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,41 @@
+"""Chapter 07 without a GPU: the run prints the compile report and the recorded results and exits 0;
+the recorded targets agree with the records they were computed from."""
+
+from __future__ import annotations
+
+import pytest
+
+from moe_gemm.chapter import chapter_module, recorded
+
+RUN = chapter_module("07")
+
+
+def test_without_a_gpu_it_exits_zero_and_prints_the_compile_report(capsys, monkeypatch):
+    import moe_gemm.cuda.gpu
+
+    monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda ordinal=0: None)
+    assert RUN.main([]) == 0
+    out = capsys.readouterr().out
+    assert "k6/pingpong-cluster-bn192" in out and "HGMMA" in out
+
+
+def test_recorded_targets_match_the_records():
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    again = RUN.target_rows(data["records"])
+    assert [(r["target"], round(r["value"], 6), r["met"]) for r in again] == \
+           [(r["target"], round(r["value"], 6), r["met"]) for r in data["targets"]]
+    assert {r.get("part") for r in data["records"]} == {"ladder", "grid", "models"}
+
+
+def test_k6_auto_is_checked_against_quack_and_torch_in_the_same_run():
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    from moe_gemm.model.workloads import Workload
+
+    cell = Workload(65536, 0.0)
+    for names in ([RUN.AUTO], RUN.QUACK, RUN.TORCH):
+        assert RUN.best_of(data["records"], names, cell) is not None
+    assert 0.5 < RUN.ratio(data["records"], RUN.AUTO, RUN.QUACK, cell) < 1.5

@@ -1,0 +1,60 @@
+"""k6 without a GPU: every rung compiles for sm_90a without spills and within 227 KB, its SASS has the
+instructions each rung is about, the host walk visits every tile once in the grouped order, and
+the chooser's cache and the refusals behave."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moe_gemm.variants.k6 import K6Persistent, ladder
+from moe_gemm.variants.k6.config import AUTO_CANDIDATES, LADDER, SMEM_LIMIT, K6Config
+from moe_gemm.variants.k6.walk import expert_units, unit_list
+
+
+@pytest.mark.parametrize("name", list(LADDER))
+def test_every_rung_builds_without_spills_within_the_shared_memory(name):
+    variant = K6Persistent(name)
+    report = variant.compile("sm_90a").report
+    assert report.spill_store_bytes == 0 and report.spill_load_bytes == 0
+    assert report.static_smem_bytes + variant.config.dynamic_smem_bytes <= SMEM_LIMIT
+    assert "C7520" not in variant.compile("sm_90a").log  # no serialized wgmma
+
+
+@pytest.mark.parametrize("name", ["k6/pingpong-bn192", "k6/pingpong-cluster-bn192", "k6/pingpong-mcluster-bn192",
+                                  "k6/coop256-cluster-bn128"])
+def test_sass_has_what_the_rung_adds(name):
+    from moe_gemm.cuda.sass import opcode_counts
+
+    variant = K6Persistent(name)
+    counts = opcode_counts(variant.compile("sm_90a").sass(),
+                           ("HGMMA", "UTMASTG", "STSM", "USETMAXREG", "UTMALDG", "UCGABAR"))
+    assert counts["HGMMA"] == 12  # (two m64 slices + one) x 4 k16 steps; the empty path has none
+    assert counts["UTMASTG"] >= 1 and counts["STSM"] >= 16
+    assert counts["USETMAXREG"] == 2
+    assert counts["UTMALDG"] >= 2
+    assert (counts["UCGABAR"] > 0) == (variant.config.cluster == 2)  # cluster barriers only in clusters
+
+
+def test_the_walk_visits_every_tile_once_in_raster_groups():
+    counts = np.array([0, 700, 130, 1, 0, 256])
+    units = unit_list(counts, 2000, 128, 384, 4)
+    assert len(units) == sum(-(-c // 128) for c in counts) * 6  # 6 units of 384 columns cover N = 2000
+    assert len({tuple(u) for u in units}) == len(units)
+    assert units[:, 2].min() >= 1 and units[:, 2].max() <= 128
+    # within expert 1 (6 M tiles), group 4: M tiles 0-3 column by column, then 4-5
+    order = expert_units(700, 6, 128, 4)
+    assert order[:5].tolist() == [[0, 0], [1, 0], [2, 0], [3, 0], [0, 1]]
+    assert order[24].tolist() == [4, 0] and order[25].tolist() == [5, 0]
+
+
+def test_a_configuration_past_227_kb_is_refused():
+    with pytest.raises(ValueError, match="shared memory"):
+        K6Persistent("too-big", K6Config("cooperative", 256, stages=5, staging_boxes=4))
+    with pytest.raises(ValueError, match="raster group"):
+        unit_list(np.array([5]), 64, 128, 128, 0)
+
+
+def test_the_chooser_chooses_among_ladder_rungs():
+    assert set(AUTO_CANDIDATES) <= set(LADDER)
+    assert all(v.config.schedule == "device" for v in ladder() if v.name in AUTO_CANDIDATES)
