@@ -7,14 +7,15 @@
 
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every rung of k6
 (kernels/k6_persistent.cu) and k6/auto on the edge cases (exact, integer-valued inputs) and on
-random data, then times, in interleaved rounds on the same inputs:
+random data (with the ladder part), then checks and times, in interleaved rounds on the same inputs:
   ladder  every rung, k6/auto on the device walk and on the host list, chapter 04's and 06's
           fastest kernels, torch._grouped_mm (both B layouts) and quack (its autotuned pick and its
           three fastest configurations) at the seed five;
   grid    k6/auto and the peers on chapter 06's 25 cells (M_tot 512 .. 65,536 x s 0 .. 1.6), at
           2,048 rows and fewer also as CUDA-graph replays;
   models  k6/auto and the peers at four MoE projections of real models (E 8 .. 256).
-It prints each table, the targets, and writes chapters/07/results/<gpu>.json. quack is optional:
+It prints each table, the targets, and writes chapters/07/results/<gpu>.json, keeping the records of
+the parts it did not run from the file it finds (so the parts can run as separate processes). quack is optional:
 without it (pip install quack-kernels; see the README) the chapter says so and times the rest.
 
 Without a GPU it compiles every rung for sm_90a, prints the compile report and the recorded H200
@@ -320,17 +321,20 @@ def run_on_gpu(args, gpu) -> int:
     print(describe_gpu(gpu) + "\n")
     report = compile_report(gpu.arch)
     show(compile_report_table(report))
-    checks = run_checks([*ladder(), get(AUTO)])
-    show(checks_table([c for c in checks if not c["passed"]] or checks[:3]))
-    failed = sorted({c["variant"] for c in checks if not c["passed"]})
-    if failed:
-        print(f"checks FAILED for {', '.join(failed)}: nothing is timed.", file=sys.stderr)
-        return 1
-    print(f"all {len(checks)} checks passed\n")
-    basis = basis_for(gpu)
     # The parts can be run in separate processes (each is minutes): a run keeps the records of the
-    # parts it does not measure from the file it finds, from the same GPU.
+    # parts it does not measure from the file it finds, from the same GPU. The edge-case checks
+    # run with the ladder (every timed measurement is also checked against the reference first).
     earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
+    checks = earlier.get("checks", [])
+    if "ladder" in args.parts:
+        checks = run_checks([*ladder(), get(AUTO)])
+        show(checks_table([c for c in checks if not c["passed"]] or checks[:3]))
+        failed = sorted({c["variant"] for c in checks if not c["passed"]})
+        if failed:
+            print(f"checks FAILED for {', '.join(failed)}: nothing is timed.", file=sys.stderr)
+            return 1
+        print(f"all {len(checks)} checks passed\n")
+    basis = basis_for(gpu)
     records = [r for r in earlier["records"] if r.get("part") not in args.parts]
     for part in args.parts:
         records += measure_part(part, args, timing)
