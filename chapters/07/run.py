@@ -346,7 +346,9 @@ def run_on_gpu(args, gpu) -> int:
     show(models_table(records))
     targets = target_rows(records)
     show(targets_table(targets))
-    extra: dict[str, Any] = {key: earlier[key] for key in ("profile",) if key in earlier}
+    # Sections this run does not recompute (an earlier profile, a probe's counters) stay in the file.
+    recomputed = {"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts"}
+    extra: dict[str, Any] = {key: value for key, value in earlier.items() if key not in recomputed}
     if args.profile:
         extra["profile"] = profile_rows()
         show(profile_table(extra["profile"]))
