@@ -39,3 +39,19 @@ def test_k6_auto_is_checked_against_quack_and_torch_in_the_same_run():
     for names in ([RUN.AUTO], RUN.QUACK, RUN.TORCH):
         assert RUN.best_of(data["records"], names, cell) is not None
     assert 0.5 < RUN.ratio(data["records"], RUN.AUTO, RUN.QUACK, cell) < 1.5
+
+
+def test_the_pages_summary_holds():
+    """The page's status line: k6/auto ahead of quack at every model shape measured, behind it in every
+    grid cell measured but two, furthest behind at 16,384 balanced rows."""
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    from moe_gemm.model.workloads import Workload
+
+    records = data["records"]
+    models = [v for w in RUN.MODEL_SHAPES.values() if (v := RUN.ratio(records, RUN.AUTO, RUN.QUACK, w)) is not None]
+    assert len(models) == 3 and min(models) > 1.0
+    grid = {w: v for w in RUN.grid() if (v := RUN.ratio(records, RUN.AUTO, RUN.QUACK, w)) is not None}
+    assert sum(v >= 1.0 for v in grid.values()) == 2
+    assert min(grid, key=grid.get) == Workload(16384, 0.0)
