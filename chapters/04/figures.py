@@ -22,6 +22,7 @@ from typing import Any
 
 from moe_gemm.chapter import Workload, best_peer, chapter_module, figures_main, find, recorded, run_main
 from moe_gemm.measure.ceilings import roofline_basis
+from moe_gemm.site.compile_report import write_compile_report
 from moe_gemm.site.style import COLORS, new_figure, save_figure
 
 CHAPTER = "04"
@@ -125,14 +126,8 @@ def epilogue_figure(data: dict[str, Any]):
     return fig
 
 
-def compile_markdown() -> str:
-    return RUN.compile_report_table(RUN.compile_report(RUN.ARCH)).markdown()
-
-
 def write_outputs(root: Path) -> list[Path]:
-    report = root / CHAPTER / "compile_report.md"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(compile_markdown())
+    report = write_compile_report(RUN, CHAPTER, root)
     data = recorded(CHAPTER)
     if data is None:
         return [report]

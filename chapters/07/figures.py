@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_gemm.chapter import Workload, chapter_module, figures_main, recorded, run_main
+from moe_gemm.site.compile_report import write_compile_report
 from moe_gemm.site.style import COLORS, new_figure, save_figure
 
 CHAPTER = "07"
@@ -91,14 +92,8 @@ def ladder_figure(data: dict[str, Any]):
     return fig
 
 
-def compile_markdown() -> str:
-    return RUN.compile_report_table(RUN.compile_report(RUN.ARCH)).markdown()
-
-
 def write_outputs(root: Path) -> list[Path]:
-    report = root / CHAPTER / "compile_report.md"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(compile_markdown())
+    report = write_compile_report(RUN, CHAPTER, root)
     data = recorded(CHAPTER)
     if data is None:
         return [report]

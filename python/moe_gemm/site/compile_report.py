@@ -14,6 +14,8 @@ occupancy, then the SASS counts), each of which fits the page's column.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from moe_gemm.core.tables import Table
@@ -73,3 +75,13 @@ def compile_table(rows: Sequence[dict[str, Any]], opcodes: Sequence[str], labels
     # On a page: what ptxas gives and the occupancy it allows, then the SASS counts, as two tables.
     return Table(headers, body, title=f"Compile report ({arch}, NVRTC)", legend=f"{legend}; {'; '.join(notes)}",
                  page_split=len(headers) - len(opcodes))
+
+
+def write_compile_report(run: ModuleType, chapter: str, root: Path) -> Path:
+    """``<root>/<chapter>/compile_report.md``: the compile report the chapter's run.py prints (its
+    ``compile_report_table`` of ``compile_report(ARCH)``), for its page; written when the site is built
+    so that it always describes the current kernels."""
+    path = root / chapter / "compile_report.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(run.compile_report_table(run.compile_report(run.ARCH)).markdown())
+    return path
