@@ -35,6 +35,7 @@ from moe_gemm.chapter import (
     Table,
     Workload,
     add_timing_arguments,
+    best_of,
     chapter_main,
     chapter_parser,
     checks_table,
@@ -105,12 +106,6 @@ def grid(tokens: Sequence[int] = GRID_TOKENS) -> list[Workload]:
 
 
 # --------------------------------------------------------------------------- lookups
-
-def best_of(records: Sequence[dict[str, Any]], names: Sequence[str], workload: Workload) -> dict[str, Any] | None:
-    """The fastest of ``names`` at ``workload`` in these records (one run's)."""
-    found = [r for name in names if (r := find(records, name, workload)) is not None]
-    return max(found, key=lambda r: r["useful_tflops"]) if found else None
-
 
 def judged(names: Sequence[str], workload: Workload) -> list[str]:
     """The names a target compares at ``workload``: their graph replays at the small cells."""

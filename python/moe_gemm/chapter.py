@@ -45,7 +45,7 @@ from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS, TorchGroupedMM, torch
 
 __all__ = [
     "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "NO_GPU", "PEER", "PEERS", "SEED", "SEED_FIVE", "SEED_WORKLOADS",
-    "SM90A", "Requirement", "Table", "Workload", "add_timing_arguments", "best_peer", "chapter_main",
+    "SM90A", "Requirement", "Table", "Workload", "add_timing_arguments", "best_of", "best_peer", "chapter_main",
     "chapter_module", "chapter_parser", "checks_table", "describe_gpu", "figures_main", "find", "grouped_mm_peers",
     "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded", "records_table",
     "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded", "timing_options",
@@ -130,10 +130,15 @@ def grouped_mm_peers() -> list[TorchGroupedMM]:
 find = find_measurement  # find(records, variant, workload): the record, or None
 
 
+def best_of(records: Sequence[dict[str, Any]], names: Sequence[str], workload: Workload) -> dict[str, Any] | None:
+    """The fastest of ``names`` at ``workload`` among these records (one run's), or None."""
+    found = [r for name in names if (r := find(records, name, workload)) is not None]
+    return max(found, key=lambda r: r["useful_tflops"]) if found else None
+
+
 def best_peer(records: Sequence[dict[str, Any]], workload: Workload) -> dict[str, Any] | None:
     """The faster torch._grouped_mm layout at ``workload`` among these records (one run's)."""
-    found = [r for name in PEERS if (r := find(records, name, workload)) is not None]
-    return max(found, key=lambda r: r["useful_tflops"]) if found else None
+    return best_of(records, PEERS, workload)
 
 
 def ratio_to_peer(records: Sequence[dict[str, Any]], variant: str, workload: Workload) -> float | None:
