@@ -12,7 +12,7 @@ import numpy as np
 from moe_gemm.cuda.descriptors import OperandPlan, operand_plan
 from moe_gemm.cuda.gpu import detect_gpu
 from moe_gemm.cuda.tensormap import TiledMap, batched_matrix_map, check_tma_gemm, matrix_map
-from moe_gemm.variants.k3.config import BK, BOX, PLAN_DTYPE, REQUIRED_CAPABILITY, K3Config
+from moe_gemm.variants.k3.config import BK, BOX, PLAN_DTYPE, REQUIRED_CAPABILITY, BLayout, K3Config
 
 
 def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0, kernel: str = "k3") -> None:  # noqa: N803
@@ -40,11 +40,15 @@ def operand_maps(config: K3Config, a_address: int, b_address: int, tokens: int, 
     B [E, K, N] (64 of K x 64 columns) or B^T [E, N, K] (64 columns x 64 of K). Chapter 05's k4
     loads its operands through the same maps."""
     a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=config.bm, box_cols=BK)
-    if config.b_layout == "kn":
-        b_map = batched_matrix_map("B", b_address, batch=experts, rows=K, cols=N, box_rows=BK, box_cols=BOX)
-    else:
-        b_map = batched_matrix_map("B^T", b_address, batch=experts, rows=N, cols=K, box_rows=BOX, box_cols=BK)
-    return a_map, b_map
+    return a_map, weight_map(config.b_layout, b_address, experts, K, N)
+
+
+def weight_map(b_layout: BLayout, b_address: int, experts: int, K: int, N: int) -> TiledMap:  # noqa: N803
+    """B in 64 x 64 boxes of one expert: B [E, K, N] ("kn": 64 of K x 64 columns) or B^T [E, N, K]
+    ("nk": 64 columns x 64 of K). Chapter 07's k6 loads its weights through the same map."""
+    if b_layout == "kn":
+        return batched_matrix_map("B", b_address, batch=experts, rows=K, cols=N, box_rows=BK, box_cols=BOX)
+    return batched_matrix_map("B^T", b_address, batch=experts, rows=N, cols=K, box_rows=BOX, box_cols=BK)
 
 
 def output_map(c_address: int, tokens: int, N: int) -> TiledMap:  # noqa: N803

@@ -28,14 +28,14 @@ from moe_gemm.cuda.descriptors import operand_plan
 from moe_gemm.cuda.device import DeviceArray, DeviceProblem, to_device
 from moe_gemm.cuda.graph import Graph
 from moe_gemm.cuda.launch import TensorMapArg, launch, max_active_clusters, prefer_shared_memory
-from moe_gemm.cuda.tensormap import batched_matrix_map, matrix_map
+from moe_gemm.cuda.tensormap import matrix_map
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.edge_cases import EdgeCase
 from moe_gemm.variants.compiled import NamedConfigVariant
 from moe_gemm.variants.k3 import transposed_b
-from moe_gemm.variants.k3.config import BK, BOX
+from moe_gemm.variants.k3.config import BK
 from moe_gemm.variants.k3.maps import check_inputs as k3_check_inputs
-from moe_gemm.variants.k3.maps import output_map, plan_argument, require_sm90a
+from moe_gemm.variants.k3.maps import output_map, plan_argument, require_sm90a, weight_map
 from moe_gemm.variants.k6.config import (
     KERNEL_FUNCTION,
     LADDER,
@@ -137,11 +137,7 @@ class K6Persistent(NamedConfigVariant):
         config = self.config
         a_rows = config.bm // config.cluster if config.cluster_along == "n" else config.bm
         a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=a_rows, box_cols=BK)
-        if config.b_layout == "kn":
-            b_map = batched_matrix_map("B", b_address, batch=experts, rows=K, cols=N, box_rows=BK, box_cols=BOX)
-        else:
-            b_map = batched_matrix_map("B^T", b_address, batch=experts, rows=N, cols=K, box_rows=BOX, box_cols=BK)
-        return a_map, b_map, output_map(c_address, tokens, N)
+        return a_map, weight_map(config.b_layout, b_address, experts, K, N), output_map(c_address, tokens, N)
 
 
 def ladder() -> list[K6Persistent]:
