@@ -30,6 +30,7 @@ from typing import Any
 from moe_gemm.chapter import (
     GRID_SKEWS,
     GRID_TOKENS,
+    PEERS,
     SEED_FIVE,
     SM90A,
     Table,
@@ -54,14 +55,15 @@ from moe_gemm.chapter import (
     timing_options,
 )
 from moe_gemm.core.cli import positive_int
+from moe_gemm.variants.peer.quack import QUACK_PEERS
 
 CHAPTER = "07"
 REQUIRES = SM90A
 ARCH = "sm_90a"
 AUTO, AUTO_HOST = "k6/auto", "k6/auto-host"
 EARLIER = ("k3/tmastore-bn192", "k5/host", "k5/device")  # chapters 04 and 06 at their best
-TORCH = ("peer/torch_grouped_mm", "peer/torch_grouped_mm-kmajor")
-QUACK = ("peer/quack", "peer/quack-top1", "peer/quack-top2", "peer/quack-top3")
+TORCH = PEERS  # torch._grouped_mm in both B layouts: the faster one counts
+QUACK = QUACK_PEERS  # quack's autotuned pick and its three fastest configurations: the fastest counts
 GRAPH_MAX_TOKENS = 2048  # cells this small are also timed as CUDA-graph replays, and judged on them
 # Real MoE projections, none with the seed's K and N: (label, workload). M_tot = tokens x top-k.
 MODEL_SHAPES = {

@@ -33,7 +33,6 @@ class GraphReplay:
     def __init__(self, variant: Variant) -> None:
         self.inner = variant
         self.name = graph_name(variant.name)
-        self.kernel_function = getattr(variant, "kernel_function", None)
 
     def __repr__(self) -> str:
         return f"GraphReplay({self.inner!r})"
