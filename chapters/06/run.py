@@ -49,6 +49,7 @@ from moe_gemm.chapter import (
     save_results,
     show,
     show_recorded,
+    targets_table,
     timing_options,
 )
 from moe_gemm.core.cli import nonnegative_float, positive_int
@@ -72,6 +73,9 @@ MEMORY_ROOFLINE_TARGET = 0.90  # at 2,048 rows, s = 0
 MEMORY_BOUND = Workload(2048, 0.0)
 DEVICE_TOLERANCE = 0.03  # the device-scheduled launch within 3 % of the host-scheduled one at 16,384 rows
 GRAPH_SKEWS = (0.0, 0.8, 1.6)  # routings one captured graph is replayed with, at the seed's 16,384 rows
+
+TARGETS_LEGEND = ("ratios of useful TFLOP/s to the faster torch._grouped_mm layout, except the roofline fraction "
+                  "and the device schedule's relative extra time")
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -198,15 +202,6 @@ def target_rows(records: Sequence[dict[str, Any]], basis) -> list[dict[str, Any]
             rows.append({"target": f"{name} time over {ADAPTIVE}'s at 16,384 rows (worst: s={cell.skew:g})",
                          "value": gap, "goal": DEVICE_TOLERANCE, "met": gap <= DEVICE_TOLERANCE, "at_most": True})
     return rows
-
-
-def targets_table(rows: Sequence[dict[str, Any]]) -> Table:
-    body = tuple((r["target"], f"{r['value']:+.3f}" if r.get("at_most") else f"{r['value']:.3f}",
-                  f"<= {r['goal']:.2f}" if r.get("at_most") else f">= {r['goal']:.2f}", "yes" if r["met"] else "NO")
-                 for r in rows)
-    return Table(("target", "value", "goal", "met"), body, title="Targets, same run",
-                 legend="ratios of useful TFLOP/s to the faster torch._grouped_mm layout, except the roofline "
-                        "fraction and the device schedule's relative extra time")
 
 
 def calibration_table(calibration) -> Table:
@@ -337,7 +332,7 @@ def run_on_gpu(args, gpu) -> int:
     model = model_rows(cells_of(records), calibration, records, slots(K5Adaptive(ADAPTIVE)))
     show(model_table(model))
     targets = target_rows(records, basis)
-    show(targets_table(targets))
+    show(targets_table(targets, TARGETS_LEGEND))
     replays = graph_replays(calibration)
     show(graph_table(replays))
     path = save_results(CHAPTER, records, gpu, ceilings=ceilings, checks=checks, compile_report=report,

@@ -28,6 +28,15 @@ def checks_table(checks: Sequence[dict[str, Any]]) -> Table:
                         "<= 1e-2; C is filled with NaN before every launch.")
 
 
+def targets_table(rows: Sequence[dict[str, Any]], legend: str) -> Table:
+    """A chapter's targets, one row each: {"target", "value", "goal", "met"}, and "at_most" for a
+    target that is a ceiling (a relative extra time) rather than a floor (a ratio)."""
+    body = tuple((r["target"], f"{r['value']:+.3f}" if r.get("at_most") else f"{r['value']:.3f}",
+                  f"<= {r['goal']:.2f}" if r.get("at_most") else f">= {r['goal']:.2f}", "yes" if r["met"] else "NO")
+                 for r in rows)
+    return Table(("target", "value", "goal", "met"), body, title="Targets, same run", legend=legend)
+
+
 def peer_ratio(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
     """record's useful TFLOP/s over torch._grouped_mm's on the same workload in the same run."""
     for other in records:
