@@ -100,6 +100,7 @@ def test_one_graph_replayed_with_changing_routings(sm90a):
     """Capture once at a capacity of rows; replay with routings that change every time (M_tot = 0 and
     one expert holding every row among them): every replay exact."""
     from moe_gemm.cuda.device import BF16_NAN_BITS, DeviceProblem, synchronize
+    from moe_gemm.measure.graph_replay import GraphReplay
     from moe_gemm.model.problem import BF16
     from moe_gemm.model.reference import check_output
     from moe_gemm.model.routing import expert_offsets
@@ -108,7 +109,7 @@ def test_one_graph_replayed_with_changing_routings(sm90a):
     rng = np.random.default_rng(0)
     first = problem_from_counts(np.r_[capacity, np.zeros(experts - 1, dtype=int)], K, N, values="integer", seed=1)
     dev = DeviceProblem(first)
-    prepared = K6Persistent("graph", LADDER["k6/pingpong-cluster-bn192"].replace(graph=True)).prepare(dev)
+    prepared = GraphReplay(K6Persistent("k6/pingpong-cluster-bn192")).prepare(dev)
     routings = [np.zeros(experts, dtype=np.int64), np.r_[capacity, np.zeros(experts - 1, dtype=np.int64)]]
     routings += [rng.multinomial(int(rng.integers(1, capacity)), rng.dirichlet(np.ones(experts) * 0.3))
                  for _ in range(5)]

@@ -58,7 +58,8 @@ def output_map(c_address: int, tokens: int, N: int) -> TiledMap:  # noqa: N803
 
 
 def plans(config: K3Config) -> tuple[OperandPlan, OperandPlan]:
-    """The descriptor plans the kernel gets for A (always K-major) and B."""
+    """The descriptor plans the kernel gets for A (always K-major) and B; only ``config.b_layout`` is
+    read, so k6's K6Config serves as well."""
     return operand_plan("K"), operand_plan("MN" if config.b_layout == "kn" else "K")
 
 

@@ -24,9 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from moe_gemm.cuda.descriptors import operand_plan
 from moe_gemm.cuda.device import DeviceArray, DeviceProblem, to_device
-from moe_gemm.cuda.graph import Graph
 from moe_gemm.cuda.launch import TensorMapArg, launch, max_active_clusters, prefer_shared_memory
 from moe_gemm.cuda.tensormap import matrix_map
 from moe_gemm.cuda.variant import Prepared
@@ -35,7 +33,7 @@ from moe_gemm.variants.compiled import NamedConfigVariant
 from moe_gemm.variants.k3 import transposed_b
 from moe_gemm.variants.k3.config import BK
 from moe_gemm.variants.k3.maps import check_inputs as k3_check_inputs
-from moe_gemm.variants.k3.maps import output_map, plan_argument, require_sm90a, weight_map
+from moe_gemm.variants.k3.maps import output_map, plan_argument, plans, require_sm90a, weight_map
 from moe_gemm.variants.k6.config import (
     KERNEL_FUNCTION,
     LADDER,
@@ -97,13 +95,14 @@ class K6Persistent(NamedConfigVariant):
                         keep_alive=keep, launch_info=info)
 
     def launcher(self, dev: DeviceProblem, b: DeviceArray, output: DeviceArray, sm_count: int):
-        """The launch (or its graph replay), what it must keep alive, and what the record notes."""
+        """The launch, what it must keep alive, and what the record notes. (Timed as a CUDA-graph
+        replay, it is wrapped in moe_gemm.measure.graph_replay.GraphReplay, as every variant is.)"""
         problem, config = dev.problem, self.config
         kernel = self.compile()
         prefer_shared_memory(kernel)
         maps = tuple(TensorMapArg(m.encode()) for m in self.tensor_maps(dev.a.ptr, b.ptr, output.ptr, problem.tokens,
                                                                           problem.experts, problem.K, problem.N))
-        plan_a, plan_b = operand_plan("K"), operand_plan("MN" if config.b_layout == "kn" else "K")
+        plan_a, plan_b = plans(config)
         smem = config.dynamic_smem_bytes
         slots = sm_count // config.cluster  # one 384-thread block per SM
         if config.cluster > 1:
@@ -123,10 +122,6 @@ class K6Persistent(NamedConfigVariant):
             launch(kernel, grid, THREADS, smem, *args)
 
         keep: list[Any] = [units, maps, dev, b, output]
-        if config.graph:
-            graph = Graph(run)
-            keep.append(graph)
-            run = graph.launch  # noqa: F811 - the replay replaces the launch
         info = {"grid": grid, "units": len(units_host), "schedule": config.schedule, "config": config.label}
         return run, keep, info
 

@@ -36,7 +36,6 @@ class K6Config:
     group: int = 1  # M tiles per raster group of the tile walk (1: row-major within an expert)
     schedule: Schedule = "device"
     b_layout: BLayout = "kn"
-    graph: bool = False  # replay one captured CUDA graph instead of launching
 
     @property
     def bm(self) -> int:
