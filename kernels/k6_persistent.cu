@@ -21,8 +21,10 @@
 //
 // Every consumer warpgroup owns 128 rows (two m64 wgmmas per k16 step, BN/2 x 2 accumulators per
 // thread) and issues only the m64 wgmmas whose rows hold tokens: a tile with 40 rows pays for one
-// m64 slice, not two. The epilogue stages C through a small ring of 64 x 64 boxes per warpgroup
-// (STAGING_BOXES of them) so that the shared memory goes to the operand ring instead.
+// m64 slice, not two. The epilogue stages C through a small ring of STAGING_BOXES 64 x 64 boxes so
+// that the shared memory goes to the operand ring instead: one ring per warpgroup in cooperative
+// mode, where both store at once, and one ring for the block in ping-pong, where the epilogues take
+// turns as the main loops do (as CUTLASS's and quack's ping-pong kernels do).
 #include "named_barriers.cuh"
 #include "ptx.cuh"
 #include "tile_walk.cuh"
@@ -62,7 +64,8 @@ struct Config {
     // setmaxnreg: a 128 x 192 warpgroup tile holds 192 fp32 accumulators per thread, so the
     // consumers take 232 registers and the producer keeps 40: 2 x 128 x 232 + 128 x 40 = 64,512.
     static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
-    static constexpr unsigned STAGING_BYTES = 2 * STAGING_BOXES * sm90::BOX_BYTES;  // per block
+    static constexpr int STAGING_RINGS = MODE == PINGPONG ? 1 : 2;  // shared by the ping-pong epilogues
+    static constexpr unsigned STAGING_BYTES = STAGING_RINGS * STAGING_BOXES * sm90::BOX_BYTES;  // per block
     static_assert(STAGE_BYTES % sm90::SWIZZLE_ALIGN == 0 && A_SHARE_BYTES % sm90::SWIZZLE_ALIGN == 0,
                   "every stage, box and A half starts on a 1 KB boundary (the 128-byte swizzle's period)");
 };
@@ -294,7 +297,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
         float acc[Cfg::M_ITERS][BN / 2];
-        const unsigned my_staging = staging + warpgroup * STAGING_BOXES * sm90::BOX_BYTES;
+        const unsigned my_staging = staging + (MODE == PINGPONG ? 0 : warpgroup) * STAGING_BOXES * sm90::BOX_BYTES;
         const int mine = first < num_units ? (num_units - first + stride - 1) / stride : 0;  // this block's units
         int stage = 0, stored = 0;
         unsigned phase = 0;
@@ -328,9 +331,20 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             else
                 multiply<Cfg, 0, STAGES, CLUSTER, B_K_MAJOR>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
                                                              stage, phase, hand_over);
+            // Ping-pong: the epilogues take turns on the one staging ring. Each starts at its first
+            // box and, before handing over, waits until TMA has read every box it filled (bulk
+            // groups are tracked per thread: the other warpgroup's issuer cannot wait for them).
+            if (MODE == PINGPONG && ordinal > 0)
+                named_barrier_sync(EPILOGUE_ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
+            if (MODE == PINGPONG) stored = 0;
             if (slices > 0)
                 store<Cfg, STAGING_BOXES>(acc, tile.y + row_offset, rows, tile.w, warpgroup, my_staging, stored,
                                           tmap_c, C, N);
+            if (MODE == PINGPONG) {
+                if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait_read<0>();
+                if (ordinal + 1 < mine)
+                    named_barrier_arrive(EPILOGUE_ORDER_BARRIER + (warpgroup ^ 1), 2 * sm90::WARPGROUP);
+            }
         }
         if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait<0>();  // the staged boxes are read before exit
     }

@@ -30,6 +30,9 @@ enum NamedBarrier : int {
     // (bar.sync, 256) before its main loop; the other warpgroup arrives there (bar.arrive) once it
     // has issued its own. Ids 4 and 5.
     ORDER_BARRIER = PAIR_BARRIER + 1,
-    NAMED_BARRIERS_USED = ORDER_BARRIER + MAX_CONSUMER_WARPGROUPS,
+    // EPILOGUE_ORDER_BARRIER + w: the same hand-over for k6's ping-pong epilogues, which share one
+    // ring of C staging boxes and so must take turns. Ids 6 and 7.
+    EPILOGUE_ORDER_BARRIER = ORDER_BARRIER + MAX_CONSUMER_WARPGROUPS,
+    NAMED_BARRIERS_USED = EPILOGUE_ORDER_BARRIER + MAX_CONSUMER_WARPGROUPS,
 };
 static_assert(NAMED_BARRIERS_USED <= 16, "a CTA has 16 hardware barriers");

@@ -32,7 +32,7 @@ class K6Config:
     stages: int
     cluster: int = 1  # 2: a cluster of two blocks, along N (A multicast) or along M (B multicast)
     cluster_along: Literal["n", "m"] = "n"
-    staging_boxes: int = 2  # 64 x 64 C staging boxes per consumer warpgroup
+    staging_boxes: int = 2  # 64 x 64 C staging boxes per ring (ping-pong: one ring; cooperative: one per warpgroup)
     group: int = 1  # M tiles per raster group of the tile walk (1: row-major within an expert)
     schedule: Schedule = "device"
     b_layout: BLayout = "kn"
@@ -57,7 +57,8 @@ class K6Config:
 
     @property
     def dynamic_smem_bytes(self) -> int:
-        staging = 2 * self.staging_boxes * BOX * BOX * 2
+        rings = 1 if self.mode == "pingpong" else 2  # the ping-pong epilogues share one staging ring
+        staging = rings * self.staging_boxes * BOX * BOX * 2
         return self.stages * self.stage_bytes + staging + SWIZZLE_ALIGN
 
     @property
@@ -82,26 +83,28 @@ class K6Config:
 
 # --8<-- [start:ladder]
 LADDER: dict[str, K6Config] = {
-    # (a) ping-pong: each consumer warpgroup owns a 128 x BN tile; 4 x 40 KB stages + 2 x 24 KB staging
-    "k6/pingpong-bn192": K6Config("pingpong", 192, stages=4, staging_boxes=3),
-    "k6/pingpong-bn128": K6Config("pingpong", 128, stages=5, staging_boxes=2),
+    # (a) ping-pong: each consumer warpgroup owns a 128 x BN tile; 5 x 40 KB stages + one 16 KB staging
+    # ring the two epilogues take turns on
+    "k6/pingpong-bn192": K6Config("pingpong", 192, stages=5, staging_boxes=2),
+    "k6/pingpong-bn128": K6Config("pingpong", 128, stages=6, staging_boxes=2),
     # (b) clusters of two along N, each block loading half of A for both
-    "k6/pingpong-cluster-bn192": K6Config("pingpong", 192, stages=4, cluster=2, staging_boxes=3),
-    "k6/pingpong-cluster-bn128": K6Config("pingpong", 128, stages=5, cluster=2, staging_boxes=2),
+    "k6/pingpong-cluster-bn192": K6Config("pingpong", 192, stages=5, cluster=2, staging_boxes=2),
+    "k6/pingpong-cluster-bn128": K6Config("pingpong", 128, stages=6, cluster=2, staging_boxes=2),
     # chapter 04's pairing for comparison: two M tiles share B
-    "k6/pingpong-mcluster-bn192": K6Config("pingpong", 192, stages=4, cluster=2, cluster_along="m", staging_boxes=3),
-    "k6/pingpong-bn192-s5": K6Config("pingpong", 192, stages=5, staging_boxes=1),
+    "k6/pingpong-mcluster-bn192": K6Config("pingpong", 192, stages=5, cluster=2, cluster_along="m", staging_boxes=2),
+    # the staging ring one box deep: every box waits for the previous one's store to be read
+    "k6/pingpong-bn192-box1": K6Config("pingpong", 192, stages=5, staging_boxes=1),
     # (c) 256-row cooperative tiles: 128 rows per warpgroup, B read once per 256 rows
     "k6/coop256-bn128": K6Config("cooperative", 128, stages=4, staging_boxes=1),
     "k6/coop256-cluster-bn128": K6Config("cooperative", 128, stages=4, cluster=2, staging_boxes=1),
     "k6/coop256-cluster-bn192": K6Config("cooperative", 192, stages=3, cluster=2, staging_boxes=3),
     # (d) the same walks in raster groups of 8 M tiles
-    "k6/pingpong-cluster-bn192-g8": K6Config("pingpong", 192, stages=4, cluster=2, staging_boxes=3, group=8),
+    "k6/pingpong-cluster-bn192-g8": K6Config("pingpong", 192, stages=5, cluster=2, staging_boxes=2, group=8),
     "k6/coop256-cluster-bn128-g8": K6Config("cooperative", 128, stages=4, cluster=2, staging_boxes=1, group=8),
     # (f) the host-built walk, for the device walk's cost; B^T for chapter 08's backward pass
-    "k6/pingpong-cluster-bn192-host": K6Config("pingpong", 192, stages=4, cluster=2, staging_boxes=3,
+    "k6/pingpong-cluster-bn192-host": K6Config("pingpong", 192, stages=5, cluster=2, staging_boxes=2,
                                                schedule="host"),
-    "k6/pingpong-cluster-bn192-kmajor": K6Config("pingpong", 192, stages=4, cluster=2, staging_boxes=3,
+    "k6/pingpong-cluster-bn192-kmajor": K6Config("pingpong", 192, stages=5, cluster=2, staging_boxes=2,
                                                  b_layout="nk"),
 }
 # --8<-- [end:ladder]
@@ -110,7 +113,7 @@ LADDER: dict[str, K6Config] = {
 AUTO_CANDIDATES: tuple[str, ...] = (
     "k6/pingpong-bn192", "k6/pingpong-bn128", "k6/pingpong-cluster-bn192", "k6/pingpong-cluster-bn128",
     "k6/coop256-cluster-bn128", "k6/coop256-cluster-bn192", "k6/pingpong-cluster-bn192-g8",
-    "k6/coop256-cluster-bn128-g8", "k6/pingpong-mcluster-bn192", "k6/pingpong-bn192-s5",
+    "k6/coop256-cluster-bn128-g8", "k6/pingpong-mcluster-bn192",
 )
 
 # compute-sanitizer's set: both modes, clusters of one and two, 1, 2 and 3 staging boxes, both walks,
