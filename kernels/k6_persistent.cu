@@ -184,11 +184,12 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N 
 // stored by TMA, the box's previous store having finished reading it. A slice with fewer than 64
 // rows (the expert's last) is stored from registers with a row guard, since a TMA store writes
 // whole boxes and the rows past it belong to the next expert.
-template <class Cfg, int STAGING_BOXES>
-__device__ __forceinline__ void store(const float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], int row0, int rows,
-                                      int col0, int warpgroup, unsigned staging, int& stored,
-                                      const CUtensorMap* tmap_c, unsigned short* __restrict__ C, int N) {
-    constexpr int BN = Cfg::TILE_N;
+// COLS is the tile's width in C: BN, or BN / 2 after the SwiGLU epilogue.
+template <class Cfg, int STAGING_BOXES, int COLS>
+__device__ __forceinline__ void store(const float (&acc)[Cfg::M_ITERS][COLS / 2], int row0, int rows, int col0,
+                                      int warpgroup, unsigned staging, int& stored, const CUtensorMap* tmap_c,
+                                      unsigned short* __restrict__ C, int N) {
+    constexpr int BN = COLS;
     const bool issuer = threadIdx.x % sm90::WARPGROUP == 0;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % sm90::WARPGROUP) / 32;
 #pragma unroll
@@ -215,7 +216,7 @@ __device__ __forceinline__ void store(const float (&acc)[Cfg::M_ITERS][Cfg::TILE
         }
         const int m = lane / 8, r = warp * 16 + (m % 2) * 8 + lane % 8;  // stmatrix: lane l, row l%8 of matrix l/8
 #pragma unroll
-        for (int b = 0; b < Cfg::B_BOXES; ++b) {
+        for (int b = 0; b < COLS / sm90::BOX; ++b) {
             if (col0 + b * sm90::BOX >= N) break;
             const unsigned box = staging + (stored % STAGING_BOXES) * sm90::BOX_BYTES;
             if (issuer) bulk_wait_read<STAGING_BOXES - 1>();  // the box's last store has read it
@@ -240,6 +241,29 @@ __device__ __forceinline__ void store(const float (&acc)[Cfg::M_ITERS][Cfg::TILE
 }
 // --8<-- [end:epilogue]
 
+// --8<-- [start:swiglu]
+// The fused SwiGLU epilogue of an MoE layer's first GEMM: B's columns come in pairs of 64-column
+// blocks, gate then up (moe_gemm.torch.layer interleaves W_gate_up so), so with BN = 128 a
+// thread holds gate column c in acc[4j + 2h + c'] and the matching up column in the element 32
+// further (j + 8): act = silu(gate) * up is computed in fp32 from the accumulators, and the tile's
+// 64 output columns go to C [M_tot, N / 2] by the same store. The [M_tot, N] intermediate is never
+// written: 2 bytes per element of it read and written by a separate pass, saved.
+template <class Cfg>
+__device__ __forceinline__ void swiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2],
+                                       float (&act)[Cfg::M_ITERS][Cfg::TILE_N / 4], int slices) {
+    static_assert(Cfg::TILE_N == 2 * sm90::BOX, "the SwiGLU epilogue pairs one 64-column gate block with one up block");
+#pragma unroll
+    for (int i = 0; i < Cfg::M_ITERS; ++i) {
+        if (i >= slices) break;
+#pragma unroll
+        for (int v = 0; v < Cfg::TILE_N / 4; ++v) {
+            const float gate = acc[i][v], up = acc[i][v + Cfg::TILE_N / 4];
+            act[i][v] = gate / (1.0f + __expf(-gate)) * up;
+        }
+    }
+}
+// --8<-- [end:swiglu]
+
 // A warpgroup's position in the ring after skipping `steps` stages (the other warpgroup's tile).
 template <int STAGES>
 __device__ __forceinline__ void skip(int& stage, unsigned& phase, int steps) {
@@ -250,7 +274,7 @@ __device__ __forceinline__ void skip(int& stage, unsigned& phase, int steps) {
 
 // --8<-- [start:body]
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
-          bool DEVICE_SCHEDULE>
+          bool DEVICE_SCHEDULE, bool SWIGLU = false>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, unsigned short* C, const int4* units_list,
                                         int num_units, const int* ends, int experts, int group, int K, int N,
@@ -337,9 +361,17 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             if (MODE == PINGPONG && ordinal > 0)
                 named_barrier_sync(EPILOGUE_ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
             if (MODE == PINGPONG) stored = 0;
-            if (slices > 0)
-                store<Cfg, STAGING_BOXES>(acc, tile.y + row_offset, rows, tile.w, warpgroup, my_staging, stored,
-                                          tmap_c, C, N);
+            if constexpr (SWIGLU) {
+                if (slices > 0) {
+                    float act[Cfg::M_ITERS][BN / 4];
+                    swiglu<Cfg>(acc, act, slices);
+                    store<Cfg, STAGING_BOXES, BN / 2>(act, tile.y + row_offset, rows, tile.w / 2, warpgroup,
+                                                      my_staging, stored, tmap_c, C, N / 2);
+                }
+            } else if (slices > 0) {
+                store<Cfg, STAGING_BOXES, BN>(acc, tile.y + row_offset, rows, tile.w, warpgroup, my_staging, stored,
+                                              tmap_c, C, N);
+            }
             if (MODE == PINGPONG) {
                 if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait_read<0>();
                 if (ordinal + 1 < mine)
@@ -378,6 +410,14 @@ __global__ void __launch_bounds__(384, 1) k6_persistent(K6_PARAMS) {
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) k6_persistent_cluster2(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE>(
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
+}
+
+// An MoE layer's first GEMM with the SwiGLU epilogue: C is [M_tot, N / 2] and B's columns are
+// interleaved gate / up blocks of 64; BN = 128, no cluster, the device walk.
+template <int MODE, int STAGES, int STAGING_BOXES>
+__global__ void __launch_bounds__(384, 1) k6_persistent_swiglu(K6_PARAMS) {
+    k6::k6_body<MODE, 128, STAGES, 1, 1, false, STAGING_BOXES, true, true>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
 }
 // --8<-- [end:kernels]

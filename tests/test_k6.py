@@ -58,3 +58,27 @@ def test_a_configuration_past_227_kb_is_refused():
 def test_the_chooser_chooses_among_ladder_rungs():
     assert set(AUTO_CANDIDATES) <= set(LADDER)
     assert all(v.config.schedule == "device" for v in ladder() if v.name in AUTO_CANDIDATES)
+
+
+@pytest.mark.parametrize("name", ["k6/swiglu-bn128", "k6/swiglu-coop256"])
+def test_the_swiglu_epilogue_builds_with_its_exponentials(name):
+    from moe_gemm.cuda.sass import opcode_counts
+
+    variant = K6Persistent(name)
+    compiled = variant.compile("sm_90a")
+    assert compiled.report.spill_store_bytes == 0
+    counts = opcode_counts(compiled.sass(), ("MUFU.EX2", "HGMMA"))
+    assert counts["MUFU.EX2"] == 64  # silu's exp for 2 m64 slices x 32 output values per thread
+    assert counts["HGMMA"] == 12
+
+
+def test_the_swiglu_reference_pairs_gate_and_up_blocks():
+    from moe_gemm.model.problem import problem_from_counts
+    from moe_gemm.model.reference import reference_gemm, swiglu_reference
+
+    problem = problem_from_counts(np.array([3, 2]), 64, 256, seed=1)
+    full, act = reference_gemm(problem), swiglu_reference(problem)
+    gate, up = full[:, 128:192], full[:, 192:256]  # the second pair of blocks
+    np.testing.assert_allclose(act[:, 64:128], gate / (1 + np.exp(-gate)) * up, rtol=1e-6)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        swiglu_reference(problem_from_counts(np.array([3]), 64, 192))

@@ -12,7 +12,7 @@ import pytest
 from moe_gemm.model.edge_cases import EDGE_CASES
 from moe_gemm.model.problem import Problem, make_problem, problem_from_counts
 from moe_gemm.variants.k6 import K6Persistent
-from moe_gemm.variants.k6.config import LADDER
+from moe_gemm.variants.k6.config import FUSED, LADDER
 
 pytestmark = pytest.mark.gpu
 
@@ -134,3 +134,31 @@ def test_refusals_before_any_launch(sm90a):
         K6Persistent("k6/pingpong-bn128").prepare(DeviceProblem(problem_from_counts(np.ones(257, dtype=int), 64, 64)))
     with pytest.raises(ValueError, match="multiple of BK = 64"):
         K6Persistent("k6/pingpong-bn128").prepare(DeviceProblem(problem_from_counts(np.array([5]), 96, 64)))
+
+
+# The fused SwiGLU epilogue (C = silu(gate) * up, [M_tot, N / 2]): compared with the fp32 product's
+# SwiGLU within the tolerance (silu of integer-valued inputs is no integer).
+SWIGLU_CASES = {
+    "ragged, an empty expert": ((300, 0, 129, 7, 64), 256, 512),
+    "1-row experts": ((1,) * 12, 128, 256),
+    "one expert holds every row": ((0, 0, 700), 64, 384),
+    "K = 8192": ((260, 33), 8192, 256),
+    "no rows at all (M_tot = 0)": ((0, 0), 64, 128),
+}
+
+
+@pytest.mark.parametrize("case", list(SWIGLU_CASES))
+@pytest.mark.parametrize("name", list(FUSED))
+def test_the_swiglu_epilogue_within_tolerance(name, case, sm90a):
+    from moe_gemm.measure.check import verify
+
+    counts, K, N = SWIGLU_CASES[case]  # noqa: N806
+    check = verify(K6Persistent(name), problem_from_counts(np.array(counts), K, N, seed=7))
+    assert check.passed, f"{name} on '{case}': {check.describe()}"
+
+
+def test_the_swiglu_epilogue_refuses_n_not_a_multiple_of_128(sm90a):
+    from moe_gemm.cuda.device import DeviceProblem
+
+    with pytest.raises(ValueError, match="multiple of 128"):
+        K6Persistent("k6/swiglu-bn128").prepare(DeviceProblem(problem_from_counts(np.array([5]), 64, 192)))

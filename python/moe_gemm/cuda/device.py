@@ -155,8 +155,9 @@ class DeviceProblem:
         self.b = to_device(problem.b)
         self.offsets = to_device(expert_offsets(problem.counts).astype(np.int32))
 
-    def new_output(self) -> DeviceArray:
-        """C [M_tot, N] bf16, poisoned with NaN so an unwritten element cannot pass a check."""
-        c = DeviceArray((self.problem.tokens, self.problem.N), BF16)
+    def new_output(self, columns: int | None = None) -> DeviceArray:
+        """C [M_tot, N] bf16 (or ``columns`` wide), poisoned with NaN so an unwritten element cannot pass
+        a check."""
+        c = DeviceArray((self.problem.tokens, self.problem.N if columns is None else columns), BF16)
         c.fill_u16(BF16_NAN_BITS)
         return c

@@ -87,8 +87,10 @@ def max_active_clusters(compiled: CompiledKernel, block: int, smem_bytes: int, c
         return None
 
 
-def _driver_launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, args: tuple) -> None:
-    """cuLaunchKernel with kernelParams built by hand: one pointer per argument's bytes."""
+def _driver_launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, args: tuple,
+                   stream: int | None = None) -> None:
+    """cuLaunchKernel with kernelParams built by hand: one pointer per argument's bytes, on ``stream``
+    (a CUstream handle; the harness stream by default)."""
     from cuda.bindings import driver
 
     from moe_gemm.cuda.device import check_driver, stream_handle
@@ -106,12 +108,14 @@ def _driver_launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, in
     pointers = np.array([h.address if isinstance(h, TensorMapArg) else h.ctypes.data for h in holders],
                         dtype=np.uint64)
     check_driver(driver.cuLaunchKernel(driver.CUfunction(int(kernel.handle)), *grid, *block, smem,
-                                       driver.CUstream(stream_handle()), pointers.ctypes.data, 0))
+                                       driver.CUstream(stream_handle() if stream is None else stream),
+                                       pointers.ctypes.data, 0))
 
 
 def launch(compiled: CompiledKernel, grid: int | tuple[int, ...], block: int | tuple[int, ...], smem_bytes: int,
-           *args: Any) -> None:
-    """Enqueue ``compiled`` on the harness stream. Pointers as int, scalars as numpy scalars."""
+           *args: Any, stream: int | None = None) -> None:
+    """Enqueue ``compiled`` on the harness stream, or on ``stream`` (a CUstream handle, e.g. torch's
+    ``torch.cuda.current_stream().cuda_stream``). Pointers as int, scalars as numpy scalars."""
     from cuda.core import LaunchConfig
     from cuda.core import launch as core_launch
 
@@ -122,7 +126,7 @@ def launch(compiled: CompiledKernel, grid: int | tuple[int, ...], block: int | t
         _allow_dynamic_smem(kernel, smem_bytes)
     grid3 = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
     block3 = tuple(block) + (1,) * (3 - len(block)) if isinstance(block, tuple) else (block, 1, 1)
-    if any(isinstance(arg, TensorMapArg) for arg in args):
-        _driver_launch(kernel, grid3, block3, smem_bytes, args)
+    if stream is not None or any(isinstance(arg, TensorMapArg) for arg in args):
+        _driver_launch(kernel, grid3, block3, smem_bytes, args, stream)
     else:
         core_launch(harness_stream(), LaunchConfig(grid=grid3, block=block3, shmem_size=smem_bytes), kernel, *args)

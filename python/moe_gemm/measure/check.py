@@ -34,9 +34,11 @@ def run_once(variant: Variant, dev: DeviceProblem) -> np.ndarray:
 
 
 def verify(variant: Variant, problem: Problem | DeviceProblem, *, exact: bool = False) -> Check:
-    """Run once and compare with the numpy reference (``exact`` for integer-valued inputs)."""
+    """Run once and compare with the numpy reference (``exact`` for integer-valued inputs). A variant
+    with an ``epilogue`` attribute (k6's fused SwiGLU) is compared with that epilogue's reference."""
     dev = problem if isinstance(problem, DeviceProblem) else DeviceProblem(problem)
-    return check_output(run_once(variant, dev), dev.problem, exact=exact)
+    return check_output(run_once(variant, dev), dev.problem, exact=exact,
+                        epilogue=getattr(variant, "epilogue", "none"))
 
 
 def _workload(problem: Problem) -> dict[str, Any]:

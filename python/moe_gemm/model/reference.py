@@ -78,9 +78,30 @@ class Check:
         return f"{'ok' if self.passed else 'FAILED'} ({kind}, {self.nonfinite} non-finite)"
 
 
-def check_output(c: np.ndarray, problem: Problem, *, exact: bool = False) -> Check:
-    """Compare a kernel's bf16 output with the reference; ``exact`` for integer-valued inputs."""
+SWIGLU_BLOCK = 64  # columns per gate or up block of an interleaved W_gate_up (moe_gemm.torch.layer)
+
+
+def swiglu_reference(problem: Problem) -> np.ndarray:
+    """silu(gate) * up from the fp32 product, for B's columns in interleaved 64-column gate / up
+    blocks: [M_tot, N / 2], what k6's fused SwiGLU epilogue writes (kernels/k6_persistent.cu)."""
+    if problem.N % (2 * SWIGLU_BLOCK):
+        raise ValueError(f"the SwiGLU reference needs N a multiple of {2 * SWIGLU_BLOCK}, got {problem.N}")
+    c = reference_gemm(problem).reshape(problem.tokens, problem.N // (2 * SWIGLU_BLOCK), 2, SWIGLU_BLOCK)
+    gate, up = c[:, :, 0, :], c[:, :, 1, :]
+    return (gate / (1.0 + np.exp(-gate)) * up).reshape(problem.tokens, problem.N // 2).astype(np.float32)
+
+
+def check_output(c: np.ndarray, problem: Problem, *, exact: bool = False, epilogue: str = "none") -> Check:
+    """Compare a kernel's bf16 output with the reference; ``exact`` for integer-valued inputs.
+    ``epilogue="swiglu"`` compares with :func:`swiglu_reference`, always within the tolerance (silu
+    of integers is no integer)."""
     c = np.asarray(c)
+    if epilogue == "swiglu":
+        c32 = c.astype(np.float32)
+        expected = swiglu_reference(problem)
+        if c.shape != expected.shape:
+            raise ValueError(f"output shape {c.shape} differs from the expected {expected.shape}")
+        return Check(relative_error(c32, expected), int((~np.isfinite(c32)).sum()), 0, exact=False)
     expected_shape = (problem.tokens, problem.N)
     if c.shape != expected_shape:
         raise ValueError(f"output shape {c.shape} differs from the expected {expected_shape}")

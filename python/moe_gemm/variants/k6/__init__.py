@@ -31,10 +31,11 @@ from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.edge_cases import EdgeCase
 from moe_gemm.variants.compiled import NamedConfigVariant
 from moe_gemm.variants.k3 import transposed_b
-from moe_gemm.variants.k3.config import BK
+from moe_gemm.variants.k3.config import BK, BOX
 from moe_gemm.variants.k3.maps import check_inputs as k3_check_inputs
 from moe_gemm.variants.k3.maps import output_map, plan_argument, plans, require_sm90a, weight_map
 from moe_gemm.variants.k6.config import (
+    FUSED,
     KERNEL_FUNCTION,
     LADDER,
     MAX_EXPERTS,
@@ -64,18 +65,25 @@ class K6Persistent(NamedConfigVariant):
 
     kernel_function = KERNEL_FUNCTION
     source = SOURCE
-    configs = LADDER
+    configs = {**LADDER, **FUSED}
     family = "k6"
     warps_per_block = THREADS // 32
     # compute-sanitizer's extra case: the edge cases give most blocks one tile; this one gives every
     # block several, so both ping-pong warpgroups, the hand-over and the staging ring all run.
-    sanitize_cases = (EdgeCase("several tiles per block", (300,) * 40, K=128, N=392),)
+    sanitize_cases = (EdgeCase("several tiles per block", (300,) * 40, K=128, N=392),
+                      EdgeCase("several tiles per block, N for SwiGLU", (300,) * 40, K=128, N=384),
+                      EdgeCase("ragged, N for SwiGLU", (0, 70, 1, 129, 300), K=64, N=256))
 
     def __init__(self, name: str, config: K6Config | None = None) -> None:
         if config is None:
             super().__init__(name)
         else:
             self.name, self.config = name, config
+        self.epilogue = self.config.epilogue  # what the harness's check compares with (measure.check.verify)
+        if self.config.epilogue == "swiglu" and (self.config.bn, self.config.cluster, self.config.schedule,
+                                                 self.config.b_layout) != (128, 1, "device", "kn"):
+            raise ValueError(f"{self.name}: the SwiGLU epilogue runs with BN = 128, no cluster, the device walk and "
+                             f"B [E, K, N]")
         if self.config.dynamic_smem_bytes + STATIC_SMEM_ALLOWANCE > SMEM_LIMIT:
             raise ValueError(f"{self.name}: {self.config.dynamic_smem_bytes:,} B of shared memory plus the static "
                              f"part pass the {SMEM_LIMIT:,} B a block may have")
@@ -85,9 +93,12 @@ class K6Persistent(NamedConfigVariant):
         self.require_bf16_inputs(dev)
         b = transposed_b(dev) if config.b_layout == "nk" and problem.tokens else dev.b
         check_inputs(config, problem.experts, problem.K, problem.N, dev.a.ptr, b.ptr, self.name)
+        if config.epilogue == "swiglu" and problem.N % (2 * BOX):
+            raise ValueError(f"{self.name}: N = {problem.N} must be a multiple of 128 (gate / up blocks of 64 "
+                             f"columns, interleaved)")
         gpu = require_sm90a(self.name)
         resources = self.resources(gpu.arch)
-        output = dev.new_output()
+        output = dev.new_output(problem.N // config.out_columns_divisor)
         if problem.tokens == 0:  # nothing to compute; a tensor map cannot even describe 0 rows
             return Prepared(launch=lambda: None, output=output, bm=config.bm, bn=config.bn, resources=resources)
         run, keep, info = self.launcher(dev, b, output, gpu.sm_count)
@@ -99,14 +110,7 @@ class K6Persistent(NamedConfigVariant):
         replay, it is wrapped in moe_gemm.measure.graph_replay.GraphReplay, as every variant is.)"""
         problem, config = dev.problem, self.config
         kernel = self.compile()
-        prefer_shared_memory(kernel)
-        maps = tuple(TensorMapArg(m.encode()) for m in self.tensor_maps(dev.a.ptr, b.ptr, output.ptr, problem.tokens,
-                                                                          problem.experts, problem.K, problem.N))
-        plan_a, plan_b = plans(config)
-        smem = config.dynamic_smem_bytes
-        slots = sm_count // config.cluster  # one 384-thread block per SM
-        if config.cluster > 1:
-            slots = min(slots, max_active_clusters(kernel, THREADS, smem, config.cluster) or slots)
+        slots = self.slots(sm_count)
         units_host = unit_list(problem.counts, problem.N, config.unit_rows, config.unit_cols, config.group)
         if config.schedule == "host":
             units = to_device(units_host if len(units_host) else np.zeros((1, 4), dtype=np.int32))
@@ -114,16 +118,41 @@ class K6Persistent(NamedConfigVariant):
         else:  # the kernel finds its units: one block (cluster) per slot whatever the routing
             units, units_ptr, count, grid = None, 0, 0, slots * config.cluster
         ends = dev.offsets.ptr + 4  # offsets [E + 1] from 0: the ends are offsets[1:], torch's offs
-        args: tuple[Any, ...] = (*maps, output.ptr, units_ptr, np.int32(count), ends, np.int32(problem.experts),
-                                 np.int32(config.group), np.int32(problem.K), np.int32(problem.N),
-                                 plan_argument(plan_a), plan_argument(plan_b))
+        args = self.arguments(dev.a.ptr, b.ptr, output.ptr, ends, problem.tokens, problem.experts, problem.K,
+                              problem.N, units_ptr, count)
+        smem = config.dynamic_smem_bytes
 
         def run() -> None:
             launch(kernel, grid, THREADS, smem, *args)
 
-        keep: list[Any] = [units, maps, dev, b, output]
+        keep: list[Any] = [units, args, dev, b, output]
         info = {"grid": grid, "units": len(units_host), "schedule": config.schedule, "config": config.label}
         return run, keep, info
+
+    def slots(self, sm_count: int) -> int:
+        """Blocks (clusters) a persistent launch runs at once: one 384-thread block per SM and, for
+        clusters, no more than the driver says can be resident together (asked once per variant)."""
+        if getattr(self, "_slots", None) is None:
+            kernel = self.compile()
+            prefer_shared_memory(kernel)  # 200-220 KB of ring per block: the carveout leans fully to shared
+            slots = sm_count // self.config.cluster
+            if self.config.cluster > 1:
+                resident = max_active_clusters(kernel, THREADS, self.config.dynamic_smem_bytes, self.config.cluster)
+                slots = min(slots, resident or slots)
+            self._slots = slots
+        return self._slots
+
+    def arguments(self, a_address: int, b_address: int, c_address: int, ends_address: int, tokens: int,
+                  experts: int, K: int, N: int, units_address: int = 0, units: int = 0) -> tuple[Any, ...]:  # noqa: N803
+        """The kernel's arguments in order (kernels/k6_persistent.cu, K6_PARAMS): the three tensor maps,
+        C, the host unit list (0 and 0 for the device walk), the expert ends, E, the raster group, K, N
+        and the two descriptor plans."""
+        config = self.config
+        maps = tuple(TensorMapArg(m.encode()) for m in self.tensor_maps(a_address, b_address, c_address, tokens,
+                                                                          experts, K, N))
+        plan_a, plan_b = plans(config)
+        return (*maps, c_address, units_address, np.int32(units), ends_address, np.int32(experts),
+                np.int32(config.group), np.int32(K), np.int32(N), plan_argument(plan_a), plan_argument(plan_b))
 
     def tensor_maps(self, a_address: int, b_address: int, c_address: int, tokens: int, experts: int, K: int,  # noqa: N803
                     N: int) -> tuple:  # noqa: N803
@@ -132,7 +161,8 @@ class K6Persistent(NamedConfigVariant):
         config = self.config
         a_rows = config.bm // config.cluster if config.cluster_along == "n" else config.bm
         a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=a_rows, box_cols=BK)
-        return a_map, weight_map(config.b_layout, b_address, experts, K, N), output_map(c_address, tokens, N)
+        return (a_map, weight_map(config.b_layout, b_address, experts, K, N),
+                output_map(c_address, tokens, N // config.out_columns_divisor))
 
 
 def ladder() -> list[K6Persistent]:
@@ -147,6 +177,6 @@ def _auto(schedule: str):
 
 
 __all__ = ["SANITIZED", "VARIANTS"]  # what the registry reads (variants/registry.py)
-VARIANTS: dict[str, Any] = {name: functools.partial(K6Persistent, name) for name in LADDER}
+VARIANTS: dict[str, Any] = {name: functools.partial(K6Persistent, name) for name in {**LADDER, **FUSED}}
 VARIANTS["k6/auto"] = functools.partial(_auto, "device")
 VARIANTS["k6/auto-host"] = functools.partial(_auto, "host")

@@ -36,6 +36,7 @@ class K6Config:
     group: int = 1  # M tiles per raster group of the tile walk (1: row-major within an expert)
     schedule: Schedule = "device"
     b_layout: BLayout = "kn"
+    epilogue: Literal["none", "swiglu"] = "none"  # swiglu: C = silu(gate) * up, [M_tot, N / 2]
 
     @property
     def bm(self) -> int:
@@ -62,7 +63,13 @@ class K6Config:
         return self.stages * self.stage_bytes + staging + SWIZZLE_ALIGN
 
     @property
+    def out_columns_divisor(self) -> int:
+        return 2 if self.epilogue == "swiglu" else 1
+
+    @property
     def kernel_name(self) -> str:
+        if self.epilogue == "swiglu":
+            return f"{KERNEL_FUNCTION}_swiglu<{0 if self.mode == 'pingpong' else 1}, {self.stages}, {self.staging_boxes}>"
         entry = KERNEL_FUNCTION if self.cluster == 1 else f"{KERNEL_FUNCTION}_cluster2"
         mode = 0 if self.mode == "pingpong" else 1
         flag = "true" if self.b_layout == "nk" else "false"
@@ -109,6 +116,13 @@ LADDER: dict[str, K6Config] = {
 }
 # --8<-- [end:ladder]
 
+# The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B's columns interleaved in
+# 64-column gate / up blocks, C = silu(gate) * up [M_tot, N / 2]. BN = 128, no cluster, the device walk.
+FUSED: dict[str, K6Config] = {
+    "k6/swiglu-bn128": K6Config("pingpong", 128, stages=6, staging_boxes=2, epilogue="swiglu"),
+    "k6/swiglu-coop256": K6Config("cooperative", 128, stages=4, staging_boxes=1, epilogue="swiglu"),
+}
+
 # What k6/auto chooses among (its chooser: moe_gemm.variants.k6.auto).
 AUTO_CANDIDATES: tuple[str, ...] = (
     "k6/pingpong-bn192", "k6/pingpong-bn128", "k6/pingpong-cluster-bn192", "k6/pingpong-cluster-bn128",
@@ -119,4 +133,5 @@ AUTO_CANDIDATES: tuple[str, ...] = (
 # compute-sanitizer's set: both modes, clusters of one and two, 1, 2 and 3 staging boxes, both walks,
 # both B layouts.
 SANITIZED = ("k6/pingpong-bn128", "k6/pingpong-cluster-bn192-g8", "k6/coop256-bn128", "k6/coop256-cluster-bn192",
-             "k6/pingpong-cluster-bn192-host", "k6/pingpong-cluster-bn192-kmajor")
+             "k6/pingpong-cluster-bn192-host", "k6/pingpong-cluster-bn192-kmajor", "k6/swiglu-bn128",
+             "k6/swiglu-coop256")

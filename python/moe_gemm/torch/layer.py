@@ -1,0 +1,160 @@
+"""A whole MoE layer's forward pass on the grouped GEMM: router, top-k, permutation, GEMM 1, SwiGLU,
+GEMM 2 and the weighted combine, every step on the GPU and none reading the routing back to the host,
+so the layer can be captured whole in one CUDA graph.
+
+    layer = MoELayer(hidden=2048, intermediate=768, experts=128, top_k=8)
+    y = layer(x)                                  # x [tokens, hidden] -> [tokens, hidden]
+    y = layer(x, gemm=torch_grouped_mm)           # the same layer on torch._grouped_mm
+
+The weights follow the transformers MoE blocks' meaning (Mixtral, Qwen3-MoE): a router
+``gate`` [E, H] (an nn.Linear's weight), per expert a gate and an up projection (SwiGLU:
+silu(x W_gate) * (x W_up)) and a down projection. Here they are stored for a 2D x 3D grouped GEMM:
+``w_gate_up`` [E, H, 2I] (gate columns, then up columns) and ``w_down`` [E, I, H].
+:meth:`MoELayer.from_transformers` copies them out of a transformers block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
+
+GroupedMM = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def torch_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """torch._grouped_mm with the same signature as ours: the layer's other GEMM."""
+    return torch._grouped_mm(a, b, offs=offs, out_dtype=a.dtype)
+
+
+# --8<-- [start:steps]
+def route(x: torch.Tensor, gate: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's top_k experts and their weights: softmax over the router logits in fp32 (as the
+    transformers blocks do), the k largest, renormalised to sum to one if ``normalize``."""
+    probs = F.softmax(F.linear(x, gate), dim=-1, dtype=torch.float32)
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def permute(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (token, slot) pairs sorted by expert, and each expert's cumulative row end (int32 offs).
+
+    ``order[i]`` indexes the flattened [tokens, top_k] choices; row i of the grouped GEMM's A is token
+    ``order[i] // top_k``. A stable sort keeps each expert's tokens in token order. The counts are a
+    scatter-add, not torch.bincount, whose output size depends on the data (a host sync)."""
+    flat = experts.flatten()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    return order, torch.cumsum(counts, 0, dtype=torch.int32)
+
+
+def swiglu(h: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for h = [gate | up] [M, 2I]: its own pass over GEMM 1's output (the fused
+    epilogue is what chapter 08 measures against this)."""
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def interleave_gate_up(w_gate_up: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """[E, H, 2I] with gate columns then up columns -> the same columns as 64-wide gate / up pairs
+    (g0, u0, g1, u1, ...): the layout k6's fused SwiGLU epilogue reads, made once per weight."""
+    experts, hidden, width = w_gate_up.shape
+    if width % (2 * block):
+        raise ValueError(f"the fused SwiGLU epilogue needs the intermediate size a multiple of {block}, got "
+                         f"{width // 2}")
+    gate, up = w_gate_up.unflatten(2, (2, width // (2 * block), block)).unbind(2)
+    return torch.stack([gate, up], dim=3).flatten(2).contiguous()
+
+
+def combine(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, top_k: int, tokens: int) -> torch.Tensor:
+    """Back to token order: out[t] = sum over t's choices of weight x the expert's output row, in fp32."""
+    weighted = y.float() * weights.flatten()[order].unsqueeze(1)
+    out = torch.zeros((tokens, y.shape[1]), dtype=torch.float32, device=y.device)
+    return out.index_add_(0, order // top_k, weighted)
+# --8<-- [end:steps]
+
+
+def moe_forward(x: torch.Tensor, gate: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
+                normalize: bool = True, gemm: GroupedMM = grouped_mm,
+                w_gate_up_fused: torch.Tensor | None = None) -> torch.Tensor:
+    """The layer's forward pass, step by step (see the module docstring). With ``w_gate_up_fused``
+    (interleave_gate_up's layout) GEMM 1 and SwiGLU are one launch of k6's fused epilogue."""
+    weights, experts = route(x, gate, top_k, normalize)
+    order, offs = permute(experts, gate.shape[0])
+    rows = x[order // top_k]
+    if w_gate_up_fused is not None:
+        act = grouped_mm_swiglu(rows, w_gate_up_fused, offs)
+    else:
+        act = swiglu(gemm(rows, w_gate_up, offs)).contiguous()
+    y = gemm(act, w_down, offs)
+    return combine(y, order, weights, top_k, x.shape[0]).to(x.dtype)
+
+
+class MoELayer(torch.nn.Module):
+    """An MoE feed-forward layer: ``hidden`` -> ``experts`` SwiGLU experts of width ``intermediate``, top_k of
+    them per token -> ``hidden``. ``fused`` (when the intermediate size is a multiple of 64) keeps
+    W_gate_up also in interleave_gate_up's layout, so that the forward pass on our op runs GEMM 1 with
+    the SwiGLU epilogue; call :meth:`fuse_weights` after changing the weights."""
+
+    def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, normalize: bool = True,
+                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
+                 fused: bool = True) -> None:
+        super().__init__()
+        if not 1 <= top_k <= experts:
+            raise ValueError(f"top_k must be in 1 .. experts ({experts}), got {top_k}")
+        factory = {"dtype": dtype, "device": device}
+        self.top_k, self.normalize = top_k, normalize
+        self.gate = torch.nn.Parameter(torch.randn(experts, hidden, **factory) * hidden**-0.5)
+        self.w_gate_up = torch.nn.Parameter(torch.randn(experts, hidden, 2 * intermediate, **factory) * hidden**-0.5)
+        self.w_down = torch.nn.Parameter(torch.randn(experts, intermediate, hidden, **factory) * intermediate**-0.5)
+        self.fused = fused and intermediate % 64 == 0
+        self.register_buffer("w_gate_up_fused", None, persistent=False)
+        self.fuse_weights()
+
+    def fuse_weights(self) -> None:
+        """Remake the interleaved copy of W_gate_up the fused epilogue reads (after the weights change)."""
+        if self.fused:
+            with torch.no_grad():
+                self.w_gate_up_fused = interleave_gate_up(self.w_gate_up.detach())
+
+    def forward(self, x: torch.Tensor, gemm: GroupedMM = grouped_mm) -> torch.Tensor:
+        fused = self.w_gate_up_fused if gemm is grouped_mm else None  # other GEMMs run SwiGLU as its own pass
+        return moe_forward(x, self.gate, self.w_gate_up, self.w_down, self.top_k, self.normalize, gemm, fused)
+
+    @classmethod
+    def from_transformers(cls, block: torch.nn.Module, top_k: int, normalize: bool) -> MoELayer:
+        """The same layer as a transformers sparse MoE block (Mixtral's or Qwen3-MoE's), its weights copied."""
+        gate, gate_up, down = transformers_weights(block)
+        experts, hidden, width = gate_up.shape
+        layer = cls(hidden, width // 2, experts, top_k, normalize, dtype=gate.dtype, device=gate.device)
+        with torch.no_grad():
+            layer.gate.copy_(gate)
+            layer.w_gate_up.copy_(gate_up)
+            layer.w_down.copy_(down)
+        layer.fuse_weights()
+        return layer
+
+
+def transformers_weights(block: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(router [E, H], gate_up [E, H, 2I], down [E, I, H]) of a transformers MoE block, whichever way
+    its version stores the experts: fused 3-D parameters (``experts.gate_up_proj`` [E, 2I, H],
+    ``experts.down_proj`` [E, H, I], transformers 5) or a ModuleList of per-expert Linears (w1/w3/w2 in
+    Mixtral, gate_proj/up_proj/down_proj in Qwen3-MoE, transformers 4)."""
+    router = block.gate.weight if hasattr(block.gate, "weight") else block.gate
+    experts = block.experts
+    if hasattr(experts, "gate_up_proj"):
+        gate_up, down = experts.gate_up_proj, experts.down_proj
+        if gate_up.shape[-1] != router.shape[1]:  # stored [E, H, 2I] already
+            return router, gate_up, down
+        return router, gate_up.transpose(1, 2), down.transpose(1, 2)
+    names = ("w1", "w3", "w2") if hasattr(experts[0], "w1") else ("gate_proj", "up_proj", "down_proj")
+    gate = torch.stack([getattr(e, names[0]).weight.t() for e in experts])
+    up = torch.stack([getattr(e, names[1]).weight.t() for e in experts])
+    down = torch.stack([getattr(e, names[2]).weight.t() for e in experts])
+    return router, torch.cat([gate, up], dim=2), down

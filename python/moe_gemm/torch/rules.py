@@ -1,0 +1,132 @@
+"""What ``moe_gemm.torch.grouped_mm`` takes, and which kernel runs it: plain Python on shapes, strides
+and dtypes, so that the rules are tested without torch or a GPU.
+
+Two kinds of answer:
+
+* a **ValueError** naming the rule, for inputs that are malformed for any grouped GEMM (ranks, K
+  that does not match, offs of the wrong length or dtype): raised before any launch, as
+  torch._grouped_mm's own checks would;
+* a :class:`Route`: our kernel (k6, device-walked, B in either layout), or torch._grouped_mm with the
+  reason ours cannot take the inputs (a dtype other than bf16, K not a multiple of 64, a GPU other
+  than sm_90a, ...). The op warns once per reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from moe_gemm.variants.k6.config import MAX_EXPERTS
+
+BK = 64  # k6's K step
+TMA_ALIGN = 16  # bytes: TMA's global address and stride alignment
+SM90A = (9, 0)
+
+
+@dataclass(frozen=True)
+class Operands:
+    """What the rules look at: shapes, strides (in elements), dtypes (torch's names, e.g. 'bfloat16')."""
+
+    a_shape: Sequence[int]
+    a_strides: Sequence[int]
+    a_dtype: str
+    b_shape: Sequence[int]
+    b_strides: Sequence[int]
+    b_dtype: str
+    offs_shape: Sequence[int]
+    offs_dtype: str
+    out_dtype: str = "bfloat16"
+    device: str = "cuda"
+    capability: tuple[int, int] | None = SM90A
+    a_address: int = 0
+    b_address: int = 0
+
+
+@dataclass(frozen=True)
+class Route:
+    kernel: str  # "k6" or "torch"
+    b_layout: str | None = None  # "kn": B [E, K, N] row-major; "nk": each B[e] column-major (B^T row-major)
+    reason: str | None = None  # why torch._grouped_mm runs instead
+
+
+def check(op: Operands) -> None:
+    """ValueError naming the first rule of a 2D x 3D grouped GEMM these operands break."""
+    if len(op.a_shape) != 2:
+        raise ValueError(f"grouped_mm: a must be 2-D [M_tot, K], got {len(op.a_shape)}-D {tuple(op.a_shape)}")
+    if len(op.b_shape) != 3:
+        raise ValueError(f"grouped_mm: b must be 3-D [E, K, N], got {len(op.b_shape)}-D {tuple(op.b_shape)}")
+    if len(op.offs_shape) != 1:
+        raise ValueError(f"grouped_mm: offs must be 1-D [E], got {len(op.offs_shape)}-D {tuple(op.offs_shape)}")
+    experts, k_b, _ = op.b_shape
+    if op.a_shape[1] != k_b:
+        raise ValueError(f"grouped_mm: a's K ({op.a_shape[1]}) must equal b's K ({k_b}): a [M_tot, K], b [E, K, N]")
+    if op.offs_shape[0] != experts:
+        raise ValueError(f"grouped_mm: offs must hold one cumulative row end per expert ({experts}), got "
+                         f"{op.offs_shape[0]}")
+    if op.offs_dtype != "int32":
+        raise ValueError(f"grouped_mm: offs must be int32 (the cumulative row ends), got {op.offs_dtype}")
+    if op.a_dtype != op.b_dtype:
+        raise ValueError(f"grouped_mm: a and b must share a dtype, got {op.a_dtype} and {op.b_dtype}")
+
+
+def check_offsets(ends: Sequence[int], tokens: int) -> None:
+    """ValueError unless the row ends are non-decreasing, non-negative and end at M_tot (values read
+    from the device: the op does this only where a host copy is allowed, eagerly and not capturing)."""
+    previous = 0
+    for e, end in enumerate(ends):
+        if end < previous:
+            raise ValueError(f"grouped_mm: offs must be non-decreasing from 0; offs[{e}] = {end} after {previous}")
+        previous = end
+    if len(ends) and previous != tokens:
+        raise ValueError(f"grouped_mm: offs must end at M_tot = {tokens} (a's rows), ends at {previous}")
+
+
+def b_layout(shape: Sequence[int], strides: Sequence[int]) -> str | None:
+    """'kn' for B [E, K, N] row-major per expert, 'nk' for each B[e] column-major (B^T [E, N, K] in
+    memory, torch's other layout), None for anything else."""
+    experts, K, N = shape  # noqa: N806
+    if tuple(strides[1:]) == (N, 1) and (experts == 1 or strides[0] == K * N):
+        return "kn"
+    if tuple(strides[1:]) == (1, K) and (experts == 1 or strides[0] == K * N):
+        return "nk"
+    return None
+
+
+SWIGLU_COLUMNS = 128  # one 64-column gate block and its up block: k6's fused epilogue's BN
+
+
+def route(op: Operands, epilogue: str = "none") -> Route:
+    """Our kernel when it can take these operands, else torch._grouped_mm and the reason.
+    ``epilogue="swiglu"``: the first GEMM of an MoE layer with k6's fused SwiGLU epilogue."""
+    check(op)
+    experts, K, N = op.b_shape  # noqa: N806
+    reasons = []
+    if epilogue == "swiglu":
+        if N % SWIGLU_COLUMNS:
+            raise ValueError(f"grouped_mm_swiglu: N = {N} must be a multiple of {SWIGLU_COLUMNS} (interleaved "
+                             f"64-column gate and up blocks)")
+        if b_layout(op.b_shape, op.b_strides) == "nk":
+            reasons.append("the fused SwiGLU epilogue reads B [E, K, N] row-major only")
+    if op.device != "cuda":
+        reasons.append(f"the tensors are on {op.device}, not a CUDA GPU")
+    elif op.capability != SM90A:
+        have = "no GPU" if op.capability is None else f"sm_{op.capability[0]}{op.capability[1]}"
+        reasons.append(f"our kernels need an sm_90a GPU (wgmma); this is {have}")
+    if op.a_dtype != "bfloat16" or op.out_dtype != "bfloat16":
+        reasons.append(f"our kernels take bf16 in and out, got {op.a_dtype} in, {op.out_dtype} out")
+    if K % BK:
+        reasons.append(f"K = {K} is not a multiple of {BK} (k6's K step)")
+    if N % 8:
+        reasons.append(f"N = {N} is not a multiple of 8 (TMA's 16-byte rows)")
+    if experts > MAX_EXPERTS:
+        reasons.append(f"E = {experts} experts: the device walk holds at most {MAX_EXPERTS}")
+    if tuple(op.a_strides) != (K, 1):
+        reasons.append(f"a must be row-major [M_tot, K] (strides ({K}, 1)), got {tuple(op.a_strides)}")
+    layout = b_layout(op.b_shape, op.b_strides)
+    if layout is None:
+        reasons.append(f"b must be row- or column-major per expert, got strides {tuple(op.b_strides)}")
+    if op.a_address % TMA_ALIGN or op.b_address % TMA_ALIGN:
+        reasons.append("a and b must start on 16-byte boundaries (TMA)")
+    if reasons:
+        return Route("torch", reason="; ".join(reasons))
+    return Route("k6", b_layout=layout)

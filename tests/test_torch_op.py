@@ -1,0 +1,147 @@
+"""moe_gemm.torch with torch but without a GPU (skipped where torch is not installed): the op's fallback
+and its one warning, the fake implementation under torch.compile(fullgraph=True), autograd against
+fp32 torch, and the MoE layer against transformers' own Mixtral and Qwen3-MoE blocks. The same
+layer on the GPU is tests/test_torch_op_gpu.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from moe_gemm.torch import ops  # noqa: E402
+from moe_gemm.torch.layer import MoELayer, permute  # noqa: E402
+
+
+def problem(counts, K=64, N=48, dtype=None, seed=0):  # noqa: N803
+    generator = torch.Generator().manual_seed(seed)
+    dtype = dtype or torch.bfloat16
+    a = torch.randn(int(sum(counts)), K, generator=generator).to(dtype)
+    b = (torch.randn(len(counts), K, N, generator=generator) * K**-0.5).to(dtype)
+    offs = torch.tensor(np.cumsum(counts), dtype=torch.int32)
+    return a, b, offs
+
+
+def fp32_reference(a, b, offs):
+    starts = [0, *offs.tolist()[:-1]]
+    return torch.cat([a[s:e].float() @ b[i].float() for i, (s, e) in enumerate(zip(starts, offs.tolist()))])
+
+
+def test_cpu_tensors_fall_back_with_one_warning_that_says_why():
+    a, b, offs = problem([5, 0, 7])
+    ops._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = ops.grouped_mm(a, b, offs)
+        ops.grouped_mm(a, b, offs)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "not a CUDA GPU" in messages[0]
+    torch.testing.assert_close(out.float(), fp32_reference(a, b, offs), rtol=1e-2, atol=1e-2)
+
+
+def test_malformed_inputs_raise_before_anything_runs():
+    a, b, offs = problem([5, 7])
+    with pytest.raises(ValueError, match="must equal b's K"):
+        ops.grouped_mm(a[:, :32].contiguous(), b, offs)
+    with pytest.raises(ValueError, match="offs must be int32"):
+        ops.grouped_mm(a, b, offs.long())
+
+
+def test_the_fake_implementation_gives_shape_and_dtype_under_compile():
+    a, b, offs = problem([3, 9, 0, 4])
+
+    def f(a, b, offs):
+        return ops.grouped_mm(a, b, offs) * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(a, b, offs), f(a, b, offs))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = ops.grouped_mm(mode.from_tensor(a), mode.from_tensor(b), mode.from_tensor(offs))
+    assert fake.shape == (16, 48) and fake.dtype == torch.bfloat16
+
+
+def test_autograd_matches_fp32_torch():
+    a, b, offs = problem([6, 0, 11, 3], dtype=torch.float32, seed=2)
+    a, b = a.to(torch.bfloat16).requires_grad_(), b.to(torch.bfloat16).requires_grad_()
+    grad = torch.randn(20, 48)
+    ops.grouped_mm(a, b, offs).backward(grad.to(torch.bfloat16))
+    a32, b32 = a.detach().float().requires_grad_(), b.detach().float().requires_grad_()
+    fp32_reference(a32, b32, offs).backward(grad)
+    torch.testing.assert_close(a.grad.float(), a32.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(b.grad.float(), b32.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_permutation_groups_rows_by_expert_and_counts_every_expert():
+    experts = torch.tensor([[2, 0], [2, 1], [0, 2]])
+    order, offs = permute(experts, 4)
+    assert offs.tolist() == [2, 3, 6, 6]  # expert 3 gets no token
+    assert experts.flatten()[order].tolist() == [0, 0, 1, 2, 2, 2]
+    assert (order // 2).tolist() == [0, 2, 1, 0, 1, 2]  # stable: each expert's tokens in token order
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_the_layer_matches_the_transformers_block(family):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if family == "mixtral":
+        config = transformers.MixtralConfig(hidden_size=64, intermediate_size=96, num_local_experts=8,
+                                            num_experts_per_tok=2)
+        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
+        normalize = True
+    else:
+        config = transformers.Qwen3MoeConfig(hidden_size=64, moe_intermediate_size=32, num_experts=16,
+                                             num_experts_per_tok=4, norm_topk_prob=False)
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as Block
+        normalize = False
+    block = Block(config)
+    for parameter in block.parameters():
+        torch.nn.init.normal_(parameter, std=0.1)
+    block = block.to(torch.bfloat16).eval()
+    layer = MoELayer.from_transformers(block, config.num_experts_per_tok, normalize)
+    x = torch.randn(1, 40, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        want = block(x)
+        want = want[0] if isinstance(want, tuple) else want
+        got = layer(x[0])
+    torch.testing.assert_close(got.float(), want[0].float(), rtol=3e-2, atol=3e-2)
+
+
+def test_interleaving_pairs_gate_and_up_blocks():
+    from moe_gemm.torch.layer import interleave_gate_up
+
+    w = torch.arange(2 * 256, dtype=torch.float32).reshape(1, 2, 256)  # gate columns 0..127, up 128..255
+    fused = interleave_gate_up(w)
+    assert fused[0, 0, :64].tolist() == list(range(64))  # gate block 0
+    assert fused[0, 0, 64:128].tolist() == list(range(128, 192))  # up block 0
+    assert fused[0, 0, 128:192].tolist() == list(range(64, 128))  # gate block 1
+    with pytest.raises(ValueError, match="multiple of 64"):
+        interleave_gate_up(torch.zeros(1, 2, 96))
+
+
+def test_the_fused_path_equals_gemm_then_swiglu():
+    from moe_gemm.torch.layer import interleave_gate_up, swiglu
+
+    a, _, offs = problem([9, 0, 4], K=64, N=256)
+    w = (torch.randn(3, 64, 256) * 0.2).to(torch.bfloat16)
+    fused = ops.grouped_mm_swiglu(a, interleave_gate_up(w), offs)
+    plain = swiglu(ops.grouped_mm(a, w, offs).float())
+    assert fused.shape == (13, 128)
+    torch.testing.assert_close(fused.float(), plain, rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        ops.grouped_mm_swiglu(a, w[:, :, :192].contiguous(), offs)
+
+
+def test_the_fused_layer_equals_the_unfused_one():
+    torch.manual_seed(1)
+    layer = MoELayer(64, 128, 8, 2)
+    x = torch.randn(30, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        fused = layer(x)
+        layer.fused, layer.w_gate_up_fused = False, None
+        plain = layer(x)
+    torch.testing.assert_close(fused.float(), plain.float(), rtol=3e-2, atol=3e-2)

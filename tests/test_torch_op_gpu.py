@@ -1,0 +1,147 @@
+"""moe_gemm.torch on an sm_90a GPU: the op against fp32 torch and against torch._grouped_mm, in both B
+layouts; compiled with torch.compile(fullgraph=True); captured once in a CUDA graph and replayed with
+changing routings (M_tot = 0 and one expert with every token among them); autograd; the fused
+SwiGLU GEMM; and the whole layer against transformers' blocks. Skipped without torch or the GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90a GPU")
+    return torch.device("cuda")
+
+
+def routed(counts, K, N, device, seed=0, dtype=torch.bfloat16):  # noqa: N803
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    a = torch.randn(int(sum(counts)), K, generator=generator).to(dtype).to(device)
+    b = (torch.randn(len(counts), K, N, generator=generator) * K**-0.5).to(dtype).to(device)
+    offs = torch.tensor(np.cumsum(counts), dtype=torch.int32, device=device)
+    return a, b, offs
+
+
+def fp32(a, b, offs):
+    starts = [0, *offs.tolist()[:-1]]
+    return torch.cat([a[s:e].float() @ b[i].float() for i, (s, e) in enumerate(zip(starts, offs.tolist()))])
+
+
+@pytest.mark.parametrize("counts", [(300, 0, 129, 7), (1,) * 12, (0, 0, 500), (257,)])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_the_op_matches_fp32_in_both_layouts(cuda, counts, layout):
+    from moe_gemm.torch import grouped_mm
+
+    a, b, offs = routed(counts, 256, 384, cuda)
+    if layout == "nk":
+        b = b.transpose(1, 2).contiguous().transpose(1, 2)  # the same values, each B[e] column-major
+    out = grouped_mm(a, b, offs)
+    assert out.shape == (sum(counts), 384) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), fp32(a, b, offs), rtol=1e-2, atol=2e-2)
+
+
+def test_malformed_offsets_raise_before_any_launch(cuda):
+    from moe_gemm.torch import grouped_mm
+
+    a, b, offs = routed((5, 7), 64, 64, cuda)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        grouped_mm(a, b, torch.tensor([7, 5], dtype=torch.int32, device=cuda))
+    with pytest.raises(ValueError, match="must end at M_tot = 12"):
+        grouped_mm(a, b, torch.tensor([5, 11], dtype=torch.int32, device=cuda))
+
+
+def test_inputs_k6_cannot_take_fall_back_with_one_warning(cuda):
+    from moe_gemm.torch import grouped_mm, ops
+
+    a, b, offs = routed((5, 7), 96, 64, cuda)  # K = 96
+    ops._warned.clear()
+    with pytest.warns(UserWarning, match="K = 96 is not a multiple of 64"):
+        out = grouped_mm(a, b, offs)
+    torch.testing.assert_close(out.float(), fp32(a, b, offs), rtol=1e-2, atol=2e-2)
+
+
+def test_compiled_fullgraph_gives_the_same_output(cuda):
+    from moe_gemm.torch import grouped_mm
+
+    a, b, offs = routed((100, 0, 28, 400), 128, 256, cuda)
+    compiled = torch.compile(lambda a, b, offs: grouped_mm(a, b, offs).float().sum(dim=1), fullgraph=True)
+    torch.testing.assert_close(compiled(a, b, offs), grouped_mm(a, b, offs).float().sum(dim=1))
+
+
+def test_one_graph_replayed_with_changing_routings(cuda):
+    """Captured once over fixed buffers; each replay's routing written into offs beforehand."""
+    from moe_gemm.torch import grouped_mm
+
+    experts, rows, K, N = 16, 900, 128, 256  # noqa: N806
+    a, b, _ = routed([rows] + [0] * (experts - 1), K, N, cuda)
+    offs = torch.full((experts,), rows, dtype=torch.int32, device=cuda)
+    grouped_mm(a, b, offs)  # compile and warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = grouped_mm(a, b, offs)
+    rng = np.random.default_rng(0)
+    routings = [np.r_[rows, np.zeros(experts - 1, dtype=int)], np.r_[np.zeros(experts - 1, dtype=int), rows]]
+    routings += [rng.multinomial(rows, rng.dirichlet(np.ones(experts) * 0.3)) for _ in range(4)]
+    for counts in routings:
+        offs.copy_(torch.tensor(np.cumsum(counts), dtype=torch.int32))
+        graph.replay()
+        torch.testing.assert_close(out.float(), fp32(a, b, offs), rtol=1e-2, atol=2e-2)
+
+
+def test_autograd_matches_fp32_torch(cuda):
+    from moe_gemm.torch import grouped_mm
+
+    a, b, offs = routed((70, 0, 130, 5), 128, 192, cuda, seed=3)
+    a.requires_grad_(), b.requires_grad_()
+    grad = torch.randn(205, 192, device=cuda)
+    grouped_mm(a, b, offs).backward(grad.to(torch.bfloat16))
+    a32, b32 = a.detach().float().requires_grad_(), b.detach().float().requires_grad_()
+    fp32(a32, b32, offs).backward(grad)
+    torch.testing.assert_close(a.grad.float(), a32.grad, rtol=2e-2, atol=5e-2)
+    torch.testing.assert_close(b.grad.float(), b32.grad, rtol=2e-2, atol=5e-2)
+
+
+def test_the_fused_swiglu_gemm_matches_gemm_then_swiglu(cuda):
+    from moe_gemm.torch.layer import interleave_gate_up, swiglu
+    from moe_gemm.torch.ops import grouped_mm_swiglu
+
+    a, w, offs = routed((300, 0, 129, 7, 64), 256, 512, cuda, seed=4)
+    fused = grouped_mm_swiglu(a, interleave_gate_up(w), offs)
+    torch.testing.assert_close(fused.float(), swiglu(fp32(a, w, offs)), rtol=2e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("tokens", [1, 40, 700])
+def test_the_layer_matches_the_transformers_block(cuda, family, tokens):
+    transformers = pytest.importorskip("transformers")
+    from moe_gemm.torch import MoELayer
+
+    torch.manual_seed(0)
+    if family == "mixtral":
+        config = transformers.MixtralConfig(hidden_size=256, intermediate_size=384, num_local_experts=8,
+                                            num_experts_per_tok=2)
+        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
+        normalize = True
+    else:
+        config = transformers.Qwen3MoeConfig(hidden_size=256, moe_intermediate_size=128, num_experts=64,
+                                             num_experts_per_tok=8, norm_topk_prob=False)
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as Block
+        normalize = False
+    block = Block(config)
+    for parameter in block.parameters():
+        torch.nn.init.normal_(parameter, std=0.05)
+    block = block.to(device=cuda, dtype=torch.bfloat16).eval()
+    layer = MoELayer.from_transformers(block, config.num_experts_per_tok, normalize)
+    x = torch.randn(1, tokens, 256, device=cuda).to(torch.bfloat16)
+    with torch.no_grad():
+        want = block(x)
+        want = (want[0] if isinstance(want, tuple) else want)[0]
+        got = layer(x[0])
+        compiled = torch.compile(layer, fullgraph=True)(x[0])
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(compiled.float(), got.float(), rtol=1e-2, atol=1e-2)

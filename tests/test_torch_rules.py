@@ -1,0 +1,72 @@
+"""moe_gemm.torch's rules without torch: which inputs are malformed (a ValueError naming the rule), which
+our kernel takes, and why the others go to torch._grouped_mm."""
+
+from __future__ import annotations
+
+import pytest
+
+from moe_gemm.torch.rules import Operands, b_layout, check, check_offsets, route
+
+
+def operands(M=1000, K=1024, N=2688, E=64, **changes):  # noqa: N803
+    base = dict(a_shape=(M, K), a_strides=(K, 1), a_dtype="bfloat16", b_shape=(E, K, N), b_strides=(K * N, N, 1),
+                b_dtype="bfloat16", offs_shape=(E,), offs_dtype="int32")
+    base.update(changes)
+    return Operands(**base)
+
+
+def test_well_formed_bf16_inputs_go_to_k6_in_either_layout():
+    assert route(operands()).kernel == "k6" and route(operands()).b_layout == "kn"
+    column_major = operands(b_strides=(1024 * 2688, 1, 1024))
+    assert route(column_major) == route(column_major).__class__("k6", "nk", None)
+
+
+@pytest.mark.parametrize("changes, rule", [
+    (dict(a_shape=(10, 20, 30)), "a must be 2-D"),
+    (dict(b_shape=(1024, 2688)), "b must be 3-D"),
+    (dict(offs_shape=(64, 1)), "offs must be 1-D"),
+    (dict(a_shape=(1000, 512)), r"a's K \(512\) must equal b's K \(1024\)"),
+    (dict(offs_shape=(63,)), "one cumulative row end per expert"),
+    (dict(offs_dtype="int64"), "offs must be int32"),
+    (dict(b_dtype="float16"), "must share a dtype"),
+])
+def test_malformed_inputs_raise_naming_the_rule(changes, rule):
+    with pytest.raises(ValueError, match=rule):
+        route(operands(**changes))
+
+
+@pytest.mark.parametrize("changes, reason", [
+    (dict(a_dtype="float16", b_dtype="float16"), "bf16 in and out"),
+    (dict(out_dtype="float32"), "bf16 in and out"),
+    (dict(a_shape=(1000, 96), a_strides=(96, 1), b_shape=(64, 96, 2688), b_strides=(96 * 2688, 2688, 1)),
+     "K = 96 is not a multiple of 64"),
+    (dict(capability=(8, 0)), "sm_90a GPU"),
+    (dict(capability=(10, 0)), "this is sm_100"),
+    (dict(device="cpu"), "not a CUDA GPU"),
+    (dict(b_shape=(300, 1024, 2688), b_strides=(1024 * 2688, 2688, 1), offs_shape=(300,)), "at most 256"),
+    (dict(b_strides=(1024 * 2688 * 2, 2688, 1)), "row- or column-major"),
+    (dict(a_strides=(2048, 1)), "a must be row-major"),
+    (dict(a_address=8), "16-byte boundaries"),
+])
+def test_what_k6_cannot_take_goes_to_torch_with_the_reason(changes, reason):
+    chosen = route(operands(**changes))
+    assert chosen.kernel == "torch"
+    assert reason in chosen.reason
+
+
+def test_b_layouts():
+    assert b_layout((4, 64, 128), (64 * 128, 128, 1)) == "kn"
+    assert b_layout((4, 64, 128), (64 * 128, 1, 64)) == "nk"
+    assert b_layout((1, 64, 128), (0, 128, 1)) == "kn"  # one expert: its stride does not matter
+    assert b_layout((4, 64, 128), (64 * 128, 256, 2)) is None
+
+
+def test_offsets_must_rise_and_end_at_m_tot():
+    check_offsets([0, 5, 5, 12], 12)
+    with pytest.raises(ValueError, match=r"non-decreasing from 0; offs\[2\] = 4 after 5"):
+        check_offsets([0, 5, 4, 12], 12)
+    with pytest.raises(ValueError, match="must end at M_tot = 13"):
+        check_offsets([0, 5, 12], 13)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        check_offsets([-1, 5], 5)
+    check(operands())  # well-formed: no error
