@@ -1,7 +1,9 @@
 """Chapter 08: the kernel in a model: a drop-in grouped_mm for torch, a whole MoE layer with a fused
 SwiGLU epilogue, and the scoreboard.
 
-    python chapters/08/run.py                  # the layer at three sizes x five token counts, four ways
+    python chapters/08/run.py                  # the layer at three sizes x five token counts, four ways,
+                                               # then the scoreboard
+    python chapters/08/run.py --parts scoreboard   # only the scoreboard (each part merges into the results)
     python chapters/08/run.py --tokens 4096    # some token counts only
     python chapters/08/run.py --layers qwen3   # some layer sizes only (mixtral, qwen3, deepseek)
 
@@ -17,7 +19,10 @@ on the same tokens, in one run:
 The first three are captured whole in one CUDA graph each; the transformers block reads the routing
 back to the host (a loop over the experts hit) and is timed eagerly. It then splits our layer's
 time into router, permutation, GEMM 1 + SwiGLU, GEMM 2 and combine, and times GEMM 1 fused against
-GEMM 1 alone and the SwiGLU pass alone. Results go to chapters/08/results/<gpu>.json.
+GEMM 1 alone and the SwiGLU pass alone. The scoreboard then times our op as a model calls it
+(op/grouped_mm: moe_gemm.torch.grouped_mm on torch tensors) beside torch._grouped_mm and quack over
+chapter 06's grid (M_tot 512 .. 65,536 x s 0 .. 1.6) and chapter 07's model projections, eagerly and
+(at 2,048 rows and fewer) as CUDA-graph replays. Results go to chapters/08/results/<gpu>.json.
 
 Without a GPU or torch it says what it would run, shows the recorded results, and exits 0.
 """
@@ -53,6 +58,7 @@ STEPS = ("router", "permutation", "GEMM 1 + SwiGLU", "GEMM 2", "combine")
 # Targets, same run: at every layer size with 4,096 tokens or more.
 TARGET_VS_TORCH, TARGET_VS_QUACK = 1.25, 1.0
 TARGET_FUSED_SHARE = 0.40  # GEMM 1 fused <= GEMM 1 alone + 40% of a separate SwiGLU pass
+PARTS = ("layer", "scoreboard")
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -61,6 +67,8 @@ def parse_args(argv: Sequence[str] | None):
                         help=f"token counts (default {' '.join(map(str, TOKENS))})")
     parser.add_argument("--layers", nargs="+", choices=list(LAYERS), default=list(LAYERS),
                         help="layer sizes (default: all three)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="what to measure (default: both); a part's records replace only its own in the file")
     parser.add_argument("--no-transformers", action="store_true",
                         help="leave out the transformers block (minutes at 32,768 tokens)")
     return parser.parse_args(argv)
@@ -205,6 +213,41 @@ def fused_epilogue(layer, x) -> dict[str, float]:
             "swiglu_pass_bytes": m * width * 2 + m * width // 2 * 2, "fused_saves_bytes": 2 * m * width * 2}
 
 
+# --------------------------------------------------------------------------- the scoreboard
+
+def scoreboard(quick: bool) -> list[dict[str, Any]]:
+    """op/grouped_mm, torch._grouped_mm (both layouts) and quack on the grid and the model shapes, through
+    the harness's check and timing path; graph replays beside the eager launches at the small cells."""
+    from moe_gemm.chapter import chapter_module, grouped_mm_peers, run_variants
+    from moe_gemm.measure.graph_replay import GraphReplay
+    from moe_gemm.torch.variant import TorchOp
+    from moe_gemm.variants.peer.quack import quack_peers
+
+    ch07 = chapter_module("07")
+    timing = {"warmup": 5, "iterations": 20} if quick else {}
+    contenders = [TorchOp(), *grouped_mm_peers(), *quack_peers()]
+    small = [w for w in ch07.grid() if w.tokens <= ch07.GRAPH_MAX_TOKENS]
+    large = [w for w in (*ch07.grid(), *ch07.MODEL_SHAPES.values()) if w.tokens > ch07.GRAPH_MAX_TOKENS]
+    return (run_variants(contenders + [GraphReplay(v) for v in contenders], small, **timing)
+            + run_variants(contenders, large, **timing))
+
+
+def scoreboard_table(records: Sequence[dict[str, Any]]) -> Table:
+    from moe_gemm.chapter import chapter_module
+
+    ch07 = chapter_module("07")
+    cells = [*ch07.grid(), *ch07.MODEL_SHAPES.values()]
+    rows = [(w.label, *(f"{v:.2f}" if (v := ch07.ratio(records, OP, peers, w)) is not None else "-"
+                        for peers in (ch07.TORCH, ch07.QUACK))) for w in cells if ch07.find(records, OP, w)]
+    return Table(("workload", "/ torch", "/ quack"), tuple(rows), title="The scoreboard: our op against the peers",
+                 legend="useful TFLOP/s of op/grouped_mm (moe_gemm.torch.grouped_mm as a model calls it) over the "
+                        "faster torch._grouped_mm layout and over quack's best configuration, same inputs, same run; "
+                        "CUDA-graph replays at 2,048 rows and fewer")
+
+
+OP = "op/grouped_mm"
+
+
 # --------------------------------------------------------------------------- tables and targets
 
 def layer_table(records: Sequence[dict[str, Any]]) -> Table:
@@ -262,7 +305,8 @@ def compile_check() -> dict[str, Any]:
 
 def run_without_gpu(args, reason: str) -> int:
     print_not_run(args, "the MoE layer", reason, "showing the recorded results instead",
-                  ("--tokens", "--layers", "--no-transformers"), "nothing is timed without an sm_90a GPU and torch")
+                  ("--tokens", "--layers", "--parts", "--no-transformers"),
+                  "nothing is timed without an sm_90a GPU and torch")
     if show_recorded(CHAPTER) != 0:
         print(f"(no recorded results for chapter {CHAPTER} yet)")
     return 0
@@ -273,18 +317,29 @@ def run_on_gpu(args, gpu) -> int:
 
     if not torch_available():
         return run_without_gpu(args, "torch is not installed")
+    from moe_gemm.chapter import recorded
+
     print(describe_gpu(gpu) + "\n")
-    records, steps, fused = [], [], []
-    for key in args.layers:
-        r, s, f = measure_layer(LAYERS[key], args.tokens, not args.no_transformers)
-        records, steps, fused = records + r, steps + s, fused + f
-    show(layer_table(records))
-    compiled = compile_check()
-    targets = target_rows(records, fused)
+    earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
+    records = [r for r in earlier["records"] if r.get("part") not in args.parts]
+    steps, fused = earlier.get("steps", []), earlier.get("fused_epilogue", [])
+    compiled = earlier.get("compile", {})
+    if "layer" in args.parts:
+        steps, fused = [], []
+        for key in args.layers:
+            r, s, f = measure_layer(LAYERS[key], args.tokens, not args.no_transformers)
+            records, steps, fused = records + [{**x, "part": "layer"} for x in r], steps + s, fused + f
+        compiled = compile_check()
+    if "scoreboard" in args.parts:
+        records += [{**r, "part": "scoreboard"} for r in scoreboard(quick=False)]
+    show(layer_table([r for r in records if r.get("part") == "layer"]))
+    show(scoreboard_table(records))
+    targets = target_rows([r for r in records if r.get("part") == "layer"], fused)
     for t in targets:
         print(f"{t['target']}: {t['value']:.3f} (goal {'<=' if t.get('at_most') else '>='} {t['goal']}): "
               f"{'met' if t['met'] else 'MISSED'}")
-    print(f"torch.compile(fullgraph=True): relative error {compiled['rel_error']:.2e}")
+    if compiled:
+        print(f"torch.compile(fullgraph=True): relative error {compiled['rel_error']:.2e}")
     path = save_results(CHAPTER, records, gpu, steps=steps, fused_epilogue=fused, compile=compiled, targets=targets)
     print(f"results written to {path}")
     return 0

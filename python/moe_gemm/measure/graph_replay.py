@@ -7,8 +7,9 @@ times every contender both ways. ``GraphReplay(variant)`` is named ``<variant>+g
 inner variant, runs it once (compiling, tuning), captures one launch and replays it.
 
 Our kernels launch through the driver on the harness stream and are captured with the driver's
-stream capture (cuda.graph.Graph). Peers built on torch (torch._grouped_mm, quack) allocate and pick
-streams through torch, so they are captured with ``torch.cuda.graph`` on the same stream.
+stream capture (cuda.graph.Graph). Variants that allocate through torch (``uses_torch``: the
+torch._grouped_mm and quack peers, our own torch op) are captured with ``torch.cuda.graph`` on the
+same stream.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class GraphReplay:
             return prepared
         prepared.launch()  # compiles, tunes, allocates: nothing of that may happen during capture
         synchronize()
-        if self.inner.name.startswith("peer/"):
+        if getattr(self.inner, "uses_torch", False):
             replay, graph = _torch_graph(prepared.launch)
         else:
             graph = Graph(prepared.launch)

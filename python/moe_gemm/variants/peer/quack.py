@@ -256,6 +256,8 @@ class QuackVarlenM:
     after the tuned call: the only refusal that comes after a launch.
     """
 
+    uses_torch = True  # allocates through torch (measure.graph_replay captures it with torch.cuda.graph)
+
     def __init__(self, rank: int | None = None) -> None:
         if rank is not None and not 1 <= rank <= TOP_CONFIGS:
             raise ValueError(f"rank must be 1 ... {TOP_CONFIGS}, got {rank}")

@@ -136,6 +136,8 @@ class TorchGroupedMM:
     different CUTLASS kernel for each, so a fair comparison takes the faster.
     """
 
+    uses_torch = True  # allocates through torch (measure.graph_replay captures it with torch.cuda.graph)
+
     def __init__(self, k_major: bool = False) -> None:
         self.k_major = k_major
         self.name = PEER_GROUPED_MM_KMAJOR if k_major else PEER_GROUPED_MM
@@ -172,6 +174,8 @@ class TorchGroupedMM:
 
 class TorchLoop:
     """``peer/torch_loop``: one torch.matmul per non-empty expert, into that expert's rows of C."""
+
+    uses_torch = True  # allocates through torch (measure.graph_replay captures it with torch.cuda.graph)
 
     name = PEER_LOOP
 
