@@ -45,7 +45,6 @@ struct Config {
     static constexpr int WG_ROWS = 128, M_ITERS = 2;             // two m64 slices per warpgroup
     static constexpr int BM = MODE == PINGPONG ? WG_ROWS : 2 * WG_ROWS;
     static constexpr int TILE_N = BN;
-    static constexpr int THREADS = 3 * sm90::WARPGROUP;          // two consumers and a producer
     static constexpr unsigned A_BYTES = BM * sm90::BK * 2;
     static constexpr unsigned B_BYTES = BN * sm90::BK * 2;
     static constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
@@ -66,6 +65,11 @@ struct Config {
     static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
     static constexpr int STAGING_RINGS = MODE == PINGPONG ? 1 : 2;  // shared by the ping-pong epilogues
     static constexpr unsigned STAGING_BYTES = STAGING_RINGS * STAGING_BOXES * sm90::BOX_BYTES;  // per block
+    // The host sizes the launch the same way (moe_gemm.variants.k6.config): ring, staging and the 1 KB
+    // the ring's alignment may cost, within the 227 KB a block may have less the static part (barriers,
+    // the device walk's 2 KB, the slots).
+    static_assert(STAGES * STAGE_BYTES + STAGING_BYTES + sm90::SWIZZLE_ALIGN <= 232448 - 2304,
+                  "the ring and the C staging fit the shared memory of one block");
     static_assert(STAGE_BYTES % sm90::SWIZZLE_ALIGN == 0 && A_SHARE_BYTES % sm90::SWIZZLE_ALIGN == 0,
                   "every stage, box and A half starts on a 1 KB boundary (the 128-byte swizzle's period)");
 };
@@ -400,7 +404,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     int experts, int group, int K, int N, const OperandPlan plan_a, const OperandPlan plan_b
 
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE>
-__global__ void __launch_bounds__(384, 1) k6_persistent(K6_PARAMS) {
+__global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
 }
@@ -408,7 +412,7 @@ __global__ void __launch_bounds__(384, 1) k6_persistent(K6_PARAMS) {
 // ALONG_M: the cluster's two blocks take two M tiles of one N column (B shared), else two N tiles
 // of one M tile (A shared).
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M>
-__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) k6_persistent_cluster2(K6_PARAMS) {
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_cluster2(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
 }
@@ -416,7 +420,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) k6_persisten
 // An MoE layer's first GEMM with the SwiGLU epilogue: C is [M_tot, N / 2] and B's columns are
 // interleaved gate / up blocks of 64; BN = 128, no cluster, the device walk.
 template <int MODE, int STAGES, int STAGING_BOXES>
-__global__ void __launch_bounds__(384, 1) k6_persistent_swiglu(K6_PARAMS) {
+__global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_swiglu(K6_PARAMS) {
     k6::k6_body<MODE, 128, STAGES, 1, 1, false, STAGING_BOXES, true, true>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
 }
