@@ -1,0 +1,139 @@
+"""Chapter 08's figures, drawn from chapters/08/results/h200.json.
+
+    python chapters/08/figures.py          # writes site_docs/figures/08/*.png
+
+* layers.png: the layer's forward time four ways, per layer size and token count;
+* steps.png: our layer's time split into router, permutation, GEMM 1 + SwiGLU, GEMM 2 and combine
+  (shares, each bar's total above it);
+* fused.png: GEMM 1 with the fused SwiGLU epilogue against GEMM 1 alone plus the SwiGLU pass;
+* scoreboard.png: our op over torch._grouped_mm and over quack on chapter 06's grid.
+
+When the results file is absent nothing is drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from moe_gemm.chapter import chapter_module, figures_main, recorded, run_main
+from moe_gemm.site.style import COLORS, new_figure, save_figure
+
+CHAPTER = "08"
+RUN = chapter_module(CHAPTER)
+WAY_COLORS = {"layer/ours": COLORS["k3"], "layer/torch_grouped_mm": "#7f7f7f", "layer/quack": "#2ca02c",
+              "layer/transformers": "#ff7f0e"}
+
+
+def _key(record: dict[str, Any]) -> tuple[int, int, int, int]:
+    return record["hidden"], record["intermediate"], record["experts"], record["top_k"]
+
+
+def layers_figure(data: dict[str, Any]):
+    records = [r for r in data["records"] if r.get("part") == "layer"]
+    shapes = list(dict.fromkeys(_key(r) for r in records))
+    fig, axes = new_figure(4.2 * len(shapes), 3.8, ncols=len(shapes), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        rows = [r for r in records if _key(r) == shape]
+        tokens = sorted({r["tokens"] for r in rows})
+        for way in RUN.WAYS:
+            found = {r["tokens"]: r["median_ms"] for r in rows if r["variant"] == way}
+            if found:
+                ax.plot([t for t in tokens if t in found], [found[t] for t in tokens if t in found], marker="o",
+                        color=WAY_COLORS[way], label=way.split("/", 1)[1])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens")
+        ax.set_title(f"H={shape[0]} I={shape[1]} E={shape[2]} top-{shape[3]}", fontsize=11)
+    axes[0][0].set_ylabel("forward ms (median)")
+    axes[0][-1].legend(fontsize=9)
+    return fig
+
+
+def steps_figure(data: dict[str, Any]):
+    """Each bar one layer size and token count, split into its steps' shares; its total above it (the
+    totals span orders of magnitude, so the bars are shares, not milliseconds)."""
+    steps = data["steps"]
+    labels = [f"H={s['hidden']}\n{s['tokens']:,} tok" for s in steps]
+    fig, ax = new_figure(max(6.0, 0.7 * len(steps) + 2), 4.2)
+    totals = [sum(s[f"{step}_ms"] for step in RUN.STEPS) for s in steps]
+    bottom = [0.0] * len(steps)
+    palette = ("#e377c2", "#8c564b", COLORS["k3"], "#17becf", "#bcbd22")
+    for step, color in zip(RUN.STEPS, palette):
+        shares = [100 * s[f"{step}_ms"] / total for s, total in zip(steps, totals)]
+        ax.bar(range(len(steps)), shares, bottom=bottom, color=color, label=step)
+        bottom = [b + v for b, v in zip(bottom, shares)]
+    for i, total in enumerate(totals):
+        ax.text(i, 101, f"{total:.2f} ms", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(steps)), labels, fontsize=8)
+    ax.set_ylim(0, 112)
+    ax.set_ylabel("share of the layer's time (%)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(axis="x", visible=False)
+    return fig
+
+
+def fused_figure(data: dict[str, Any]):
+    fused = data["fused_epilogue"]
+    labels = [f"H={f['hidden']}\n{f['tokens']:,} tok" for f in fused]
+    fig, ax = new_figure(max(6.0, 0.7 * len(fused) + 2), 3.8)
+    x = range(len(fused))
+    ax.bar([i - 0.2 for i in x], [f["fused_ms"] for f in fused], 0.4, color=COLORS["k3"], label="GEMM 1 + fused SwiGLU")
+    ax.bar([i + 0.2 for i in x], [f["gemm1_ms"] for f in fused], 0.4, color="#7f7f7f", label="GEMM 1 alone")
+    ax.bar([i + 0.2 for i in x], [f["swiglu_ms"] for f in fused], 0.4, bottom=[f["gemm1_ms"] for f in fused],
+           color="#bcbd22", label="+ SwiGLU as its own pass")
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=9)
+    ax.grid(axis="x", visible=False)
+    return fig
+
+
+def scoreboard_figure(data: dict[str, Any]):
+    from matplotlib.colors import TwoSlopeNorm
+
+    from moe_gemm.model.workloads import GRID_SKEWS, GRID_TOKENS, Workload
+
+    ch07 = chapter_module("07")
+    records = data["records"]
+    fig, axes = new_figure(10.0, 4.6, ncols=2)
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=0.7, vmax=1.5)
+    for ax, (peers, title) in zip(axes, ((ch07.TORCH, "our op / torch._grouped_mm"), (ch07.QUACK, "our op / quack"))):
+        ratios = [[ch07.ratio(records, RUN.OP, peers, Workload(t, s)) for s in GRID_SKEWS] for t in GRID_TOKENS]
+        ax.imshow([[float("nan") if v is None else v for v in row] for row in ratios], cmap="RdBu", norm=norm,
+                  aspect="auto")
+        for i, row in enumerate(ratios):
+            for j, value in enumerate(row):
+                if value is not None:
+                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=12)
+        ax.set_xticks(range(len(GRID_SKEWS)), [f"{s:g}" for s in GRID_SKEWS])
+        ax.set_yticks(range(len(GRID_TOKENS)), [f"{t // 1024}k" if t >= 1024 else str(t) for t in GRID_TOKENS])
+        ax.set_xlabel("skew s")
+        ax.set_title(title, fontsize=13)
+        ax.grid(False)
+    axes[0].set_ylabel("M_tot (rows)")
+    fig.suptitle("ratio of useful TFLOP/s, same run (blue: ours faster; blank: not measured)", fontsize=12)
+    return fig
+
+
+def write_outputs(root: Path) -> list[Path]:
+    data = recorded(CHAPTER)
+    if data is None:
+        return []
+    written = []
+    if any(r.get("part") == "layer" for r in data["records"]):
+        written += [save_figure(layers_figure(data), CHAPTER, "layers", root),
+                    save_figure(steps_figure(data), CHAPTER, "steps", root),
+                    save_figure(fused_figure(data), CHAPTER, "fused", root)]
+    if any(r.get("part") == "scoreboard" for r in data["records"]):
+        written.append(save_figure(scoreboard_figure(data), CHAPTER, "scoreboard", root))
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return figures_main(__doc__, write_outputs, CHAPTER, argv)
+
+
+if __name__ == "__main__":
+    run_main(main)
