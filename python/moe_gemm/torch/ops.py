@@ -105,6 +105,14 @@ def _fused_variant() -> Any:
     return K6Persistent(FUSED_CONFIG)
 
 
+@functools.lru_cache(maxsize=256)
+def _arguments(variant: Any, *key: int) -> tuple[Any, ...]:
+    """The launch's arguments, three TMA descriptors among them: encoding those is tens of microseconds
+    of host time, more than a small launch takes on the GPU, so the same pointers and shape (torch's
+    caching allocator hands the same blocks out again) reuse them."""
+    return variant.arguments(*key)
+
+
 def _launch_k6(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, layout: str,
                epilogue: str = "none") -> None:
     from moe_gemm.cuda.launch import launch
@@ -114,7 +122,7 @@ def _launch_k6(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.
     properties = torch.cuda.get_device_properties(a.device)
     variant = _fused_variant() if epilogue == "swiglu" else _variant(tokens, experts, K, N, layout, properties.name)
     kernel = variant.compile()
-    args = variant.arguments(a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), tokens, experts, K, N)
+    args = _arguments(variant, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), tokens, experts, K, N)
     grid = variant.slots(properties.multi_processor_count) * variant.config.cluster
     launch(kernel, grid, THREADS, variant.config.dynamic_smem_bytes, *args,
            stream=torch.cuda.current_stream(a.device).cuda_stream)
