@@ -145,3 +145,18 @@ def test_the_fused_layer_equals_the_unfused_one():
         layer.fused, layer.w_gate_up_fused = False, None
         plain = layer(x)
     torch.testing.assert_close(fused.float(), plain.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_chapter_08s_transformers_block_holds_our_layers_weights():
+    """The timed transformers block is built from our layer's weights (the reverse of from_transformers)."""
+    pytest.importorskip("transformers")
+    from moe_gemm.chapter import chapter_module
+    from moe_gemm.model.layers import LayerShape
+
+    torch.manual_seed(3)
+    shape = LayerShape("small", 64, 128, 8, 2)
+    layer = MoELayer(shape.hidden, shape.intermediate, shape.experts, shape.top_k)
+    block = chapter_module("08").transformers_block(layer, shape)
+    x = torch.randn(25, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        torch.testing.assert_close(block(x).float(), layer(x).float(), rtol=3e-2, atol=3e-2)

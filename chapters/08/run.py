@@ -132,7 +132,7 @@ def transformers_block(layer, shape: LayerShape) -> Any:
                                         num_local_experts=shape.experts, num_experts_per_tok=shape.top_k)
     with torch.device("meta"):
         block = MixtralSparseMoeBlock(config)
-    block = block.to_empty(device="cuda").to(torch.bfloat16).eval()
+    block = block.to_empty(device=layer.gate.device).to(torch.bfloat16).eval()
     with torch.no_grad():
         block.gate.weight.copy_(layer.gate)
         block.experts.gate_up_proj.copy_(layer.w_gate_up.transpose(1, 2))
