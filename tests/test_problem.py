@@ -96,6 +96,18 @@ def test_random_b_is_scaled_for_unit_variance_outputs() -> None:
     assert float(p.b.astype(np.float32).std()) == pytest.approx(1024**-0.5, rel=0.05)
 
 
+def test_large_random_arrays_are_drawn_in_threads_deterministically(monkeypatch) -> None:
+    import moe_gemm.model.problem as problem
+
+    monkeypatch.setattr(problem, "THREADED_ELEMENTS", 1000)  # 8 x 64 x 32 = 16,384 elements: threaded
+    one = problem.random_bf16(np.random.default_rng(3), (8, 64, 32), "random", 0.5).astype(np.float32)
+    two = problem.random_bf16(np.random.default_rng(3), (8, 64, 32), "random", 0.5).astype(np.float32)
+    np.testing.assert_array_equal(one, two)
+    assert np.count_nonzero(one) == one.size
+    assert float(one.std()) == pytest.approx(0.5, rel=0.05)
+    assert not np.array_equal(one[0], one[1])  # each slab its own stream, not one slab repeated
+
+
 def test_integer_inputs_are_small_integers() -> None:
     p = problem_from_counts(np.array([40, 0, 24]), K=32, N=16, values="integer", seed=9)
     for array in (p.a, p.b):

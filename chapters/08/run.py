@@ -35,6 +35,7 @@ from typing import Any
 from moe_gemm.chapter import (
     SM90A,
     Table,
+    add_timing_arguments,
     chapter_main,
     chapter_parser,
     describe_gpu,
@@ -44,6 +45,7 @@ from moe_gemm.chapter import (
     save_results,
     show,
     show_recorded,
+    timing_options,
 )
 from moe_gemm.core.cli import positive_int
 from moe_gemm.model.layers import LAYERS, LayerShape
@@ -59,10 +61,13 @@ STEPS = ("router", "permutation", "GEMM 1 + SwiGLU", "GEMM 2", "combine")
 TARGET_VS_TORCH, TARGET_VS_QUACK = 1.25, 1.0
 TARGET_FUSED_SHARE = 0.40  # GEMM 1 fused <= GEMM 1 alone + 40% of a separate SwiGLU pass
 PARTS = ("layer", "scoreboard")
+LAYER_KEY = ("hidden", "intermediate", "experts", "top_k", "tokens")  # what names one layer measurement
 
 
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
+    add_timing_arguments(parser, peers="quack (torch._grouped_mm and transformers stay: they are the comparison)",
+                         quick_note=" (the scoreboard's kernels; a layer is always timed over 30 graph replays)")
     parser.add_argument("--tokens", type=positive_int("--tokens"), nargs="+", default=list(TOKENS), metavar="T",
                         help=f"token counts (default {' '.join(map(str, TOKENS))})")
     parser.add_argument("--layers", nargs="+", choices=list(LAYERS), default=list(LAYERS),
@@ -76,7 +81,7 @@ def parse_args(argv: Sequence[str] | None):
 
 # --------------------------------------------------------------------------- the four ways
 
-def build(shape: LayerShape) -> dict[str, Any]:
+def build(shape: LayerShape, with_quack: bool) -> dict[str, Any]:
     """One layer (random weights, bf16, on the GPU) and each way's forward pass over it."""
     import torch
 
@@ -86,7 +91,7 @@ def build(shape: LayerShape) -> dict[str, Any]:
     torch.manual_seed(0)
     layer = MoELayer(shape.hidden, shape.intermediate, shape.experts, shape.top_k, device="cuda")
     ways: dict[str, Any] = {"layer/ours": layer, "layer/torch_grouped_mm": lambda x: layer(x, gemm=torch_grouped_mm)}
-    quack = quack_forward(layer)
+    quack = quack_forward(layer) if with_quack else None
     if quack is not None:
         ways["layer/quack"] = quack
     ways["layer/transformers"] = transformers_block(layer, shape)
@@ -142,13 +147,14 @@ def transformers_block(layer, shape: LayerShape) -> Any:
 
 # --------------------------------------------------------------------------- measuring
 
-def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool) -> tuple[list, list, list]:
+def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool,
+                  with_quack: bool) -> tuple[list, list, list]:
     import torch
 
     from moe_gemm.torch.bench import time_call
     from moe_gemm.torch.ops import offsets_unchecked
 
-    ways = build(shape)
+    ways = build(shape, with_quack)
     layer = ways["_layer"]
     records, steps, fused = [], [], []
     for tokens in tokens_list:
@@ -215,7 +221,7 @@ def fused_epilogue(layer, x) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- the scoreboard
 
-def scoreboard(quick: bool) -> list[dict[str, Any]]:
+def scoreboard(timing: dict[str, int], with_quack: bool) -> list[dict[str, Any]]:
     """op/grouped_mm, torch._grouped_mm (both layouts) and quack on the grid and the model shapes, through
     the harness's check and timing path; graph replays beside the eager launches at the small cells."""
     from moe_gemm.chapter import chapter_module, grouped_mm_peers, run_variants
@@ -224,8 +230,7 @@ def scoreboard(quick: bool) -> list[dict[str, Any]]:
     from moe_gemm.variants.peer.quack import quack_peers
 
     ch07 = chapter_module("07")
-    timing = {"warmup": 5, "iterations": 20} if quick else {}
-    contenders = [TorchOp(), *grouped_mm_peers(), *quack_peers()]
+    contenders = [TorchOp(), *grouped_mm_peers(), *(quack_peers() if with_quack else [])]
     small = [w for w in ch07.grid() if w.tokens <= ch07.GRAPH_MAX_TOKENS]
     large = [w for w in (*ch07.grid(), *ch07.MODEL_SHAPES.values()) if w.tokens > ch07.GRAPH_MAX_TOKENS]
     return (run_variants(contenders + [GraphReplay(v) for v in contenders], small, **timing)
@@ -271,7 +276,7 @@ def target_rows(records: Sequence[dict[str, Any]], fused: Sequence[dict[str, Any
     for way, goal in (("layer/torch_grouped_mm", TARGET_VS_TORCH), ("layer/quack", TARGET_VS_QUACK)):
         pairs = [(r, o) for r in records if r["variant"] == way and r["tokens"] >= 4096
                  for o in records if o["variant"] == "layer/ours"
-                 and all(o[k] == r[k] for k in ("hidden", "intermediate", "experts", "top_k", "tokens"))]
+                 and all(o[k] == r[k] for k in LAYER_KEY)]
         if pairs:
             worst = min(pairs, key=lambda p: p[0]["median_ms"] / p[1]["median_ms"])
             value = worst[0]["median_ms"] / worst[1]["median_ms"]
@@ -305,7 +310,7 @@ def compile_check() -> dict[str, Any]:
 
 def run_without_gpu(args, reason: str) -> int:
     print_not_run(args, "the MoE layer", reason, "showing the recorded results instead",
-                  ("--tokens", "--layers", "--parts", "--no-transformers"),
+                  ("--tokens", "--layers", "--parts", "--no-transformers", "--quick", "--no-peers"),
                   "nothing is timed without an sm_90a GPU and torch")
     if show_recorded(CHAPTER) != 0:
         print(f"(no recorded results for chapter {CHAPTER} yet)")
@@ -321,17 +326,26 @@ def run_on_gpu(args, gpu) -> int:
 
     print(describe_gpu(gpu) + "\n")
     earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
-    records = [r for r in earlier["records"] if r.get("part") not in args.parts]
-    steps, fused = earlier.get("steps", []), earlier.get("fused_epilogue", [])
+    # A run replaces what it measures and keeps the rest: the scoreboard whole, the layer per
+    # (size, tokens), so the sizes can be measured in separate processes.
+    remeasured = ({tuple(LAYERS[key].fields(t)[k] for k in LAYER_KEY) for key in args.layers for t in args.tokens}
+                  if "layer" in args.parts else set())
+
+    def kept(record: dict[str, Any]) -> bool:
+        return tuple(record.get(k) for k in LAYER_KEY) not in remeasured
+
+    records = [r for r in earlier["records"]
+               if r.get("part") not in args.parts or (r.get("part") == "layer" and kept(r))]
+    steps = [s for s in earlier.get("steps", []) if kept(s)]
+    fused = [f for f in earlier.get("fused_epilogue", []) if kept(f)]
     compiled = earlier.get("compile", {})
     if "layer" in args.parts:
-        steps, fused = [], []
         for key in args.layers:
-            r, s, f = measure_layer(LAYERS[key], args.tokens, not args.no_transformers)
+            r, s, f = measure_layer(LAYERS[key], args.tokens, not args.no_transformers, not args.no_peers)
             records, steps, fused = records + [{**x, "part": "layer"} for x in r], steps + s, fused + f
         compiled = compile_check()
     if "scoreboard" in args.parts:
-        records += [{**r, "part": "scoreboard"} for r in scoreboard(quick=False)]
+        records += [{**r, "part": "scoreboard"} for r in scoreboard(timing_options(args), with_quack=not args.no_peers)]
     show(layer_table([r for r in records if r.get("part") == "layer"]))
     show(scoreboard_table(records))
     targets = target_rows([r for r in records if r.get("part") == "layer"], fused)
