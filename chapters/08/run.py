@@ -33,8 +33,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from moe_gemm.chapter import (
+    GRID_TOKENS,
     SM90A,
     Table,
+    Workload,
     add_timing_arguments,
     chapter_main,
     chapter_parser,
@@ -74,6 +76,9 @@ def parse_args(argv: Sequence[str] | None):
                         help="layer sizes (default: all three)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="what to measure (default: both); a part's records replace only its own in the file")
+    parser.add_argument("--rows", type=positive_int("--rows"), nargs="+", default=list(GRID_TOKENS), metavar="M",
+                        help=f"the scoreboard grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))}); the "
+                             "model projections are always on it")
     parser.add_argument("--no-transformers", action="store_true",
                         help="leave out the transformers block (minutes at 32,768 tokens)")
     return parser.parse_args(argv)
@@ -93,15 +98,16 @@ def build(shape: LayerShape, with_quack: bool) -> dict[str, Any]:
     ways: dict[str, Any] = {"layer/ours": layer, "layer/torch_grouped_mm": lambda x: layer(x, gemm=torch_grouped_mm)}
     quack = quack_forward(layer) if with_quack else None
     if quack is not None:
-        ways["layer/quack"] = quack
+        ways["layer/quack"], ways["_quack_gemm1"] = quack
     ways["layer/transformers"] = transformers_block(layer, shape)
     ways["_layer"], ways["_forward"] = layer, moe_forward
     return ways
 
 
-def quack_forward(layer) -> Any:
-    """The same layer on quack: GEMM 1 through quack's gemm_act with its fused SwiGLU (gate and up
-    columns interleaved one by one, quack's layout), GEMM 2 through its gemm. None without quack."""
+def quack_forward(layer) -> tuple[Any, str] | None:
+    """The same layer on quack, and how GEMM 1 ran: through quack's gemm_act with its fused SwiGLU
+    (gate and up columns interleaved one by one, quack's layout) where that works, else quack's gemm
+    and SwiGLU as its own pass (as the torch way runs it); GEMM 2 through its gemm. None without quack."""
     from moe_gemm.variants.peer.quack import quack_available
 
     if quack_available() is not None:
@@ -111,10 +117,13 @@ def quack_forward(layer) -> Any:
 
     from moe_gemm.torch.layer import combine, permute, route
 
+    def quack_grouped_mm(a, b, offs):
+        return gemm(a, b, cu_seqlens_m=torch.cat([offs.new_zeros(1), offs]), tuned=True)
+
     gate, up = layer.w_gate_up.detach().chunk(2, dim=2)
     w_interleaved = torch.stack([gate, up], dim=3).flatten(2).contiguous()  # g0, u0, g1, u1, ...
 
-    def forward(x):
+    def fused(x):
         weights, experts = route(x, layer.gate, layer.top_k, layer.normalize)
         order, offs = permute(experts, layer.gate.shape[0])
         cu_seqlens = torch.cat([offs.new_zeros(1), offs])
@@ -124,7 +133,14 @@ def quack_forward(layer) -> Any:
         y = gemm(act, layer.w_down, cu_seqlens_m=cu_seqlens, tuned=True)
         return combine(y, order, weights, layer.top_k, x.shape[0]).to(x.dtype)
 
-    return forward
+    try:
+        with torch.no_grad():
+            fused(torch.randn(64, layer.gate.shape[1], device=layer.gate.device, dtype=layer.gate.dtype))
+    except Exception as error:  # noqa: BLE001 - any failure inside quack's epilogue compiler: say it, go on unfused
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        progress(f"[quack] gemm_act with SwiGLU failed ({reason}); GEMM 1 runs quack's gemm, SwiGLU its own pass")
+        return (lambda x: layer(x, gemm=quack_grouped_mm)), f"gemm + separate SwiGLU (gemm_act failed: {reason})"
+    return fused, "gemm_act (fused SwiGLU)"
 
 
 def transformers_block(layer, shape: LayerShape) -> Any:
@@ -172,7 +188,8 @@ def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transforme
                 timed = time_call(lambda forward=forward: forward(x), graph=name != "layer/transformers")
             records.append({"variant": name, **shape.fields(tokens), "median_ms": timed.median_ms,
                             "min_ms": timed.min_ms, "max_ms": timed.max_ms, "cuda_graph": timed.graph,
-                            "rel_error_vs_ours": error})
+                            "rel_error_vs_ours": error,
+                            **({"quack_gemm1": ways["_quack_gemm1"]} if name == "layer/quack" else {})})
         with torch.no_grad(), offsets_unchecked():
             steps.append({**shape.fields(tokens), **step_times(layer, x)})
             fused.append({**shape.fields(tokens), **fused_epilogue(layer, x)})
@@ -221,9 +238,17 @@ def fused_epilogue(layer, x) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- the scoreboard
 
-def scoreboard(timing: dict[str, int], with_quack: bool) -> list[dict[str, Any]]:
-    """op/grouped_mm, torch._grouped_mm (both layouts) and quack on the grid and the model shapes, through
-    the harness's check and timing path; graph replays beside the eager launches at the small cells."""
+def scoreboard_cells(rows: Sequence[int]) -> list[Any]:
+    """Chapter 06's grid at the M_tot values ``rows``, then chapter 07's model projections."""
+    from moe_gemm.chapter import chapter_module
+
+    ch07 = chapter_module("07")
+    return [*ch07.grid(rows), *ch07.MODEL_SHAPES.values()]
+
+
+def scoreboard(cells: Sequence[Any], timing: dict[str, int], with_quack: bool) -> list[dict[str, Any]]:
+    """op/grouped_mm, torch._grouped_mm (both layouts) and quack on ``cells``, through the harness's check
+    and timing path; graph replays beside the eager launches at the small cells."""
     from moe_gemm.chapter import chapter_module, grouped_mm_peers, run_variants
     from moe_gemm.measure.graph_replay import GraphReplay
     from moe_gemm.torch.variant import TorchOp
@@ -231,8 +256,8 @@ def scoreboard(timing: dict[str, int], with_quack: bool) -> list[dict[str, Any]]
 
     ch07 = chapter_module("07")
     contenders = [TorchOp(), *grouped_mm_peers(), *(quack_peers() if with_quack else [])]
-    small = [w for w in ch07.grid() if w.tokens <= ch07.GRAPH_MAX_TOKENS]
-    large = [w for w in (*ch07.grid(), *ch07.MODEL_SHAPES.values()) if w.tokens > ch07.GRAPH_MAX_TOKENS]
+    small = [w for w in cells if w.tokens <= ch07.GRAPH_MAX_TOKENS]
+    large = [w for w in cells if w.tokens > ch07.GRAPH_MAX_TOKENS]
     return (run_variants(contenders + [GraphReplay(v) for v in contenders], small, **timing)
             + run_variants(contenders, large, **timing))
 
@@ -310,7 +335,7 @@ def compile_check() -> dict[str, Any]:
 
 def run_without_gpu(args, reason: str) -> int:
     print_not_run(args, "the MoE layer", reason, "showing the recorded results instead",
-                  ("--tokens", "--layers", "--parts", "--no-transformers", "--quick", "--no-peers"),
+                  ("--tokens", "--layers", "--rows", "--parts", "--no-transformers", "--quick", "--no-peers"),
                   "nothing is timed without an sm_90a GPU and torch")
     if show_recorded(CHAPTER) != 0:
         print(f"(no recorded results for chapter {CHAPTER} yet)")
@@ -327,15 +352,16 @@ def run_on_gpu(args, gpu) -> int:
     print(describe_gpu(gpu) + "\n")
     earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
     # A run replaces what it measures and keeps the rest: the scoreboard whole, the layer per
-    # (size, tokens), so the sizes can be measured in separate processes.
+    # (size, tokens) and the scoreboard per cell, so they can be measured in separate processes.
     remeasured = ({tuple(LAYERS[key].fields(t)[k] for k in LAYER_KEY) for key in args.layers for t in args.tokens}
                   if "layer" in args.parts else set())
 
     def kept(record: dict[str, Any]) -> bool:
         return tuple(record.get(k) for k in LAYER_KEY) not in remeasured
 
-    records = [r for r in earlier["records"]
-               if r.get("part") not in args.parts or (r.get("part") == "layer" and kept(r))]
+    cells = set(scoreboard_cells(args.rows)) if "scoreboard" in args.parts else set()
+    records = [r for r in earlier["records"] if r.get("part") not in args.parts
+               or (r.get("part") == "layer" and kept(r)) or (r.get("part") == "scoreboard" and Workload.of(r) not in cells)]
     steps = [s for s in earlier.get("steps", []) if kept(s)]
     fused = [f for f in earlier.get("fused_epilogue", []) if kept(f)]
     compiled = earlier.get("compile", {})
@@ -345,7 +371,7 @@ def run_on_gpu(args, gpu) -> int:
             records, steps, fused = records + [{**x, "part": "layer"} for x in r], steps + s, fused + f
         compiled = compile_check()
     if "scoreboard" in args.parts:
-        records += [{**r, "part": "scoreboard"} for r in scoreboard(timing_options(args), with_quack=not args.no_peers)]
+        records += [{**r, "part": "scoreboard"} for r in scoreboard(cells, timing_options(args), not args.no_peers)]
     show(layer_table([r for r in records if r.get("part") == "layer"]))
     show(scoreboard_table(records))
     targets = target_rows([r for r in records if r.get("part") == "layer"], fused)
