@@ -43,7 +43,7 @@ def test_k6_auto_is_checked_against_quack_and_torch_in_the_same_run():
 
 def test_the_pages_summary_holds():
     """The page's status line: k6/auto ahead of quack at every model shape measured, behind it in every
-    grid cell measured but two, furthest behind at 16,384 balanced rows."""
+    grid cell measured but three, furthest behind at 16,384 rows s = 1.2."""
     data = recorded("07")
     if data is None:
         pytest.skip("no recorded results")
@@ -53,5 +53,29 @@ def test_the_pages_summary_holds():
     models = [v for w in RUN.MODEL_SHAPES.values() if (v := RUN.ratio(records, RUN.AUTO, RUN.QUACK, w)) is not None]
     assert len(models) == 3 and min(models) > 1.0
     grid = {w: v for w in RUN.grid() if (v := RUN.ratio(records, RUN.AUTO, RUN.QUACK, w)) is not None}
-    assert sum(v >= 1.0 for v in grid.values()) == 2
-    assert min(grid, key=grid.get) == Workload(16384, 0.0)
+    assert sum(v >= 1.0 for v in grid.values()) == 3
+    assert min(grid, key=grid.get) == Workload(16384, 1.2)
+
+
+def test_the_shared_staging_comparison_reads_what_the_page_says():
+    """The page's before/now table: at 65,536 rows the shared ring beats the old 5-stage rung (the
+    prediction held), at 16,384 balanced rows the plain ping-pong rung lost ground (it failed); the
+    quack drift gauge holds the best of quack's configurations of this run."""
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    from moe_gemm.model.workloads import Workload
+
+    before = {r["variant"]: r["useful_tflops"] for r in data["before_shared_staging"]}
+    records = [r for r in data["records"] if r["part"] == "ladder"]
+
+    def now(variant, w):
+        return RUN.find(records, variant, w)["useful_tflops"]
+
+    for label, w in (("64k s=0", Workload(65536, 0.0)), ("64k s=1.2", Workload(65536, 1.2))):
+        assert now("k6/pingpong-bn192", w) > before[f"k6/pingpong-bn192-s5 @ {label}"]
+    assert now("k6/pingpong-bn192", Workload(16384, 0.0)) < before["k6/pingpong-bn192 @ 16k s=0"]
+    for gauge in data["quack_drift"]:
+        w = next(c for c in RUN.SEED_FIVE if c.short_label == gauge["cell"])
+        assert RUN.best_of(records, RUN.QUACK, w)["useful_tflops"] == gauge["now"]
+    assert set(data["part_runs"]) == {"ladder", "grid", "models"}

@@ -33,3 +33,72 @@ def test_targets_compare_each_way_with_ours_at_4096_tokens_and_more():
 def test_the_layer_table_shows_ratios_to_ours():
     text = RUN.layer_table([record("layer/ours", 2.0), record("layer/torch_grouped_mm", 3.0)]).text()
     assert "1.50" in text and "H=2048 I=768 E=128 k=8" in text
+
+
+def recorded_or_skip():
+    import pytest
+
+    from moe_gemm.chapter import recorded
+
+    data = recorded("08")
+    if data is None:
+        pytest.skip("no recorded results")
+    return data
+
+
+def test_recorded_targets_and_scoreboard_rows_match_the_records():
+    data = recorded_or_skip()
+    layer = [r for r in data["records"] if r.get("part") == "layer"]
+    again = RUN.target_rows(layer, data["fused_epilogue"])
+    assert [(t["target"], round(t["value"], 6), t["met"]) for t in again] == \
+           [(t["target"], round(t["value"], 6), t["met"]) for t in data["targets"]]
+    assert RUN.scoreboard_rows(data["records"]) == data["scoreboard_rows"]
+
+
+def test_the_pages_claims_hold():
+    """What the page says in words: the combine is more than half of the layer from 4,096 tokens on; our
+    layer is faster than the torch layer at every token count; the fused epilogue costs at most 0.4 of
+    a SwiGLU pass; the quack layer records how its GEMM 1 ran; graph replays at the small cells and
+    eager launches at the large ones; the compiled layer gives the same output."""
+    data = recorded_or_skip()
+    for s in data["steps"]:
+        total = sum(s[f"{step}_ms"] for step in RUN.STEPS)
+        assert (s["combine_ms"] / total > 0.5) == (s["tokens"] >= 4096)
+    layer = [r for r in data["records"] if r.get("part") == "layer"]
+    ours = {r["tokens"]: r["median_ms"] for r in layer if r["variant"] == "layer/ours"}
+    torch_way = {r["tokens"]: r["median_ms"] for r in layer if r["variant"] == "layer/torch_grouped_mm"}
+    assert ours and all(torch_way[t] > ours[t] for t in ours)
+    assert all((f["fused_ms"] - f["gemm1_ms"]) / f["swiglu_ms"] <= RUN.TARGET_FUSED_SHARE for f in data["fused_epilogue"])
+    assert all(r.get("quack_gemm1") for r in layer if r["variant"] == "layer/quack")
+    timed = {r["timed"] for r in data["scoreboard_rows"] if r["label"].startswith(("512 ", "2,048 "))}
+    assert timed == {"graph replays"}
+    assert {r["timed"] for r in data["scoreboard_rows"] if r["label"].startswith("65,536")} == {"eager"}
+    assert data["compile"]["same_output"] and data["host_probe"]["host_ms_per_call"] > 0
+    assert set(data["runs"]) == {"layer", "scoreboard-small", "scoreboard-large"}
+
+
+def test_a_run_keeps_what_it_does_not_re_measure():
+    qwen, mixtral = RUN.LAYERS["qwen3"], RUN.LAYERS["mixtral"]
+    cell = {"variant": "op/grouped_mm", "part": "scoreboard", "tokens": 512, "skew": 0.0, "experts": 64, "K": 1024,
+            "N": 2688}
+    big = {**cell, "tokens": 65536}
+    earlier = {"records": [{"variant": "layer/ours", "part": "layer", **qwen.fields(4096)},
+                           {"variant": "layer/ours", "part": "layer", **mixtral.fields(4096)},
+                           {"variant": "layer/ours", "part": "layer", **qwen.fields(512)}, cell, big],
+               "steps": [qwen.fields(4096), mixtral.fields(4096)], "fused_epilogue": [qwen.fields(512)]}
+    records, steps, fused = RUN.kept_from(earlier, RUN.parse_args(["--parts", "layer", "--layers", "qwen3",
+                                                                   "--tokens", "4096"]))
+    assert [(r.get("hidden"), r["tokens"]) for r in records] == [(4096, 4096), (2048, 512), (None, 512),
+                                                                  (None, 65536)]
+    assert [s["hidden"] for s in steps] == [4096] and len(fused) == 1
+    records, _, _ = RUN.kept_from(earlier, RUN.parse_args(["--parts", "scoreboard", "--rows", "65536"]))
+    assert [r["tokens"] for r in records if r["part"] == "scoreboard"] == [512]
+    assert len([r for r in records if r["part"] == "layer"]) == 3
+
+
+def test_the_runs_section_names_each_part_once():
+    earlier = {"layer": {"commit": "a"}, "scoreboard-small": {"commit": "b"}, "scoreboard-large": {"commit": "c"}}
+    now = {"git_commit": "d", "date": "2026-12-02T00:00:00+00:00", "command": "run.py"}
+    runs = RUN.runs_after(earlier, RUN.parse_args(["--parts", "scoreboard", "--rows", "512"]), now)
+    assert set(runs) == {"layer", "scoreboard"} and runs["scoreboard"]["commit"] == "d"
+    assert "rows 512" in runs["scoreboard"]["measured"] and runs["layer"]["commit"] == "a"

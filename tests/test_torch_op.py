@@ -86,23 +86,16 @@ def test_permutation_groups_rows_by_expert_and_counts_every_expert():
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 def test_the_layer_matches_the_transformers_block(family):
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
+    from moe_gemm.torch.layer import transformers_block
+
     torch.manual_seed(0)
-    if family == "mixtral":
-        config = transformers.MixtralConfig(hidden_size=64, intermediate_size=96, num_local_experts=8,
-                                            num_experts_per_tok=2)
-        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
-        normalize = True
-    else:
-        config = transformers.Qwen3MoeConfig(hidden_size=64, moe_intermediate_size=32, num_experts=16,
-                                             num_experts_per_tok=4, norm_topk_prob=False)
-        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as Block
-        normalize = False
-    block = Block(config)
+    intermediate, experts, top_k = {"mixtral": (96, 8, 2), "qwen3_moe": (32, 16, 4)}[family]
+    block, normalize = transformers_block(family, 64, intermediate, experts, top_k)
     for parameter in block.parameters():
         torch.nn.init.normal_(parameter, std=0.1)
     block = block.to(torch.bfloat16).eval()
-    layer = MoELayer.from_transformers(block, config.num_experts_per_tok, normalize)
+    layer = MoELayer.from_transformers(block, top_k, normalize)
     x = torch.randn(1, 40, 64).to(torch.bfloat16)
     with torch.no_grad():
         want = block(x)
@@ -160,3 +153,11 @@ def test_chapter_08s_transformers_block_holds_our_layers_weights():
     x = torch.randn(25, 64).to(torch.bfloat16)
     with torch.no_grad():
         torch.testing.assert_close(block(x).float(), layer(x).float(), rtol=3e-2, atol=3e-2)
+
+
+def test_an_unknown_transformers_family_is_refused():
+    pytest.importorskip("transformers")
+    from moe_gemm.torch.layer import transformers_block
+
+    with pytest.raises(ValueError, match="'mixtral' or 'qwen3_moe'"):
+        transformers_block("deepseek_v3", 64, 32, 8, 2)

@@ -124,25 +124,17 @@ def test_the_fused_swiglu_gemm_matches_gemm_then_swiglu(cuda):
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 @pytest.mark.parametrize("tokens", [1, 40, 700])
 def test_the_layer_matches_the_transformers_block(cuda, family, tokens):
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from moe_gemm.torch import MoELayer
+    from moe_gemm.torch.layer import transformers_block
 
     torch.manual_seed(0)
-    if family == "mixtral":
-        config = transformers.MixtralConfig(hidden_size=256, intermediate_size=384, num_local_experts=8,
-                                            num_experts_per_tok=2)
-        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
-        normalize = True
-    else:
-        config = transformers.Qwen3MoeConfig(hidden_size=256, moe_intermediate_size=128, num_experts=64,
-                                             num_experts_per_tok=8, norm_topk_prob=False)
-        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as Block
-        normalize = False
-    block = Block(config)
+    intermediate, experts, top_k = {"mixtral": (384, 8, 2), "qwen3_moe": (128, 64, 8)}[family]
+    block, normalize = transformers_block(family, 256, intermediate, experts, top_k)
     for parameter in block.parameters():
         torch.nn.init.normal_(parameter, std=0.05)
     block = block.to(device=cuda, dtype=torch.bfloat16).eval()
-    layer = MoELayer.from_transformers(block, config.num_experts_per_tok, normalize)
+    layer = MoELayer.from_transformers(block, top_k, normalize)
     x = torch.randn(1, tokens, 256, device=cuda).to(torch.bfloat16)
     with torch.no_grad():
         want = block(x)

@@ -19,38 +19,18 @@ from typing import Any
 
 from moe_gemm.chapter import Workload, chapter_module, figures_main, recorded, run_main
 from moe_gemm.site.compile_report import write_compile_report
-from moe_gemm.site.style import COLORS, new_figure, save_figure
+from moe_gemm.site.style import COLORS, grid_heatmaps, new_figure, save_figure
 
 CHAPTER = "07"
 RUN = chapter_module(CHAPTER)
 
 
 def grid_figure(data: dict[str, Any]):
-    """Two heatmaps, M_tot down and skew across; a cell not measured is left blank."""
-    from matplotlib.colors import TwoSlopeNorm
-
-    from moe_gemm.model.workloads import GRID_SKEWS, GRID_TOKENS
-
+    """k6/auto over quack and over torch on chapter 06's grid; a cell not measured is left blank."""
     records = data["records"]
-    fig, axes = new_figure(10.0, 4.6, ncols=2)
-    norm = TwoSlopeNorm(vcenter=1.0, vmin=0.8, vmax=1.5)
-    for ax, (peers, title) in zip(axes, ((RUN.QUACK, "k6/auto / quack"), (RUN.TORCH, "k6/auto / torch._grouped_mm"))):
-        ratios = [[RUN.ratio(records, RUN.AUTO, peers, Workload(t, s)) for s in GRID_SKEWS] for t in GRID_TOKENS]
-        shown = [[float("nan") if v is None else v for v in row] for row in ratios]
-        ax.imshow(shown, cmap="RdBu", norm=norm, aspect="auto")
-        for i, row in enumerate(ratios):
-            for j, value in enumerate(row):
-                if value is not None:
-                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=13,
-                            color="white" if abs(value - 1) > 0.3 else "black")
-        ax.set_xticks(range(len(GRID_SKEWS)), [f"{s:g}" for s in GRID_SKEWS])
-        ax.set_yticks(range(len(GRID_TOKENS)), [f"{t // 1024}k" if t >= 1024 else str(t) for t in GRID_TOKENS])
-        ax.set_xlabel("skew s")
-        ax.set_title(title, fontsize=13)
-        ax.grid(False)
-    axes[0].set_ylabel("M_tot (rows)")
-    fig.suptitle("ratio of useful TFLOP/s, same run (blue: k6/auto faster; blank: not measured)", fontsize=12)
-    return fig
+    panels = [(title, lambda t, s, peers=peers: RUN.ratio(records, RUN.AUTO, peers, Workload(t, s)))
+              for peers, title in ((RUN.QUACK, "k6/auto / quack"), (RUN.TORCH, "k6/auto / torch._grouped_mm"))]
+    return grid_heatmaps(panels, "ratio of useful TFLOP/s, same run (blue: k6/auto faster; blank: not measured)")
 
 
 def models_figure(data: dict[str, Any]):

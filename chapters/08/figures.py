@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_gemm.chapter import chapter_module, figures_main, recorded, run_main
-from moe_gemm.site.style import COLORS, new_figure, save_figure
+from moe_gemm.site.style import COLORS, grid_heatmaps, new_figure, save_figure
 
 CHAPTER = "08"
 RUN = chapter_module(CHAPTER)
@@ -91,30 +91,14 @@ def fused_figure(data: dict[str, Any]):
 
 
 def scoreboard_figure(data: dict[str, Any]):
-    from matplotlib.colors import TwoSlopeNorm
-
-    from moe_gemm.model.workloads import GRID_SKEWS, GRID_TOKENS, Workload
+    from moe_gemm.model.workloads import Workload
 
     ch07 = chapter_module("07")
     records = data["records"]
-    fig, axes = new_figure(10.0, 4.6, ncols=2)
-    norm = TwoSlopeNorm(vcenter=1.0, vmin=0.7, vmax=1.5)
-    for ax, (peers, title) in zip(axes, ((ch07.TORCH, "our op / torch._grouped_mm"), (ch07.QUACK, "our op / quack"))):
-        ratios = [[ch07.ratio(records, RUN.OP, peers, Workload(t, s)) for s in GRID_SKEWS] for t in GRID_TOKENS]
-        ax.imshow([[float("nan") if v is None else v for v in row] for row in ratios], cmap="RdBu", norm=norm,
-                  aspect="auto")
-        for i, row in enumerate(ratios):
-            for j, value in enumerate(row):
-                if value is not None:
-                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=12)
-        ax.set_xticks(range(len(GRID_SKEWS)), [f"{s:g}" for s in GRID_SKEWS])
-        ax.set_yticks(range(len(GRID_TOKENS)), [f"{t // 1024}k" if t >= 1024 else str(t) for t in GRID_TOKENS])
-        ax.set_xlabel("skew s")
-        ax.set_title(title, fontsize=13)
-        ax.grid(False)
-    axes[0].set_ylabel("M_tot (rows)")
-    fig.suptitle("ratio of useful TFLOP/s, same run (blue: ours faster; blank: not measured)", fontsize=12)
-    return fig
+    panels = [(title, lambda t, s, peers=peers: ch07.ratio(records, RUN.OP, peers, Workload(t, s)))
+              for peers, title in ((ch07.TORCH, "our op / torch._grouped_mm"), (ch07.QUACK, "our op / quack"))]
+    return grid_heatmaps(panels, "ratio of useful TFLOP/s, op and peer timed in the same run (blue: ours faster; "
+                                 "blank: not measured)", vmin=0.5)
 
 
 def write_outputs(root: Path) -> list[Path]:

@@ -46,7 +46,7 @@ from moe_gemm.chapter import (
     run_main,
     save_results,
     show,
-    show_recorded,
+    targets_table,
     timing_options,
 )
 from moe_gemm.core.cli import positive_int
@@ -62,6 +62,8 @@ STEPS = ("router", "permutation", "GEMM 1 + SwiGLU", "GEMM 2", "combine")
 # Targets, same run: at every layer size with 4,096 tokens or more.
 TARGET_VS_TORCH, TARGET_VS_QUACK = 1.25, 1.0
 TARGET_FUSED_SHARE = 0.40  # GEMM 1 fused <= GEMM 1 alone + 40% of a separate SwiGLU pass
+TARGETS_LEGEND = ("layer: the other way's forward time over ours, at every layer size measured with 4,096 tokens or "
+                  "more (the worst named); fused: the fused launch's extra time over GEMM 1 alone, in SwiGLU passes")
 PARTS = ("layer", "scoreboard")
 LAYER_KEY = ("hidden", "intermediate", "experts", "top_k", "tokens")  # what names one layer measurement
 
@@ -104,8 +106,8 @@ def build(shape: LayerShape, with_quack: bool) -> dict[str, Any]:
     return ways
 
 
-def quack_forward(layer) -> tuple[Any, str] | None:
-    """The same layer on quack, and how GEMM 1 ran: through quack's gemm_act with its fused SwiGLU
+def quack_forward(layer) -> tuple[Any, dict[str, str]] | None:
+    """The same layer on quack, and how GEMM 1 ran (fields for its records): through quack's gemm_act with its fused SwiGLU
     (gate and up columns interleaved one by one, quack's layout) where that works, else quack's gemm
     and SwiGLU as its own pass (as the torch way runs it); GEMM 2 through its gemm. None without quack."""
     from moe_gemm.variants.peer.quack import quack_available
@@ -137,22 +139,20 @@ def quack_forward(layer) -> tuple[Any, str] | None:
         with torch.no_grad():
             fused(torch.randn(64, layer.gate.shape[1], device=layer.gate.device, dtype=layer.gate.dtype))
     except Exception as error:  # noqa: BLE001 - any failure inside quack's epilogue compiler: say it, go on unfused
-        reason = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0]}"
         progress(f"[quack] gemm_act with SwiGLU failed ({reason}); GEMM 1 runs quack's gemm, SwiGLU its own pass")
-        return (lambda x: layer(x, gemm=quack_grouped_mm)), f"gemm + separate SwiGLU (gemm_act failed: {reason})"
-    return fused, "gemm_act (fused SwiGLU)"
+        return (lambda x: layer(x, gemm=quack_grouped_mm)), {"quack_gemm1": "gemm, then SwiGLU as its own pass",
+                                                             "quack_gemm_act_error": reason}
+    return fused, {"quack_gemm1": "gemm_act with its fused SwiGLU"}
 
 
 def transformers_block(layer, shape: LayerShape) -> Any:
     """transformers' MixtralSparseMoeBlock (renormalised top-k, as ours) with our layer's weights."""
     import torch
-    import transformers
-    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
-    config = transformers.MixtralConfig(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                                        num_local_experts=shape.experts, num_experts_per_tok=shape.top_k)
-    with torch.device("meta"):
-        block = MixtralSparseMoeBlock(config)
+    from moe_gemm.torch.layer import transformers_block as build_block
+
+    block, _ = build_block("mixtral", shape.hidden, shape.intermediate, shape.experts, shape.top_k, device="meta")
     block = block.to_empty(device=layer.gate.device).to(torch.bfloat16).eval()
     with torch.no_grad():
         block.gate.weight.copy_(layer.gate)
@@ -185,11 +185,11 @@ def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transforme
                 out = forward(x)
                 reference = out if reference is None else reference
                 error = ((out.float() - reference.float()).norm() / reference.float().norm()).item()
-                timed = time_call(lambda forward=forward: forward(x), graph=name != "layer/transformers")
+                timed = time_call(lambda forward=forward, x=x: forward(x), graph=name != "layer/transformers")
             records.append({"variant": name, **shape.fields(tokens), "median_ms": timed.median_ms,
                             "min_ms": timed.min_ms, "max_ms": timed.max_ms, "cuda_graph": timed.graph,
                             "rel_error_vs_ours": error,
-                            **({"quack_gemm1": ways["_quack_gemm1"]} if name == "layer/quack" else {})})
+                            **(ways["_quack_gemm1"] if name == "layer/quack" else {})})
         with torch.no_grad(), offsets_unchecked():
             steps.append({**shape.fields(tokens), **step_times(layer, x)})
             fused.append({**shape.fields(tokens), **fused_epilogue(layer, x)})
@@ -262,17 +262,57 @@ def scoreboard(cells: Sequence[Any], timing: dict[str, int], with_quack: bool) -
             + run_variants(contenders, large, **timing))
 
 
-def scoreboard_table(records: Sequence[dict[str, Any]]) -> Table:
+def scoreboard_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per measured cell: our op over the faster torch layout and over quack's best (None where
+    a peer was not measured in the run that timed the op), and how it was timed."""
     from moe_gemm.chapter import chapter_module
 
     ch07 = chapter_module("07")
-    cells = [*ch07.grid(), *ch07.MODEL_SHAPES.values()]
-    rows = [(w.label, *(f"{v:.2f}" if (v := ch07.ratio(records, OP, peers, w)) is not None else "-"
-                        for peers in (ch07.TORCH, ch07.QUACK))) for w in cells if ch07.find(records, OP, w)]
-    return Table(("workload", "/ torch", "/ quack"), tuple(rows), title="The scoreboard: our op against the peers",
+    rows = []
+    for w in scoreboard_cells(GRID_TOKENS):
+        if not any(ch07.find(records, name, w) for name in ch07.judged([OP], w)):
+            continue
+        rows.append({"label": w.label, "torch": ch07.ratio(records, OP, ch07.TORCH, w),
+                     "quack": ch07.ratio(records, OP, ch07.QUACK, w),
+                     "timed": "graph replays" if w.tokens <= ch07.GRAPH_MAX_TOKENS else "eager"})
+    return rows
+
+
+def scoreboard_table(records: Sequence[dict[str, Any]]) -> Table:
+    body = tuple((r["label"], *("-" if r[k] is None else f"{r[k]:.2f}" for k in ("torch", "quack")), r["timed"])
+                 for r in scoreboard_rows(records))
+    return Table(("workload", "/ torch", "/ quack", "timed as"), body, title="The scoreboard: our op against the peers",
                  legend="useful TFLOP/s of op/grouped_mm (moe_gemm.torch.grouped_mm as a model calls it) over the "
-                        "faster torch._grouped_mm layout and over quack's best configuration, same inputs, same run; "
-                        "CUDA-graph replays at 2,048 rows and fewer")
+                        "faster torch._grouped_mm layout and over quack's best configuration, same inputs, same run")
+
+
+def host_probe(tokens: int = 4096, calls: int = 200) -> dict[str, Any]:
+    """The op's host time per call at the seed shape, balanced rows: ``calls`` eager calls without a
+    sync (the host's cost, as long as the GPU keeps up), beside an eager call and a graph replay timed
+    on the GPU."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N
+    from moe_gemm.torch.bench import time_call
+    from moe_gemm.torch.ops import grouped_mm, offsets_unchecked
+
+    a = torch.randn(tokens, SEED_K, device="cuda").to(torch.bfloat16)
+    b = (torch.randn(SEED_EXPERTS, SEED_K, SEED_N, device="cuda") * SEED_K**-0.5).to(torch.bfloat16)
+    offs = torch.tensor(np.cumsum(np.full(SEED_EXPERTS, tokens // SEED_EXPERTS)), dtype=torch.int32, device="cuda")
+    with offsets_unchecked():
+        eager = time_call(lambda: grouped_mm(a, b, offs), graph=False)
+        graph = time_call(lambda: grouped_mm(a, b, offs), graph=True)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            grouped_mm(a, b, offs)
+        host = (time.perf_counter() - start) / calls * 1e3
+        torch.cuda.synchronize()
+    return {"tokens": tokens, "host_ms_per_call": round(host, 4), "eager_ms": round(eager.median_ms, 4),
+            "graph_ms": round(graph.median_ms, 4)}
 
 
 OP = "op/grouped_mm"
@@ -296,6 +336,28 @@ def layer_table(records: Sequence[dict[str, Any]]) -> Table:
                         "ours (above 1: ours faster)")
 
 
+def steps_table(steps: Sequence[dict[str, Any]]) -> Table:
+    rows = tuple((f"H={s['hidden']} E={s['experts']}", f"{s['tokens']:,}", *(f"{s[f'{step}_ms']:.3f}" for step in STEPS),
+                  f"{sum(s[f'{step}_ms'] for step in STEPS):.3f}") for s in steps)
+    return Table(("layer", "tokens", "router", "permute", "GEMM 1+SwiGLU", "GEMM 2", "combine", "sum"), rows,
+                 title="Our layer, step by step: ms",
+                 legend="each step captured and replayed on its own (median of 30 CUDA-graph replays); sum: of the "
+                        "steps, to set beside the whole layer's time above")
+
+
+def fused_table(fused: Sequence[dict[str, Any]]) -> Table:
+    rows = tuple((f"H={f['hidden']} E={f['experts']}", f"{f['tokens']:,}", f"{f['gemm1_ms']:.3f}",
+                  f"{f['swiglu_ms']:.3f}", f"{f['fused_ms']:.3f}",
+                  f"{(f['fused_ms'] - f['gemm1_ms']) / f['swiglu_ms']:.2f}", f"{f['fused_saves_bytes'] / 1e6:,.0f}")
+                 for f in fused)
+    return Table(("layer", "tokens", "GEMM 1 ms", "SwiGLU ms", "fused ms", "extra", "saved MB"), rows,
+                 title="GEMM 1 with the SwiGLU epilogue against GEMM 1 and a SwiGLU pass",
+                 legend="GEMM 1: our op writing [M, 2I]; SwiGLU: torch's pass over it ([M, 2I] read, [M, I] written); "
+                        "fused: one launch writing [M, I]; extra: (fused - GEMM 1) / SwiGLU, the target's measure "
+                        f"(goal <= {TARGET_FUSED_SHARE}); saved MB: the [M, 2I] intermediate the fused launch neither "
+                        "writes nor reads back")
+
+
 def target_rows(records: Sequence[dict[str, Any]], fused: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for way, goal in (("layer/torch_grouped_mm", TARGET_VS_TORCH), ("layer/quack", TARGET_VS_QUACK)):
@@ -306,7 +368,7 @@ def target_rows(records: Sequence[dict[str, Any]], fused: Sequence[dict[str, Any
             worst = min(pairs, key=lambda p: p[0]["median_ms"] / p[1]["median_ms"])
             value = worst[0]["median_ms"] / worst[1]["median_ms"]
             rows.append({"target": f"ours over {way}, 4,096 tokens or more (worst: H={worst[0]['hidden']}, "
-                                   f"{worst[0]['tokens']:,} tokens)", "value": value, "goal": goal, "met": value >= goal})
+                                   f"{worst[0]['tokens']:,} tokens)", "value": value, "goal": goal, "met": value >= goal, "at_most": False})
     if fused:
         worst = max(fused, key=lambda f: (f["fused_ms"] - f["gemm1_ms"]) / f["swiglu_ms"])
         value = (worst["fused_ms"] - worst["gemm1_ms"]) / worst["swiglu_ms"]
@@ -333,13 +395,67 @@ def compile_check() -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- entry points
 
+def report(data: dict[str, Any]) -> None:
+    """Every table of the chapter from a results file's sections (a run's, or the recorded one)."""
+    records = data["records"]
+    show(layer_table([r for r in records if r.get("part") == "layer"]))
+    if data.get("steps"):
+        show(steps_table(data["steps"]))
+    if data.get("fused_epilogue"):
+        show(fused_table(data["fused_epilogue"]))
+    show(scoreboard_table(records))
+    probe = data.get("host_probe")
+    if probe:
+        print(f"the op's host time per eager call at {probe['tokens']:,} rows (seed shape, balanced): "
+              f"{probe['host_ms_per_call']:.3f} ms; an eager call {probe['eager_ms']:.3f} ms, a graph replay "
+              f"{probe['graph_ms']:.3f} ms on the GPU\n")
+    show(targets_table(data.get("targets", []), TARGETS_LEGEND))
+    compiled = data.get("compile")
+    if compiled:
+        print(f"torch.compile(fullgraph=True) of the layer: no graph break, relative error {compiled['rel_error']:.2e} "
+              f"against the eager layer")
+
+
 def run_without_gpu(args, reason: str) -> int:
+    from moe_gemm.chapter import recorded
+
     print_not_run(args, "the MoE layer", reason, "showing the recorded results instead",
                   ("--tokens", "--layers", "--rows", "--parts", "--no-transformers", "--quick", "--no-peers"),
                   "nothing is timed without an sm_90a GPU and torch")
-    if show_recorded(CHAPTER) != 0:
+    data = recorded(CHAPTER)
+    if data is None:
         print(f"(no recorded results for chapter {CHAPTER} yet)")
+    else:
+        report(data)
     return 0
+
+
+def kept_from(earlier: dict[str, Any], args) -> tuple[list, list, list]:
+    """The records, steps and fused rows of an earlier results file that this run does not re-measure:
+    a layer measurement per (size, tokens), a scoreboard record per cell, so parts, sizes and rows
+    can be measured in separate processes and merged."""
+    remeasured = ({tuple(LAYERS[key].fields(t)[k] for k in LAYER_KEY) for key in args.layers for t in args.tokens}
+                  if "layer" in args.parts else set())
+    cells = set(scoreboard_cells(args.rows)) if "scoreboard" in args.parts else set()
+
+    def kept(row: dict[str, Any]) -> bool:
+        if row.get("part") == "scoreboard":
+            return Workload.of(row) not in cells
+        return tuple(row.get(k) for k in LAYER_KEY) not in remeasured
+
+    return ([r for r in earlier.get("records", []) if kept(r)], [s for s in earlier.get("steps", []) if kept(s)],
+            [f for f in earlier.get("fused_epilogue", []) if kept(f)])
+
+
+def runs_after(earlier: dict[str, Any], args, now: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Which commit and command measured what: this run's entry per part replaces the earlier ones of
+    that part (keys ``layer``, ``scoreboard``, or an earlier run's ``scoreboard-...``)."""
+    measured = {"layer": f"layer sizes {', '.join(args.layers)} at {', '.join(f'{t:,}' for t in args.tokens)} "
+                         "tokens", "scoreboard": f"scoreboard rows {', '.join(f'{t:,}' for t in args.rows)} and the "
+                                               "model projections"}
+    kept = {key: run for key, run in earlier.items() if key.split("-")[0] not in args.parts}
+    return {**kept, **{part: {"commit": now["git_commit"], "date": now["date"], "command": now["command"],
+                              "measured": measured[part]} for part in args.parts}}
 
 
 def run_on_gpu(args, gpu) -> int:
@@ -348,39 +464,31 @@ def run_on_gpu(args, gpu) -> int:
     if not torch_available():
         return run_without_gpu(args, "torch is not installed")
     from moe_gemm.chapter import recorded
+    from moe_gemm.measure.results import provenance
 
     print(describe_gpu(gpu) + "\n")
     earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
-    # A run replaces what it measures and keeps the rest: the scoreboard whole, the layer per
-    # (size, tokens) and the scoreboard per cell, so they can be measured in separate processes.
-    remeasured = ({tuple(LAYERS[key].fields(t)[k] for k in LAYER_KEY) for key in args.layers for t in args.tokens}
-                  if "layer" in args.parts else set())
-
-    def kept(record: dict[str, Any]) -> bool:
-        return tuple(record.get(k) for k in LAYER_KEY) not in remeasured
-
-    cells = set(scoreboard_cells(args.rows)) if "scoreboard" in args.parts else set()
-    records = [r for r in earlier["records"] if r.get("part") not in args.parts
-               or (r.get("part") == "layer" and kept(r)) or (r.get("part") == "scoreboard" and Workload.of(r) not in cells)]
-    steps = [s for s in earlier.get("steps", []) if kept(s)]
-    fused = [f for f in earlier.get("fused_epilogue", []) if kept(f)]
+    records, steps, fused = kept_from(earlier, args)
+    cells = scoreboard_cells(args.rows)
     compiled = earlier.get("compile", {})
     if "layer" in args.parts:
+        compiled = compile_check()
         for key in args.layers:
             r, s, f = measure_layer(LAYERS[key], args.tokens, not args.no_transformers, not args.no_peers)
             records, steps, fused = records + [{**x, "part": "layer"} for x in r], steps + s, fused + f
-        compiled = compile_check()
+            # Written after each size: a run stopped part-way (a time limit) keeps the sizes it finished.
+            save_results(CHAPTER, records, gpu, steps=steps, fused_epilogue=fused, compile=compiled,
+                         targets=target_rows([x for x in records if x.get("part") == "layer"], fused),
+                         scoreboard_rows=scoreboard_rows(records), host_probe=earlier.get("host_probe", {}))
+    probe = earlier.get("host_probe", {})
     if "scoreboard" in args.parts:
         records += [{**r, "part": "scoreboard"} for r in scoreboard(cells, timing_options(args), not args.no_peers)]
-    show(layer_table([r for r in records if r.get("part") == "layer"]))
-    show(scoreboard_table(records))
+        probe = host_probe()
     targets = target_rows([r for r in records if r.get("part") == "layer"], fused)
-    for t in targets:
-        print(f"{t['target']}: {t['value']:.3f} (goal {'<=' if t.get('at_most') else '>='} {t['goal']}): "
-              f"{'met' if t['met'] else 'MISSED'}")
-    if compiled:
-        print(f"torch.compile(fullgraph=True): relative error {compiled['rel_error']:.2e}")
-    path = save_results(CHAPTER, records, gpu, steps=steps, fused_epilogue=fused, compile=compiled, targets=targets)
+    runs = runs_after(earlier.get("runs", {}), args, provenance(gpu))
+    report({"records": records, "steps": steps, "fused_epilogue": fused, "compile": compiled, "targets": targets})
+    path = save_results(CHAPTER, records, gpu, steps=steps, fused_epilogue=fused, compile=compiled, targets=targets,
+                        scoreboard_rows=scoreboard_rows(records), host_probe=probe, runs=runs)
     print(f"results written to {path}")
     return 0
 

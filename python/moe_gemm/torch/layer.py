@@ -15,6 +15,7 @@ silu(x W_gate) * (x W_up)) and a down projection. Here they are stored for a 2D 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -158,3 +159,30 @@ def transformers_weights(block: torch.nn.Module) -> tuple[torch.Tensor, torch.Te
     up = torch.stack([getattr(e, names[1]).weight.t() for e in experts])
     down = torch.stack([getattr(e, names[2]).weight.t() for e in experts])
     return router, torch.cat([gate, up], dim=2), down
+
+
+def transformers_block(family: str, hidden: int, intermediate: int, experts: int, top_k: int,
+                       device: torch.device | str | None = None) -> tuple[torch.nn.Module, bool]:
+    """transformers' own sparse MoE block, built from a config in code (no download), and whether it
+    renormalises its top-k weights: ``"mixtral"`` (MixtralSparseMoeBlock, which does) or
+    ``"qwen3_moe"`` (Qwen3MoeSparseMoeBlock with norm_topk_prob=False, which does not). Built under
+    ``device`` (``"meta"`` allocates nothing: fill it with ``to_empty`` and a copy)."""
+    import transformers
+
+    if family == "mixtral":
+        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
+
+        config = transformers.MixtralConfig(hidden_size=hidden, intermediate_size=intermediate,
+                                            num_local_experts=experts, num_experts_per_tok=top_k)
+        normalize = True
+    elif family == "qwen3_moe":
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as Block
+
+        config = transformers.Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=intermediate,
+                                             num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=False)
+        normalize = False
+    else:
+        raise ValueError(f"family must be 'mixtral' or 'qwen3_moe', got {family!r}")
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        return Block(config), normalize
+
