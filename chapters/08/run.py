@@ -107,9 +107,10 @@ def build(shape: LayerShape, with_quack: bool) -> dict[str, Any]:
 
 
 def quack_forward(layer) -> tuple[Any, dict[str, str]] | None:
-    """The same layer on quack, and how GEMM 1 ran (fields for its records): through quack's gemm_act with its fused SwiGLU
-    (gate and up columns interleaved one by one, quack's layout) where that works, else quack's gemm
-    and SwiGLU as its own pass (as the torch way runs it); GEMM 2 through its gemm. None without quack."""
+    """The same layer on quack, and how GEMM 1 ran (fields for its records): quack's gemm_act with its
+    fused SwiGLU (gate and up columns interleaved one by one, quack's layout) where that works, else
+    quack's gemm and SwiGLU as its own pass (as the torch way runs it); GEMM 2 through its gemm. None
+    without quack."""
     from moe_gemm.variants.peer.quack import quack_available
 
     if quack_available() is not None:
@@ -337,7 +338,8 @@ def layer_table(records: Sequence[dict[str, Any]]) -> Table:
 
 
 def steps_table(steps: Sequence[dict[str, Any]]) -> Table:
-    rows = tuple((f"H={s['hidden']} E={s['experts']}", f"{s['tokens']:,}", *(f"{s[f'{step}_ms']:.3f}" for step in STEPS),
+    rows = tuple((f"H={s['hidden']} E={s['experts']}", f"{s['tokens']:,}",
+                  *(f"{s[f'{step}_ms']:.3f}" for step in STEPS),
                   f"{sum(s[f'{step}_ms'] for step in STEPS):.3f}") for s in steps)
     return Table(("layer", "tokens", "router", "permute", "GEMM 1+SwiGLU", "GEMM 2", "combine", "sum"), rows,
                  title="Our layer, step by step: ms",
@@ -368,7 +370,8 @@ def target_rows(records: Sequence[dict[str, Any]], fused: Sequence[dict[str, Any
             worst = min(pairs, key=lambda p: p[0]["median_ms"] / p[1]["median_ms"])
             value = worst[0]["median_ms"] / worst[1]["median_ms"]
             rows.append({"target": f"ours over {way}, 4,096 tokens or more (worst: H={worst[0]['hidden']}, "
-                                   f"{worst[0]['tokens']:,} tokens)", "value": value, "goal": goal, "met": value >= goal, "at_most": False})
+                                   f"{worst[0]['tokens']:,} tokens)", "value": value, "goal": goal,
+                         "met": value >= goal, "at_most": False})
     if fused:
         worst = max(fused, key=lambda f: (f["fused_ms"] - f["gemm1_ms"]) / f["swiglu_ms"])
         value = (worst["fused_ms"] - worst["gemm1_ms"]) / worst["swiglu_ms"]
@@ -469,26 +472,26 @@ def run_on_gpu(args, gpu) -> int:
     print(describe_gpu(gpu) + "\n")
     earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
     records, steps, fused = kept_from(earlier, args)
-    cells = scoreboard_cells(args.rows)
-    compiled = earlier.get("compile", {})
+    compiled, probe = earlier.get("compile", {}), earlier.get("host_probe", {})
+    runs = runs_after(earlier.get("runs", {}), args, provenance(gpu))
+
+    def save() -> str:
+        targets = target_rows([r for r in records if r.get("part") == "layer"], fused)
+        return save_results(CHAPTER, records, gpu, steps=steps, fused_epilogue=fused, compile=compiled,
+                            targets=targets, scoreboard_rows=scoreboard_rows(records), host_probe=probe, runs=runs)
+
     if "layer" in args.parts:
         compiled = compile_check()
         for key in args.layers:
             r, s, f = measure_layer(LAYERS[key], args.tokens, not args.no_transformers, not args.no_peers)
             records, steps, fused = records + [{**x, "part": "layer"} for x in r], steps + s, fused + f
-            # Written after each size: a run stopped part-way (a time limit) keeps the sizes it finished.
-            save_results(CHAPTER, records, gpu, steps=steps, fused_epilogue=fused, compile=compiled,
-                         targets=target_rows([x for x in records if x.get("part") == "layer"], fused),
-                         scoreboard_rows=scoreboard_rows(records), host_probe=earlier.get("host_probe", {}))
-    probe = earlier.get("host_probe", {})
+            save()  # after each size: a run stopped part-way (a time limit) keeps the sizes it finished
     if "scoreboard" in args.parts:
+        cells = scoreboard_cells(args.rows)
         records += [{**r, "part": "scoreboard"} for r in scoreboard(cells, timing_options(args), not args.no_peers)]
         probe = host_probe()
-    targets = target_rows([r for r in records if r.get("part") == "layer"], fused)
-    runs = runs_after(earlier.get("runs", {}), args, provenance(gpu))
-    report({"records": records, "steps": steps, "fused_epilogue": fused, "compile": compiled, "targets": targets})
-    path = save_results(CHAPTER, records, gpu, steps=steps, fused_epilogue=fused, compile=compiled, targets=targets,
-                        scoreboard_rows=scoreboard_rows(records), host_probe=probe, runs=runs)
+    path = save()
+    report(recorded(CHAPTER, gpu.slug))
     print(f"results written to {path}")
     return 0
 
