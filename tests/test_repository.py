@@ -99,3 +99,29 @@ def test_every_chapter_with_results_has_a_page():
     pages = {p.name[:2] for p in (REPO / "site_docs").glob("[0-9][0-9]-*.md")}
     measured = {p.parent.parent.name for p in (REPO / "chapters").glob("*/results/*.json")}
     assert measured <= pages, f"results without a page: {sorted(measured - pages)}"
+
+
+# ---- the harness's layers ------------------------------------------------------------------------
+
+def readme_layers() -> list[str]:
+    """The harness's layer folders in the order README.md's 'Where things are' lists them."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text[text.index("python/moe_gemm/ "):text.index("chapter.py ")]
+    return [name.split("/")[0] for name in re.findall(r"^  (\w+)/", block, re.M)]
+
+
+def test_each_harness_layer_imports_only_the_layers_listed_before_it():
+    """What the README says of python/moe_gemm: a layer imports only from the layers listed before it
+    (imports inside functions included), and none imports moe_gemm.chapter, which sits on top."""
+    order = readme_layers()
+    root = REPO / "python" / "moe_gemm"
+    assert set(order) == {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    wrong = []
+    for path in root.rglob("*.py"):
+        layer = path.relative_to(root).parts[0]
+        if layer not in order:
+            continue
+        for used in re.findall(r"^\s*(?:from|import) moe_gemm\.(\w+)", path.read_text(encoding="utf-8"), re.M):
+            if used == "chapter" or (used in order and order.index(used) > order.index(layer)):
+                wrong.append(f"{path.relative_to(REPO)} imports moe_gemm.{used}")
+    assert not wrong, wrong
