@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from moe_gemm.cuda.tensormap import GLOBAL_ALIGN as TMA_ALIGN
+from moe_gemm.variants.k3.config import BK
+from moe_gemm.variants.k3.config import REQUIRED_CAPABILITY as SM90A
 from moe_gemm.variants.k6.config import MAX_EXPERTS
-
-BK = 64  # k6's K step
-TMA_ALIGN = 16  # bytes: TMA's global address and stride alignment
-SM90A = (9, 0)
 
 
 @dataclass(frozen=True)
