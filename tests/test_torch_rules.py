@@ -29,6 +29,9 @@ def test_well_formed_bf16_inputs_go_to_k6_in_either_layout():
     (dict(offs_shape=(63,)), "one cumulative row end per expert"),
     (dict(offs_dtype="int64"), "offs must be int32"),
     (dict(b_dtype="float16"), "must share a dtype"),
+    (dict(a_shape=(1000, 0), a_strides=(0, 1), b_shape=(64, 0, 2688), b_strides=(0, 2688, 1)),
+     "K and N must be >= 1, got K = 0, N = 2688"),
+    (dict(b_shape=(64, 1024, 0), b_strides=(0, 0, 1)), "K and N must be >= 1, got K = 1024, N = 0"),
 ])
 def test_malformed_inputs_raise_naming_the_rule(changes, rule):
     with pytest.raises(ValueError, match=rule):

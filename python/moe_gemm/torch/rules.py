@@ -56,7 +56,9 @@ def check(op: Operands) -> None:
         raise ValueError(f"grouped_mm: b must be 3-D [E, K, N], got {len(op.b_shape)}-D {tuple(op.b_shape)}")
     if len(op.offs_shape) != 1:
         raise ValueError(f"grouped_mm: offs must be 1-D [E], got {len(op.offs_shape)}-D {tuple(op.offs_shape)}")
-    experts, k_b, _ = op.b_shape
+    experts, k_b, n = op.b_shape
+    if k_b < 1 or n < 1:  # torch._grouped_mm refuses them too, and k6 would run with no K step to load
+        raise ValueError(f"grouped_mm: K and N must be >= 1, got K = {k_b}, N = {n}")
     if op.a_shape[1] != k_b:
         raise ValueError(f"grouped_mm: a's K ({op.a_shape[1]}) must equal b's K ({k_b}): a [M_tot, K], b [E, K, N]")
     if op.offs_shape[0] != experts:
