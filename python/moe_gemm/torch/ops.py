@@ -119,14 +119,6 @@ def _gpu(index: int) -> tuple[str, int]:
     return properties.name, properties.multi_processor_count
 
 
-@functools.cache
-def _kernel_and_grid(variant: Any, sm_count: int) -> tuple[Any, int]:
-    """The compiled kernel and the persistent grid, once per variant: compile() finds the cubin in the
-    disk cache by hashing the sources, about 2 ms of host time, which a call must not pay every time
-    (measured on the H200: before this cache the eager op took 1.3-2.4 ms whatever the shape)."""
-    return variant.compile(), variant.slots(sm_count) * variant.config.cluster
-
-
 def _launch_k6(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, layout: str,
                epilogue: str = "none") -> None:
     from moe_gemm.cuda.launch import launch
@@ -135,7 +127,9 @@ def _launch_k6(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.
     (tokens, K), (experts, _, N) = a.shape, b.shape  # noqa: N806
     gpu, sm_count = _gpu(a.device.index if a.device.index is not None else torch.cuda.current_device())
     variant = _fused_variant() if epilogue == "swiglu" else _variant(tokens, experts, K, N, layout, gpu)
-    kernel, grid = _kernel_and_grid(variant, sm_count)
+    # compile() and slots() keep their answers per variant (before compile() did, re-reading the disk
+    # cache on every call cost the eager op 1.3-2.4 ms of host time, measured on the H200)
+    kernel, grid = variant.compile(), variant.slots(sm_count) * variant.config.cluster
     args = _arguments(variant, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), tokens, experts, K, N)
     launch(kernel, grid, THREADS, variant.config.dynamic_smem_bytes, *args,
            stream=torch.cuda.current_stream(a.device).cuda_stream)

@@ -31,8 +31,16 @@ class CompiledVariant:
         raise NotImplementedError
 
     def compile(self, arch: str | None = None) -> CompiledKernel:
-        """NVRTC-compile for ``arch`` (default: the running GPU's); spills and local memory are an error."""
-        return compile_kernel(self.source, self.kernel_name, arch=arch).require_no_spills()
+        """NVRTC-compile for ``arch`` (default: the running GPU's); spills and local memory are an error.
+
+        Kept per variant: even a disk-cache hit hashes every kernel source to find the cubin, about a
+        millisecond of host time, and a launch path that asks for its kernel on every call (the torch
+        op) must not pay it each time."""
+        key = (self.source, self.kernel_name, arch)
+        compiled = self.__dict__.setdefault("_compiled", {})
+        if key not in compiled:
+            compiled[key] = compile_kernel(self.source, self.kernel_name, arch=arch).require_no_spills()
+        return compiled[key]
 
     def resources(self, arch: str | None = None) -> Resources:
         report = self.compile(arch).report
