@@ -75,7 +75,7 @@ def test_the_pages_claims_hold():
     assert timed == {"graph replays"}
     assert {r["timed"] for r in data["scoreboard_rows"] if r["label"].startswith("65,536")} == {"eager"}
     assert data["compile"]["same_output"] and data["host_probe"]["host_ms_per_call"] > 0
-    assert set(data["runs"]) == {"layer", "scoreboard-small", "scoreboard-large"}
+    assert set(data["part_runs"]) == {"layer", "scoreboard-small", "scoreboard-large"}
 
 
 def test_a_run_keeps_what_it_does_not_re_measure():
@@ -98,9 +98,11 @@ def test_a_run_keeps_what_it_does_not_re_measure():
 
 
 def test_the_runs_section_names_each_part_once():
+    from moe_gemm.measure.results import part_runs
+
     earlier = {"layer": {"commit": "a"}, "scoreboard-small": {"commit": "b"}, "scoreboard-large": {"commit": "c"}}
     now = {"git_commit": "d", "date": "2026-12-02T00:00:00+00:00", "command": "run.py"}
-    runs = RUN.runs_after(earlier, RUN.parse_args(["--parts", "scoreboard", "--rows", "512"]), now)
+    runs = part_runs(earlier, RUN.measured_parts(RUN.parse_args(["--parts", "scoreboard", "--rows", "512"])), now)
     assert set(runs) == {"layer", "scoreboard"} and runs["scoreboard"]["commit"] == "d"
     assert "rows 512" in runs["scoreboard"]["measured"] and runs["layer"]["commit"] == "a"
 
@@ -135,4 +137,4 @@ def test_a_run_writes_after_each_layer_size_and_keeps_what_it_did_not_measure(tm
     data = results.recorded("08", gpu.slug)
     assert sorted(r["hidden"] for r in data["records"]) == [2048, 2048, 4096, 4096]
     assert len(data["steps"]) == 2 and data["targets"][0]["value"] == pytest.approx(1.3)
-    assert "layer sizes qwen3 at 4,096 tokens" in data["runs"]["layer"]["measured"]
+    assert "layer sizes qwen3 at 4,096 tokens" in data["part_runs"]["layer"]["measured"]

@@ -306,7 +306,7 @@ def run_on_gpu(args, gpu) -> int:
     import sys
 
     from moe_gemm.measure.ceilings import basis_for
-    from moe_gemm.measure.results import provenance
+    from moe_gemm.measure.results import part_runs, provenance
     from moe_gemm.variants.k6 import ladder
     from moe_gemm.variants.registry import get
 
@@ -344,9 +344,9 @@ def run_on_gpu(args, gpu) -> int:
         extra["profile"] = profile_rows()
         show(profile_table(extra["profile"]))
     # Which commit and command measured each part: the parts can come from different runs.
-    now = provenance(gpu)
-    extra["part_runs"] = {**earlier.get("part_runs", {}),
-                          **{part: {key: now[key] for key in ("git_commit", "date", "command")} for part in args.parts}}
+    measured = {"ladder": "every rung and the peers at the seed five", "models": "the model projections",
+                "grid": f"the grid's rows {', '.join(f'{t:,}' for t in args.tokens)}"}
+    extra["part_runs"] = part_runs(earlier.get("part_runs", {}), {p: measured[p] for p in args.parts}, provenance(gpu))
     parts = sorted({r["part"] for r in records}, key=PARTS.index)
     path = save_results(CHAPTER, records, gpu, checks=checks, compile_report=report, targets=targets,
                         rounds=args.rounds, parts=parts, **extra)

@@ -450,15 +450,12 @@ def kept_from(earlier: dict[str, Any], args) -> tuple[list, list, list]:
             [f for f in earlier.get("fused_epilogue", []) if kept(f)])
 
 
-def runs_after(earlier: dict[str, Any], args, now: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """Which commit and command measured what: this run's entry per part replaces the earlier ones of
-    that part (keys ``layer``, ``scoreboard``, or an earlier run's ``scoreboard-...``)."""
+def measured_parts(args) -> dict[str, str]:
+    """What this run measures of each part it runs, for the results file's ``part_runs``."""
     measured = {"layer": f"layer sizes {', '.join(args.layers)} at {', '.join(f'{t:,}' for t in args.tokens)} "
                          "tokens", "scoreboard": f"scoreboard rows {', '.join(f'{t:,}' for t in args.rows)} and the "
                                                "model projections"}
-    kept = {key: run for key, run in earlier.items() if key.split("-")[0] not in args.parts}
-    return {**kept, **{part: {"commit": now["git_commit"], "date": now["date"], "command": now["command"],
-                              "measured": measured[part]} for part in args.parts}}
+    return {part: measured[part] for part in args.parts}
 
 
 def run_on_gpu(args, gpu) -> int:
@@ -467,18 +464,18 @@ def run_on_gpu(args, gpu) -> int:
     if not torch_available():
         return run_without_gpu(args, "torch is not installed")
     from moe_gemm.chapter import recorded
-    from moe_gemm.measure.results import provenance
+    from moe_gemm.measure.results import part_runs, provenance
 
     print(describe_gpu(gpu) + "\n")
     earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
     records, steps, fused = kept_from(earlier, args)
     compiled, probe = earlier.get("compile", {}), earlier.get("host_probe", {})
-    runs = runs_after(earlier.get("runs", {}), args, provenance(gpu))
+    runs = part_runs(earlier.get("part_runs", {}), measured_parts(args), provenance(gpu))
 
     def save() -> str:
         targets = target_rows([r for r in records if r.get("part") == "layer"], fused)
         return save_results(CHAPTER, records, gpu, steps=steps, fused_epilogue=fused, compile=compiled,
-                            targets=targets, scoreboard_rows=scoreboard_rows(records), host_probe=probe, runs=runs)
+                            targets=targets, scoreboard_rows=scoreboard_rows(records), host_probe=probe, part_runs=runs)
 
     if "layer" in args.parts:
         compiled = compile_check()

@@ -80,6 +80,17 @@ def save_results(chapter: str, records: list[dict[str, Any]], gpu: GpuInfo, **ex
     return str(path)
 
 
+def part_runs(earlier: dict[str, dict[str, str]], measured: dict[str, str],
+              now: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Which commit and command measured each part of a results file whose parts run as separate
+    processes: ``earlier``'s entries, with each part in ``measured`` (part -> what this run measured of
+    it) replaced by this run's (``now``: its provenance); an earlier entry ``part-...`` (a part once
+    measured in pieces) goes with its part."""
+    kept = {key: run for key, run in earlier.items() if key.split("-")[0] not in measured}
+    return {**kept, **{part: {"commit": now["git_commit"], "date": now["date"], "command": now["command"],
+                              "measured": what} for part, what in measured.items()}}
+
+
 def find_record(records: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     """The first record whose fields equal every keyword given."""
     for record in records:
