@@ -137,3 +137,12 @@ def test_every_chapter_has_the_same_shape(chapter):
     for path in (run, figures):
         code = ast.unparse(ast.parse(path.read_text()))  # without comments and docstrings' layout
         assert "'h200'" not in code and "64, 1024, 2688" not in code, path
+
+
+def test_failed_variants_names_each_failing_variant_once_in_order():
+    from moe_gemm.chapter import failed_variants
+
+    checks = [{"variant": "k6/b", "passed": False}, {"variant": "k6/a", "passed": True},
+              {"variant": "k6/b", "passed": False}, {"variant": "k3/x", "passed": False}]
+    assert failed_variants(checks) == ["k3/x", "k6/b"]
+    assert failed_variants(checks[1:2]) == []

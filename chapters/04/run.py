@@ -39,6 +39,7 @@ from moe_gemm.chapter import (
     chapter_parser,
     checks_table,
     describe_gpu,
+    failed_variants,
     find,
     grouped_mm_peers,
     print_not_run,
@@ -285,7 +286,7 @@ def run_on_gpu(args, gpu) -> int:
     variants = ladder(args.only)
     checks = run_checks(variants)
     show(checks_table(checks))
-    failed = sorted({c["variant"] for c in checks if not c["passed"]})
+    failed = failed_variants(checks)
     if failed:
         print(f"checks FAILED for {', '.join(failed)}: those are not timed.", file=sys.stderr)
     passing = [v for v in variants if v.name not in failed]

@@ -36,6 +36,7 @@ from moe_gemm.chapter import (
     chapter_parser,
     checks_table,
     describe_gpu,
+    failed_variants,
     find,
     grouped_mm_peers,
     print_not_run,
@@ -309,7 +310,7 @@ def run_on_gpu(args, gpu) -> int:
 
     checks = run_checks([K5Adaptive(name) for name in CHECKED])
     show(checks_table(checks))
-    failed = sorted({c["variant"] for c in checks if not c["passed"]})
+    failed = failed_variants(checks)
     if failed:
         print(f"checks FAILED for {', '.join(failed)}: nothing is timed.", file=sys.stderr)
         return 1

@@ -41,6 +41,7 @@ from moe_gemm.chapter import (
     chapter_parser,
     checks_table,
     describe_gpu,
+    failed_variants,
     find,
     grouped_mm_peers,
     print_not_run,
@@ -322,7 +323,7 @@ def run_on_gpu(args, gpu) -> int:
     if "ladder" in args.parts:
         checks = run_checks([*ladder(), get(AUTO)])
         show(checks_table([c for c in checks if not c["passed"]] or checks[:3]))
-        failed = sorted({c["variant"] for c in checks if not c["passed"]})
+        failed = failed_variants(checks)
         if failed:
             print(f"checks FAILED for {', '.join(failed)}: nothing is timed.", file=sys.stderr)
             return 1

@@ -38,7 +38,7 @@ from moe_gemm.core.tables import Table
 from moe_gemm.cuda import gpu as _gpu
 from moe_gemm.measure.check import progress
 from moe_gemm.measure.results import find_measurement, recorded, save_results
-from moe_gemm.measure.runs import run_checks, run_variants
+from moe_gemm.measure.runs import failed_variants, run_checks, run_variants
 from moe_gemm.model.workloads import GRID_SKEWS, GRID_TOKENS, SEED, SEED_FIVE, SEED_WORKLOADS, Workload
 from moe_gemm.site.records import PEER, checks_table, records_table, show_recorded, targets_table
 from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS, TorchGroupedMM, torch_available
@@ -46,8 +46,8 @@ from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS, TorchGroupedMM, torch
 __all__ = [
     "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "NO_GPU", "PEER", "PEERS", "SEED", "SEED_FIVE", "SEED_WORKLOADS",
     "SM90A", "Requirement", "Table", "Workload", "add_timing_arguments", "best_of", "best_peer", "chapter_main",
-    "chapter_module", "chapter_parser", "checks_table", "describe_gpu", "figures_main", "find", "grouped_mm_peers",
-    "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded", "records_table",
+    "chapter_module", "chapter_parser", "checks_table", "describe_gpu", "failed_variants", "figures_main", "find",
+    "grouped_mm_peers", "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded", "records_table",
     "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded", "targets_table",
     "timing_options",
 ]

@@ -47,6 +47,11 @@ def run_checks(variants: Sequence[Variant], seed: int = 0) -> list[dict[str, Any
     return sorted(results, key=lambda r: order[r["variant"]])  # stable: cases keep their order
 
 
+def failed_variants(checks: Sequence[dict[str, Any]]) -> list[str]:
+    """The variants with a failed check among :func:`run_checks`' results, sorted."""
+    return sorted({c["variant"] for c in checks if not c["passed"]})
+
+
 def run_variants(variants: Sequence[Variant], workloads: Sequence[Workload], rounds: int = 1,
                  **timing: int) -> list[dict[str, Any]]:
     """Check and time every variant on every workload; a variant that cannot take a workload is skipped.
