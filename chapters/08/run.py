@@ -118,22 +118,22 @@ def quack_forward(layer) -> tuple[Any, dict[str, str]] | None:
     import torch
     from quack.gemm_interface import gemm, gemm_act
 
-    from moe_gemm.torch.layer import combine, permute, route
+    from moe_gemm.torch.layer import combine, dispatch
+
+    def cu_seqlens(offs):  # quack's offsets: [E + 1] from 0, where torch's offs are the E row ends
+        return torch.cat([offs.new_zeros(1), offs])
 
     def quack_grouped_mm(a, b, offs):
-        return gemm(a, b, cu_seqlens_m=torch.cat([offs.new_zeros(1), offs]), tuned=True)
+        return gemm(a, b, cu_seqlens_m=cu_seqlens(offs), tuned=True)
 
     gate, up = layer.w_gate_up.detach().chunk(2, dim=2)
     w_interleaved = torch.stack([gate, up], dim=3).flatten(2).contiguous()  # g0, u0, g1, u1, ...
 
     def fused(x):
-        weights, experts = route(x, layer.gate, layer.top_k, layer.normalize)
-        order, offs = permute(experts, layer.gate.shape[0])
-        cu_seqlens = torch.cat([offs.new_zeros(1), offs])
-        rows = x[order // layer.top_k]
-        _, act = gemm_act(rows, w_interleaved, activation="swiglu", cu_seqlens_m=cu_seqlens, store_preact=False,
+        weights, order, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)
+        _, act = gemm_act(rows, w_interleaved, activation="swiglu", cu_seqlens_m=cu_seqlens(offs), store_preact=False,
                           tuned=True)
-        y = gemm(act, layer.w_down, cu_seqlens_m=cu_seqlens, tuned=True)
+        y = quack_grouped_mm(act, layer.w_down, offs)
         return combine(y, order, weights, layer.top_k, x.shape[0]).to(x.dtype)
 
     try:
@@ -223,12 +223,10 @@ def fused_epilogue(layer, x) -> dict[str, float]:
     SwiGLU pass alone; the bytes the separate pass moves (C [M, 2I] read, [M, I] written) and the
     fused one saves (C [M, 2I] written and read back)."""
     from moe_gemm.torch.bench import time_call
-    from moe_gemm.torch.layer import permute, route, swiglu
+    from moe_gemm.torch.layer import dispatch, swiglu
     from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
 
-    _, experts = route(x, layer.gate, layer.top_k, layer.normalize)
-    order, offs = permute(experts, layer.gate.shape[0])
-    rows = x[order // layer.top_k]
+    _, _, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)
     h = grouped_mm(rows, layer.w_gate_up, offs)
     m, width = h.shape
     return {"fused_ms": time_call(lambda: grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs), graph=True).median_ms,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -81,14 +82,28 @@ def combine(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, top_k: 
 # --8<-- [end:steps]
 
 
+class Dispatch(NamedTuple):
+    """A batch of tokens routed and sorted for the grouped GEMMs."""
+
+    weights: torch.Tensor  # [tokens, top_k] routing weights
+    order: torch.Tensor  # the (token, choice) pairs sorted by expert (permute)
+    offs: torch.Tensor  # int32 cumulative row ends per expert
+    rows: torch.Tensor  # [tokens x top_k, H]: each sorted pair's token row, GEMM 1's A
+
+
+def dispatch(x: torch.Tensor, gate: torch.Tensor, top_k: int, normalize: bool) -> Dispatch:
+    """Router, top-k and permutation: what every way of running the experts starts from."""
+    weights, experts = route(x, gate, top_k, normalize)
+    order, offs = permute(experts, gate.shape[0])
+    return Dispatch(weights, order, offs, x[order // top_k])
+
+
 def moe_forward(x: torch.Tensor, gate: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
                 normalize: bool = True, gemm: GroupedMM = grouped_mm,
                 w_gate_up_fused: torch.Tensor | None = None) -> torch.Tensor:
     """The layer's forward pass, step by step (see the module docstring). With ``w_gate_up_fused``
     (interleave_gate_up's layout) GEMM 1 and SwiGLU are one launch of k6's fused epilogue."""
-    weights, experts = route(x, gate, top_k, normalize)
-    order, offs = permute(experts, gate.shape[0])
-    rows = x[order // top_k]
+    weights, order, offs, rows = dispatch(x, gate, top_k, normalize)
     if w_gate_up_fused is not None:
         act = grouped_mm_swiglu(rows, w_gate_up_fused, offs)
     else:
