@@ -161,3 +161,17 @@ def test_an_unknown_transformers_family_is_refused():
 
     with pytest.raises(ValueError, match="'mixtral' or 'qwen3_moe'"):
         transformers_block("deepseek_v3", 64, 32, 8, 2)
+
+
+def test_combine_weights_and_sums_each_tokens_rows():
+    from moe_gemm.torch.layer import combine
+
+    torch.manual_seed(1)
+    tokens, top_k, hidden = 5, 3, 16
+    order = torch.randperm(tokens * top_k)  # row i of y is choice order[i] (token order[i] // top_k)
+    y = torch.randn(tokens * top_k, hidden).to(torch.bfloat16)
+    weights = torch.rand(tokens, top_k)
+    want = torch.zeros(tokens, hidden)
+    for i, choice in enumerate(order.tolist()):
+        want[choice // top_k] += weights.flatten()[choice] * y[i].float()
+    torch.testing.assert_close(combine(y, order, weights, top_k, tokens).float(), want, rtol=2e-2, atol=2e-2)

@@ -75,10 +75,16 @@ def interleave_gate_up(w_gate_up: torch.Tensor, block: int = 64) -> torch.Tensor
 
 
 def combine(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, top_k: int, tokens: int) -> torch.Tensor:
-    """Back to token order: out[t] = sum over t's choices of weight x the expert's output row, in fp32."""
-    weighted = y.float() * weights.flatten()[order].unsqueeze(1)
-    out = torch.zeros((tokens, y.shape[1]), dtype=torch.float32, device=y.device)
-    return out.index_add_(0, order // top_k, weighted)
+    """Back to token order: out[t] = sum over t's top_k choices of weight x the expert's output row.
+
+    Every token has exactly top_k rows, so no atomics are needed: gather the rows back into (token,
+    choice) order (the inverse of the sort) and let one batched GEMM [1, k] x [k, H] per token weight
+    and sum them (fp32 accumulation), reading and writing [M, H] once each where an index_add_ of fp32
+    rows made M atomic row updates."""
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device, dtype=order.dtype)
+    rows = y[inverse].view(tokens, top_k, y.shape[1])
+    return torch.bmm(weights.to(y.dtype).unsqueeze(1), rows).squeeze(1)
 # --8<-- [end:steps]
 
 

@@ -106,11 +106,13 @@ def _fused_variant() -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def _arguments(variant: Any, *key: int) -> tuple[Any, ...]:
-    """The launch's arguments, three TMA descriptors among them: encoding those is tens of microseconds
-    of host time, more than a small launch takes on the GPU, so the same pointers and shape (torch's
-    caching allocator hands the same blocks out again) reuse them."""
-    return variant.arguments(*key)
+def _arguments(variant: Any, *key: int) -> Any:
+    """The launch's arguments, packed: encoding the three TMA descriptors and packing the parameter
+    array is tens of microseconds of host time, more than a small launch takes on the GPU, so the same
+    pointers and shape (torch's caching allocator hands the same blocks out again) reuse them."""
+    from moe_gemm.cuda.launch import PackedArguments
+
+    return PackedArguments(variant.arguments(*key))
 
 
 @functools.cache
@@ -131,7 +133,7 @@ def _launch_k6(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.
     # cache on every call cost the eager op 1.3-2.4 ms of host time, measured on the H200)
     kernel, grid = variant.compile(), variant.slots(sm_count) * variant.config.cluster
     args = _arguments(variant, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), tokens, experts, K, N)
-    launch(kernel, grid, THREADS, variant.config.dynamic_smem_bytes, *args,
+    launch(kernel, grid, THREADS, variant.config.dynamic_smem_bytes, args,
            stream=torch.cuda.current_stream(a.device).cuda_stream)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from moe_gemm.cuda.device import DeviceArray, DeviceProblem, to_device
-from moe_gemm.cuda.launch import TensorMapArg, launch, max_active_clusters, prefer_shared_memory
+from moe_gemm.cuda.launch import PackedArguments, TensorMapArg, launch, max_active_clusters, prefer_shared_memory
 from moe_gemm.cuda.tensormap import matrix_map
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.edge_cases import EdgeCase
@@ -118,12 +118,12 @@ class K6Persistent(NamedConfigVariant):
         else:  # the kernel finds its units: one block (cluster) per slot whatever the routing
             units, units_ptr, count, grid = None, 0, 0, slots * config.cluster
         ends = dev.offsets.ptr + 4  # offsets [E + 1] from 0: the ends are offsets[1:], torch's offs
-        args = self.arguments(dev.a.ptr, b.ptr, output.ptr, ends, problem.tokens, problem.experts, problem.K,
-                              problem.N, units_ptr, count)
+        args = PackedArguments(self.arguments(dev.a.ptr, b.ptr, output.ptr, ends, problem.tokens, problem.experts,
+                                              problem.K, problem.N, units_ptr, count))
         smem = config.dynamic_smem_bytes
 
         def run() -> None:
-            launch(kernel, grid, THREADS, smem, *args)
+            launch(kernel, grid, THREADS, smem, args)
 
         keep: list[Any] = [units, args, dev, b, output]
         info = {"grid": grid, "units": len(units_host), "schedule": config.schedule, "config": config.label}
