@@ -22,7 +22,7 @@ time into router, permutation, GEMM 1 + SwiGLU, GEMM 2 and combine, and times GE
 GEMM 1 alone and the SwiGLU pass alone. The scoreboard then times our op as a model calls it
 (op/grouped_mm: moe_gemm.torch.grouped_mm on torch tensors) beside torch._grouped_mm and quack over
 chapter 06's grid (M_tot 512 .. 65,536 x s 0 .. 1.6) and chapter 07's model projections, eagerly and
-(at 2,048 rows and fewer) as CUDA-graph replays. Results go to chapters/08/results/<gpu>.json.
+as CUDA-graph replays. Results go to chapters/08/results/<gpu>.json.
 
 Without a GPU or torch it says what it would run, shows the recorded results, and exits 0.
 """
@@ -247,33 +247,45 @@ def scoreboard_cells(rows: Sequence[int]) -> list[Any]:
 
 def scoreboard(cells: Sequence[Any], timing: dict[str, int], with_quack: bool) -> list[dict[str, Any]]:
     """op/grouped_mm, torch._grouped_mm (both layouts) and quack on ``cells``, through the harness's check
-    and timing path; graph replays beside the eager launches at the small cells."""
-    from moe_gemm.chapter import chapter_module, grouped_mm_peers, run_variants
+    and timing path, eagerly and as CUDA-graph replays at every cell: a model runs the op captured,
+    and an eager launch also pays the op's host time (the per-launch events hold it when the host is
+    slower than the kernel)."""
+    from moe_gemm.chapter import grouped_mm_peers, run_variants
     from moe_gemm.measure.graph_replay import GraphReplay
     from moe_gemm.torch.variant import TorchOp
     from moe_gemm.variants.peer.quack import quack_peers
 
-    ch07 = chapter_module("07")
     contenders = [TorchOp(), *grouped_mm_peers(), *(quack_peers() if with_quack else [])]
-    small = [w for w in cells if w.tokens <= ch07.GRAPH_MAX_TOKENS]
-    large = [w for w in cells if w.tokens > ch07.GRAPH_MAX_TOKENS]
-    return (run_variants(contenders + [GraphReplay(v) for v in contenders], small, **timing)
-            + run_variants(contenders, large, **timing))
+    return run_variants(contenders + [GraphReplay(v) for v in contenders], cells, **timing)
+
+
+def _ratio(records: Sequence[dict[str, Any]], peers: Sequence[str], cell: Any, graph: bool) -> float | None:
+    """Our op's useful TFLOP/s over the best of ``peers`` at ``cell``, both as graph replays or both eager."""
+    from moe_gemm.chapter import best_of
+    from moe_gemm.measure.graph_replay import graph_name
+
+    def named(names: Sequence[str]) -> list[str]:
+        return [graph_name(n) for n in names] if graph else list(names)
+
+    ours, theirs = best_of(records, named([OP]), cell), best_of(records, named(peers), cell)
+    return None if ours is None or theirs is None else ours["useful_tflops"] / theirs["useful_tflops"]
 
 
 def scoreboard_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per measured cell: our op over the faster torch layout and over quack's best (None where
-    a peer was not measured in the run that timed the op), and how it was timed."""
+    a peer was not measured in the run that timed the op), as graph replays where the run has them,
+    else eagerly."""
     from moe_gemm.chapter import chapter_module
+    from moe_gemm.measure.graph_replay import graph_name
 
     ch07 = chapter_module("07")
     rows = []
     for w in scoreboard_cells(GRID_TOKENS):
-        if not any(ch07.find(records, name, w) for name in ch07.judged([OP], w)):
+        graph = ch07.find(records, graph_name(OP), w) is not None
+        if not graph and ch07.find(records, OP, w) is None:
             continue
-        rows.append({"label": w.label, "torch": ch07.ratio(records, OP, ch07.TORCH, w),
-                     "quack": ch07.ratio(records, OP, ch07.QUACK, w),
-                     "timed": "graph replays" if w.tokens <= ch07.GRAPH_MAX_TOKENS else "eager"})
+        rows.append({"label": w.label, "torch": _ratio(records, ch07.TORCH, w, graph),
+                     "quack": _ratio(records, ch07.QUACK, w, graph), "timed": "graph replays" if graph else "eager"})
     return rows
 
 
