@@ -82,3 +82,26 @@ def test_the_swiglu_reference_pairs_gate_and_up_blocks():
     np.testing.assert_allclose(act[:, 64:128], gate / (1 + np.exp(-gate)) * up, rtol=1e-6)
     with pytest.raises(ValueError, match="multiple of 128"):
         swiglu_reference(problem_from_counts(np.array([3]), 64, 192))
+
+
+def test_the_robust_rule_picks_the_rung_closest_to_the_best_on_both_routings():
+    """Chapter 07's recorded ladder at 16,384 rows: tuned on balanced rows alone k6/auto took the
+    M-paired rung (fastest there, 16% behind at s = 1.2); the robust rule takes the N-paired rung,
+    within 2% of the best at both skews."""
+    from moe_gemm.chapter import chapter_module, recorded
+    from moe_gemm.model.workloads import Workload
+    from moe_gemm.variants.k6.auto import robust_choice
+    from moe_gemm.variants.k6.config import AUTO_CANDIDATES
+
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    run = chapter_module("07")
+    ladder = [r for r in data["records"] if r["part"] == "ladder"]
+    timings = [{name: run.find(ladder, name, Workload(16384, skew))["median_ms"] for name in AUTO_CANDIDATES
+                if run.find(ladder, name, Workload(16384, skew))} for skew in (0.0, 1.2)]
+    assert min(timings[0], key=timings[0].get) == "k6/pingpong-mcluster-bn192"
+    assert robust_choice(timings) == "k6/pingpong-cluster-bn192"
+    assert robust_choice([{"a": 1.0, "b": 2.0}, {"b": 1.0}]) == "b"  # only candidates timed on both count
+    with pytest.raises(ValueError, match="every routing"):
+        robust_choice([{"a": 1.0}, {"b": 1.0}])

@@ -162,3 +162,16 @@ def test_the_swiglu_epilogue_refuses_n_not_a_multiple_of_128(sm90a):
 
     with pytest.raises(ValueError, match="multiple of 128"):
         K6Persistent("k6/swiglu-bn128").prepare(DeviceProblem(problem_from_counts(np.array([5]), 64, 192)))
+
+
+def test_a_rerouted_problem_shares_the_inputs_and_has_its_own_offsets(sm90a):
+    """What k6/auto's robust tuning times its second routing on: the same A and B, new offsets."""
+    from moe_gemm.cuda.device import DeviceProblem
+    from moe_gemm.model.routing import expert_counts, expert_offsets
+
+    dev = DeviceProblem(make_problem(8, 1000, 128, 256, 0.0, seed=1))
+    counts = expert_counts(8, 1000, 1.2)
+    other = dev.rerouted(counts)
+    assert other.a is dev.a and other.b is dev.b
+    np.testing.assert_array_equal(other.offsets.download(), expert_offsets(counts))
+    assert other.problem.skew != other.problem.skew  # NaN: the routing is given, not drawn with a skew

@@ -155,6 +155,15 @@ class DeviceProblem:
         self.b = to_device(problem.b)
         self.offsets = to_device(expert_offsets(problem.counts).astype(np.int32))
 
+    def rerouted(self, counts: np.ndarray) -> DeviceProblem:
+        """The same A and B on the device under another routing of the same M_tot (only the offsets are
+        uploaded): for timing a configuration on a routing the inputs were not drawn for."""
+        other = object.__new__(DeviceProblem)
+        other.problem = Problem(a=self.problem.a, b=self.problem.b, counts=np.asarray(counts, dtype=np.int64))
+        other.a, other.b = self.a, self.b
+        other.offsets = to_device(expert_offsets(other.problem.counts).astype(np.int32))
+        return other
+
     def new_output(self, columns: int | None = None) -> DeviceArray:
         """C [M_tot, N] bf16 (or ``columns`` wide), poisoned with NaN so an unwritten element cannot pass
         a check."""
