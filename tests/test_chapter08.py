@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from moe_gemm.chapter import chapter_module
@@ -55,27 +57,75 @@ def test_recorded_targets_and_scoreboard_rows_match_the_records():
     assert RUN.scoreboard_rows(data["records"]) == data["scoreboard_rows"]
 
 
+def layer_ms(layer, way, key):
+    shape = RUN.LAYERS[key]
+    return {r["tokens"]: r["median_ms"] for r in layer if r["variant"] == way and r["hidden"] == shape.hidden}
+
+
 def test_the_pages_claims_hold():
-    """What the page says in words: the combine is more than half of the layer from 4,096 tokens on; our
-    layer is faster than the torch layer at every token count; the fused epilogue costs at most 0.4 of
-    a SwiGLU pass; the quack layer records how its GEMM 1 ran; graph replays at the small cells and
-    eager launches at the large ones; the compiled layer gives the same output."""
+    """What the page says in words. At the Qwen3-like size ours beats the torch layer at every token count
+    by 1.19-1.24x and the quack layer up to 4,096 tokens, not at 32,768; router, permutation and combine
+    are about 40% of it from 4,096 tokens on. At the Mixtral- and DeepSeek-V3-like sizes ours is behind
+    the quack layer from 4,096 tokens on, and the torch layer from 4,096 (Mixtral) and at 32,768 (DeepSeek). quack ran its fused activation everywhere, within 1e-4 of ours. The fused
+    epilogue costs at most 0.4 of a SwiGLU pass and is faster than GEMM 1 alone at the two large sizes.
+    Graph replays at the small scoreboard cells and eager launches at the large ones; the compiled
+    layer gives the same output."""
     data = recorded_or_skip()
-    for s in data["steps"]:
-        total = sum(s[f"{step}_ms"] for step in RUN.STEPS)
-        assert (s["combine_ms"] / total > 0.5) == (s["tokens"] >= 4096)
     layer = [r for r in data["records"] if r.get("part") == "layer"]
-    ours = {r["tokens"]: r["median_ms"] for r in layer if r["variant"] == "layer/ours"}
-    torch_way = {r["tokens"]: r["median_ms"] for r in layer if r["variant"] == "layer/torch_grouped_mm"}
-    assert ours and all(torch_way[t] > ours[t] for t in ours)
-    extras = [(f["fused_ms"] - f["gemm1_ms"]) / f["swiglu_ms"] for f in data["fused_epilogue"]]
-    assert extras and max(extras) <= RUN.TARGET_FUSED_SHARE
-    assert all(r.get("quack_gemm1") for r in layer if r["variant"] == "layer/quack")
+    ours, torch_way, quack = (layer_ms(layer, way, "qwen3") for way in RUN.WAYS[:3])
+    assert sorted(ours) == [512, 4096, 32768]
+    assert all(1.19 <= torch_way[t] / ours[t] < 1.25 for t in ours)
+    assert quack[512] > ours[512] and quack[4096] > ours[4096] and quack[32768] < ours[32768]
+    for s in data["steps"]:
+        if s["hidden"] == RUN.LAYERS["qwen3"].hidden and s["tokens"] >= 4096:
+            shared = sum(s[f"{step}_ms"] for step in ("router", "permutation", "combine"))
+            assert 0.35 <= shared / sum(s[f"{step}_ms"] for step in RUN.STEPS) <= 0.45
+    for key, behind_torch in (("mixtral", (4096, 32768)), ("deepseek", (32768,))):
+        ours, torch_way, quack = (layer_ms(layer, way, key) for way in RUN.WAYS[:3])
+        assert all(quack[t] < ours[t] for t in (4096, 32768)), key
+        assert [t for t in (4096, 32768) if torch_way[t] < ours[t]] == list(behind_torch), key
+    quack_records = [r for r in layer if r["variant"] == "layer/quack"]
+    assert len(quack_records) == 9 and {r["quack_gemm1"] for r in quack_records} == {"gemm_act with its fused SwiGLU"}
+    assert max(r["rel_error_vs_ours"] for r in quack_records) <= 1.5e-4
+    assert max(r["rel_error_vs_ours"] for r in layer if r["variant"] == "layer/transformers") < 1e-2
+    extras = {(f["hidden"], f["tokens"]): (f["fused_ms"] - f["gemm1_ms"]) / f["swiglu_ms"] for f in data["fused_epilogue"]}
+    assert len(extras) == 9 and max(extras.values()) <= RUN.TARGET_FUSED_SHARE
+    assert all(v < 0 for (hidden, _), v in extras.items() if hidden in (4096, 7168))
     timed = {r["timed"] for r in data["scoreboard_rows"] if r["label"].startswith(("512 ", "2,048 "))}
     assert timed == {"graph replays"}
     assert {r["timed"] for r in data["scoreboard_rows"] if r["label"].startswith("65,536")} == {"eager"}
     assert data["compile"]["same_output"] and data["host_probe"]["host_ms_per_call"] > 0
-    assert set(data["part_runs"]) == {"layer", "scoreboard-small", "scoreboard-large"}
+    assert set(data["part_runs"]) == {"layer-qwen3", "layer-mixtral", "layer-deepseek", "scoreboard-small",
+                                      "scoreboard-large"}
+
+
+def test_the_combine_prediction_reads_what_the_page_says():
+    """Before and after the gather + batched GEMM combine, at the Qwen3-like size: the layer 1.6x faster at
+    4,096 tokens and 1.9x at 32,768 (the prediction, about 2x, held); the combine 4x faster but above the
+    1 ms predicted at 32,768 tokens."""
+    data = recorded_or_skip()
+    layer = [r for r in data["records"] if r.get("part") == "layer"]
+    now = layer_ms(layer, "layer/ours", "qwen3")
+    before = {b["tokens"]: b for b in data["layer_before_gather_combine"]}
+    assert round(before[4096]["ours_ms"] / now[4096], 1) == 1.6 and round(before[32768]["ours_ms"] / now[32768], 1) == 1.9
+    combine = {s["tokens"]: s["combine_ms"] for s in data["steps"] if s["hidden"] == 2048}
+    assert round(before[32768]["combine_ms"] / combine[32768]) == 4 and combine[32768] > 1.0
+
+
+def test_the_untuned_default_is_slower_where_the_page_says():
+    """The page's reason for the large layers: at chapter 07's Mixtral-sized projection k6/auto's own
+    tuning timed the op's default configuration well behind its choice."""
+    from moe_gemm.chapter import recorded
+    from moe_gemm.model.workloads import Workload
+
+    ch07 = chapter_module("07")
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    auto = ch07.find(ch07.of_part(data["records"], "models"), ch07.AUTO, Workload(32768, 0.4, 8, 4096, 14336))
+    default = "k6/pingpong-bn192"  # the op's DEFAULT_CONFIG (read from its source: the op module needs torch)
+    assert f'DEFAULT_CONFIG = "{default}"' in (Path(__file__).resolve().parents[1] / "python/moe_gemm/torch/ops.py").read_text()
+    assert auto["candidate_ms"][default] / auto["candidate_ms"][auto["choice"]] > 1.3
 
 
 def test_a_run_keeps_what_it_does_not_re_measure():
@@ -100,11 +150,14 @@ def test_a_run_keeps_what_it_does_not_re_measure():
 def test_the_runs_section_names_each_part_once():
     from moe_gemm.measure.results import part_runs
 
-    earlier = {"layer": {"commit": "a"}, "scoreboard-small": {"commit": "b"}, "scoreboard-large": {"commit": "c"}}
+    earlier = {"layer-qwen3": {"commit": "a"}, "scoreboard-small": {"commit": "b"}, "scoreboard-large": {"commit": "c"}}
     now = {"git_commit": "d", "date": "2026-12-02T00:00:00+00:00", "command": "run.py"}
     runs = part_runs(earlier, RUN.measured_parts(RUN.parse_args(["--parts", "scoreboard", "--rows", "512"])), now)
-    assert set(runs) == {"layer", "scoreboard"} and runs["scoreboard"]["commit"] == "d"
-    assert "rows 512" in runs["scoreboard"]["measured"] and runs["layer"]["commit"] == "a"
+    assert set(runs) == {"layer-qwen3", "scoreboard"} and runs["scoreboard"]["commit"] == "d"
+    assert "rows 512" in runs["scoreboard"]["measured"] and runs["layer-qwen3"]["commit"] == "a"
+    runs = part_runs(runs, RUN.measured_parts(RUN.parse_args(["--parts", "layer", "--layers", "qwen3", "mixtral"])),
+                     now)
+    assert set(runs) == {"layer-qwen3", "layer-mixtral", "scoreboard"} and runs["layer-qwen3"]["commit"] == "d"
 
 
 def test_a_run_writes_after_each_layer_size_and_keeps_what_it_did_not_measure(tmp_path, monkeypatch):
@@ -137,4 +190,5 @@ def test_a_run_writes_after_each_layer_size_and_keeps_what_it_did_not_measure(tm
     data = results.recorded("08", gpu.slug)
     assert sorted(r["hidden"] for r in data["records"]) == [2048, 2048, 4096, 4096]
     assert len(data["steps"]) == 2 and data["targets"][0]["value"] == pytest.approx(1.3)
-    assert "layer sizes qwen3 at 4,096 tokens" in data["part_runs"]["layer"]["measured"]
+    assert data["part_runs"]["layer-qwen3"]["measured"] == "the Qwen3-30B-A3B-like layer at 4,096 tokens, four ways"
+    assert set(data["part_runs"]) == {"layer-qwen3", "layer-mixtral"}

@@ -76,6 +76,23 @@ def test_workloads_match_on_every_keyword_with_the_seed_as_default(pages):
         pages.tflops("99", "k9/a", tokens=2048, skew=1.2)
 
 
+def test_part_picks_one_of_two_records_of_a_variant_at_a_workload(tmp_path):
+    """Parts measured by separate processes can both hold a variant at a workload (chapter 07's ladder
+    and grid share the seed five): without ``part`` the first is found, with it the named one."""
+    data = {**SYNTHETIC, "records": [_record("k9/a", tflops=90.0, part="ladder"), _record("k9/a", tflops=95.0,
+                                                                                         part="grid")]}
+    _write_synthetic(tmp_path)
+    (tmp_path / "chapters" / "99" / "results" / "h200.json").write_text(json.dumps(data))
+    pages = Pages(tmp_path)
+    assert pages.tflops("99", "k9/a") == 90.0 and pages.tflops("99", "k9/a", part="grid") == 95.0
+    assert pages.record("99", "k9/a", part="ladder").useful_tflops == 90.0
+    with pytest.raises(PageDataError, match="no record of k9/a at 16,384 rows, s=0 in part 'models'"):
+        pages.tflops("99", "k9/a", part="models")
+    assert "95.0" in pages.results_table("99", part="grid") and "90.0" not in pages.results_table("99", part="grid")
+    assert pages.macros()["command"]("/opt/venv/bin/python3 /x/chapters/08/run.py --quick") == \
+        "python chapters/08/run.py --quick"
+
+
 def test_missing_data_raises_naming_what_is_missing(pages):
     with pytest.raises(PageDataError, match="no record of k9/b"):
         pages.record("99", "k9/b")

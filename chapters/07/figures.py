@@ -34,7 +34,7 @@ def grid_figure(data: dict[str, Any]):
 
 
 def models_figure(data: dict[str, Any]):
-    records = data["records"]
+    records = RUN.of_part(data["records"], "models")
     shapes = [(label, w) for label, w in RUN.MODEL_SHAPES.items() if RUN.find(records, RUN.AUTO, w)]
     fig, ax = new_figure(9.0, 3.8)
     width = 0.27
@@ -52,7 +52,7 @@ def models_figure(data: dict[str, Any]):
 def ladder_figure(data: dict[str, Any]):
     from moe_gemm.measure.ceilings import roofline_basis
 
-    records = data["records"]
+    records = RUN.of_part(data["records"], "ladder")
     cell = Workload(65536, 0.0)
     basis = roofline_basis()
     names = [n for n in (*RUN.ladder_names(), RUN.AUTO, *RUN.EARLIER, *RUN.QUACK[:1], *RUN.TORCH[:1])

@@ -113,6 +113,18 @@ def grid(tokens: Sequence[int] = GRID_TOKENS) -> list[Workload]:
 
 # --------------------------------------------------------------------------- lookups
 
+def part_of(workload: Workload) -> str:
+    """The part that measures ``workload`` for the grid's and the model shapes' tables and targets: a
+    ratio compares records of one part only (one process: the same inputs, the same run, the same
+    k6/auto rule), never one part's k6/auto with another part's quack. The seed five are grid cells
+    too; the ladder's own tables pass ``part="ladder"``."""
+    return "models" if workload in MODEL_SHAPES.values() else "grid"
+
+
+def of_part(records: Sequence[dict[str, Any]], part: str) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("part") == part]
+
+
 def judged(names: Sequence[str], workload: Workload) -> list[str]:
     """The names a target compares at ``workload``: their graph replays at the small cells."""
     from moe_gemm.measure.graph_replay import graph_name
@@ -120,8 +132,11 @@ def judged(names: Sequence[str], workload: Workload) -> list[str]:
     return [graph_name(n) for n in names] if workload.tokens <= GRAPH_MAX_TOKENS else list(names)
 
 
-def ratio(records: Sequence[dict[str, Any]], name: str, peers: Sequence[str], workload: Workload) -> float | None:
-    """``name``'s useful TFLOP/s over the best of ``peers`` at ``workload``, both judged the same way."""
+def ratio(records: Sequence[dict[str, Any]], name: str, peers: Sequence[str], workload: Workload,
+          part: str | None = None) -> float | None:
+    """``name``'s useful TFLOP/s over the best of ``peers`` at ``workload``, both judged the same way and
+    both from one part's records (``part``, else :func:`part_of` the workload)."""
+    records = of_part(records, part or part_of(workload))
     ours = best_of(records, judged([name], workload), workload)
     theirs = best_of(records, judged(peers, workload), workload)
     return None if ours is None or theirs is None else ours["useful_tflops"] / theirs["useful_tflops"]
@@ -130,6 +145,7 @@ def ratio(records: Sequence[dict[str, Any]], name: str, peers: Sequence[str], wo
 # --------------------------------------------------------------------------- tables
 
 def ladder_table(records: Sequence[dict[str, Any]], names: Sequence[str], basis) -> Table:
+    records = of_part(records, "ladder")
     cells = [w for w in SEED_FIVE if any(find(records, n, w) for n in names)]
     rows = []
     for name in names:
@@ -141,7 +157,7 @@ def ladder_table(records: Sequence[dict[str, Any]], names: Sequence[str], basis)
         row.append("-" if big is None else f"{100 * big['useful_tflops'] / basis.tflops(SEED_FIVE[3]):.0f}%")
         rows.append(tuple(row))
     for label, peers in (("/ quack", QUACK), ("/ torch", TORCH)):
-        rows.append((f"{AUTO} {label}", *(_fmt(ratio(records, AUTO, peers, c)) for c in cells), ""))
+        rows.append((f"{AUTO} {label}", *(_fmt(ratio(records, AUTO, peers, c, "ladder")) for c in cells), ""))
     return Table(("variant", *(c.short_label for c in cells), "roof 64k"), tuple(rows),
                  title="The ladder at the seed five: useful TFLOP/s",
                  legend="eager launches, median of the rounds' medians; roof 64k: share of the roofline at 65,536 "
@@ -163,6 +179,7 @@ def grid_table(records: Sequence[dict[str, Any]], peers: Sequence[str], label: s
 
 def models_table(records: Sequence[dict[str, Any]]) -> Table:
     rows = []
+    records = of_part(records, "models")
     for label, w in MODEL_SHAPES.items():
         auto, quack, torch = (best_of(records, names, w) for names in ([AUTO], QUACK, TORCH))
         if auto is None:
@@ -197,12 +214,13 @@ def target_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         add(f"k6/auto / quack, every cell and model shape (worst: {worst.label})", everywhere[worst], 1.0)
     for w in (Workload(16384, 1.2), Workload(65536, 1.2), *(Workload(512, s) for s in GRID_SKEWS)):
         add(f"k6/auto / quack at {w.label}", ratio(records, AUTO, QUACK, w), 1.10)
-    large = measured(TORCH, [w for w in (*grid(), *SEED_FIVE, *MODEL_SHAPES.values()) if w.tokens >= 4096])
+    large = measured(TORCH, [w for w in (*grid(), *MODEL_SHAPES.values()) if w.tokens >= 4096])
     if large:
         worst = min(large, key=large.get)
         add(f"k6/auto / torch, 4,096 rows or more (worst: {worst.label})", large[worst], 1.25)
+    ladder = of_part(records, "ladder")  # k6/auto-host is timed only there
     for w in SEED_FIVE:
-        device, host = find(records, AUTO, w), find(records, AUTO_HOST, w)
+        device, host = find(ladder, AUTO, w), find(ladder, AUTO_HOST, w)
         if device and host:
             add(f"k6/auto time over k6/auto-host at {w.label}", device["median_ms"] / host["median_ms"] - 1, 0.02,
                 at_most=True)

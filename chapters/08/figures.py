@@ -33,7 +33,8 @@ def _key(record: dict[str, Any]) -> tuple[int, int, int, int]:
 def layers_figure(data: dict[str, Any]):
     records = [r for r in data["records"] if r.get("part") == "layer"]
     shapes = list(dict.fromkeys(_key(r) for r in records))
-    fig, axes = new_figure(4.2 * len(shapes), 3.8, ncols=len(shapes), squeeze=False)
+    # three panels in 9.5 inches: a 9-point legend still prints at 11 px on the page's 850 px
+    fig, axes = new_figure(min(9.5, 4.2 * len(shapes)), 3.8, ncols=len(shapes), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
         rows = [r for r in records if _key(r) == shape]
         tokens = sorted({r["tokens"] for r in rows})
@@ -47,7 +48,7 @@ def layers_figure(data: dict[str, Any]):
         ax.set_xlabel("tokens")
         ax.set_title(f"H={shape[0]} I={shape[1]} E={shape[2]} top-{shape[3]}", fontsize=11)
     axes[0][0].set_ylabel("forward ms (median)")
-    axes[0][-1].legend(fontsize=9)
+    axes[0][0].legend(fontsize=9, loc="center right")  # the first panel has room between its lines
     return fig
 
 
@@ -95,7 +96,7 @@ def scoreboard_figure(data: dict[str, Any]):
 
     ch07 = chapter_module("07")
     records = data["records"]
-    panels = [(title, lambda t, s, peers=peers: ch07.ratio(records, RUN.OP, peers, Workload(t, s)))
+    panels = [(title, lambda t, s, peers=peers: ch07.ratio(records, RUN.OP, peers, Workload(t, s), "scoreboard"))
               for peers, title in ((ch07.TORCH, "our op / torch._grouped_mm"), (ch07.QUACK, "our op / quack"))]
     return grid_heatmaps(panels, "ratio of useful TFLOP/s, op and peer timed in the same run (blue: ours faster; "
                                  "blank: not measured)", vmin=0.5)

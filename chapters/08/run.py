@@ -461,11 +461,14 @@ def kept_from(earlier: dict[str, Any], args) -> tuple[list, list, list]:
 
 
 def measured_parts(args) -> dict[str, str]:
-    """What this run measures of each part it runs, for the results file's ``part_runs``."""
-    measured = {"layer": f"layer sizes {', '.join(args.layers)} at {', '.join(f'{t:,}' for t in args.tokens)} "
-                         "tokens", "scoreboard": f"scoreboard rows {', '.join(f'{t:,}' for t in args.rows)} and the "
-                                               "model projections"}
-    return {part: measured[part] for part in args.parts}
+    """What this run measures, for the results file's ``part_runs``: one entry per layer size (each size
+    may come from its own process) and one for the scoreboard."""
+    tokens = ", ".join(f"{t:,}" for t in args.tokens)
+    measured = {f"layer-{key}": f"the {LAYERS[key].label} layer at {tokens} tokens, four ways"
+                for key in args.layers if "layer" in args.parts}
+    if "scoreboard" in args.parts:
+        measured["scoreboard"] = f"scoreboard rows {', '.join(f'{t:,}' for t in args.rows)} and the model projections"
+    return measured
 
 
 def run_on_gpu(args, gpu) -> int:

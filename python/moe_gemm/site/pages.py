@@ -14,11 +14,14 @@ Numbers. Values come back as :class:`Number`, a float that prints with its field
 :func:`field_format`), so they can be printed as they are or used in arithmetic. Arithmetic gives a
 plain float: print it through ``fmt``, ``pct`` or ``change``.
 
-The macros (Jinja globals; ``fmt``, ``pct`` and ``change`` are filters too), with examples:
+The macros (Jinja globals; ``fmt``, ``pct`` and ``change`` are filters too, and ``command``, a recorded
+command as a reader types it, is a filter: ``{{ run.command | command }}``), with examples:
 
-``record(ch, variant, **workload)``
+``record(ch, variant, part=None, **workload)``
     The whole record, as a :class:`Record` (a read-only mapping whose numbers are Numbers):
-    ``{% set k0 = record("01", "k0") %}{{ k0.tiles }}`` gives ``10,752``.
+    ``{% set k0 = record("01", "k0") %}{{ k0.tiles }}`` gives ``10,752``. A results file whose parts ran
+    as separate processes can hold one variant at one workload twice; ``part="grid"`` names which
+    (``value``, ``tflops``, ``ms`` and ``results_table`` take ``part`` too).
 ``value(ch, variant, field, fmt=None, **workload)``
     One field: ``{{ value("03", "k2/s3", "registers", tokens=16384, skew=0) }}`` gives ``96``.
 ``tflops(ch, variant, fmt=".1f", **workload)`` and ``ms(ch, variant, fmt=".3f", **workload)``
@@ -29,7 +32,7 @@ The macros (Jinja globals; ``fmt``, ``pct`` and ``change`` are filters too), wit
 ``ratio(ch, variant, other, field="useful_tflops", fmt=".2f", **workload)``
     ``variant``'s field over ``other``'s on the same workload:
     ``{{ ratio("03", "k2/s3", "peer/torch_grouped_mm") }}`` gives ``0.71``.
-``results_table(ch, variants=None, workloads=None, columns=None)``
+``results_table(ch, variants=None, workloads=None, columns=None, part=None)``
     A markdown table of records with its one-line legend, workload by workload, the columns of
     ``moe_gemm.site.records.COLUMNS`` (the same cells ``run.py`` prints; "% roofline" names its basis):
     ``{{ results_table("01", variants=["k0", "peer/torch_grouped_mm"], workloads=[(16384, 0), (2048, 0)],
@@ -135,15 +138,16 @@ class Pages:
 
     # ---- records
 
-    def _raw_record(self, ch: str, variant: str, workload: Workload) -> dict[str, Any]:
+    def _raw_record(self, ch: str, variant: str, workload: Workload, part: str | None) -> dict[str, Any]:
         for record in self.data(ch)["records"]:
-            if record["variant"] == variant and workload.matches(record):
+            if record["variant"] == variant and workload.matches(record) and part in (None, record.get("part")):
                 return record
-        raise PageDataError(f"{self._name(ch)} has no record of {variant} at {workload.label}")
+        where = f" in part {part!r}" if part else ""
+        raise PageDataError(f"{self._name(ch)} has no record of {variant} at {workload.label}{where}")
 
-    def record(self, ch: str, variant: str, **workload: Any) -> Record:
+    def record(self, ch: str, variant: str, part: str | None = None, **workload: Any) -> Record:
         w = _workload(**workload)
-        return Record(self._raw_record(ch, variant, w), f"{self._name(ch)}: {variant} at {w.label}")
+        return Record(self._raw_record(ch, variant, w, part), f"{self._name(ch)}: {variant} at {w.label}")
 
     def value(self, ch: str, variant: str, field: str, fmt: str | None = None, **workload: Any) -> Number:
         number = self.record(ch, variant, **workload)[field]
@@ -166,9 +170,11 @@ class Pages:
         return Number(self.value(ch, variant, field, **workload) / self.value(ch, other, field, **workload), fmt)
 
     def results_table(self, ch: str, variants: Sequence[str] | None = None,
-                      workloads: Sequence[Any] | None = None, columns: Sequence[str] | None = None) -> str:
+                      workloads: Sequence[Any] | None = None, columns: Sequence[str] | None = None,
+                      part: str | None = None) -> str:
         data = self.data(ch)
-        records = [r for r in data["records"] if not r["variant"].startswith("ceiling/")]
+        records = [r for r in data["records"] if not r["variant"].startswith("ceiling/")
+                   and part in (None, r.get("part"))]
         if workloads is None:
             chosen = list(dict.fromkeys(Workload.of(r) for r in records))
         else:
@@ -272,7 +278,8 @@ class Pages:
     def macros(self) -> dict[str, Any]:
         names = ("record", "value", "tflops", "ms", "spread", "ratio", "results_table", "section", "entry",
                  "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance", "compulsory_bytes", "eta", "residency")
-        return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change}
+        return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change,
+                "command": display_command}
 
 
 def _date(iso: str) -> str:
@@ -288,3 +295,4 @@ def define_env(env: Any) -> None:
         env.macro(function, name)
     for function in (fmt, pct, change):
         env.filter(function)
+    env.filter(display_command, "command")
