@@ -124,3 +124,22 @@ def test_the_shared_staging_comparison_reads_what_the_page_says():
         w = next(c for c in RUN.SEED_FIVE if c.short_label == gauge["cell"])
         assert RUN.best_of(records, RUN.QUACK, w)["useful_tflops"] == gauge["now"]
     assert set(data["part_runs"]) == {"ladder", "grid", "models"}
+
+
+def test_a_ratio_compares_one_parts_records_only():
+    """The ladder and the grid both time k6/auto and quack at the seed five, in separate processes: a
+    grid cell's ratio is the grid's k6/auto over the grid's quack, never one part's over the other's
+    (the first record of each name was the ladder's, and the fastest quack anywhere could be either)."""
+    from moe_gemm.model.workloads import Workload
+
+    cell = Workload(16384, 1.2)
+
+    def rec(variant, tflops, part):
+        return {"variant": variant, "tokens": cell.tokens, "skew": cell.skew, "experts": cell.experts, "K": cell.K,
+                "N": cell.N, "useful_tflops": tflops, "part": part}
+
+    records = [rec(RUN.AUTO, 433.0, "ladder"), rec("peer/quack-top2", 523.0, "ladder"),
+               rec(RUN.AUTO, 505.0, "grid"), rec("peer/quack", 450.0, "grid")]
+    assert RUN.ratio(records, RUN.AUTO, RUN.QUACK, cell) == pytest.approx(505 / 450)
+    assert RUN.ratio(records, RUN.AUTO, RUN.QUACK, cell, "ladder") == pytest.approx(433 / 523)
+    assert RUN.ratio(records, RUN.AUTO, RUN.QUACK, cell, "models") is None
