@@ -28,7 +28,7 @@ def k0():
 def test_edge_cases_exact(k0, case):
     from moe_gemm.measure.check import verify
 
-    problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
+    problem = case.exact_problem(seed=3)
     check = verify(k0, problem, exact=True)
     assert check.passed, f"k0 on '{case.name}': {check.describe()}"
 

@@ -31,7 +31,7 @@ def test_edge_cases_exact(variant, case):
     from moe_gemm.measure.check import verify
 
     _needs_ampere()
-    problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
+    problem = case.exact_problem(seed=3)
     check = verify(variant, problem, exact=True)
     assert check.passed, f"{variant.name} on '{case.name}': {check.describe()}"
 

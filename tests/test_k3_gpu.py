@@ -26,7 +26,7 @@ def variant(request):
 def test_edge_cases_exact(variant, case, sm90a):
     from moe_gemm.measure.check import verify
 
-    problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
+    problem = case.exact_problem(seed=3)
     check = verify(variant, problem, exact=True)
     assert check.passed, f"{variant.name} on '{case.name}': {check.describe()}"
 

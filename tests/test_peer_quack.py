@@ -404,7 +404,7 @@ def quack_peer():
 def test_gpu_edge_cases_exact(quack_peer, case):
     from moe_gemm.measure.check import verify
 
-    problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=3)
+    problem = case.exact_problem(seed=3)
     check = verify(quack_peer, problem, exact=True)
     assert check.passed, f"peer/quack on '{case.name}': {check.describe()}"
 

@@ -156,3 +156,16 @@ def test_every_kernel_family_refuses_k_zero(family: str, bk: int) -> None:
 def test_a_problem_with_k_zero_cannot_be_made() -> None:
     with pytest.raises(ValueError, match="K must be >= 1"):
         make_problem(experts=2, tokens=8, K=0, N=8)
+
+
+def test_every_edge_case_has_an_exact_problem_of_integer_values():
+    """What every kernel's exact check runs on: the case's routing and shape, integer-valued bf16 inputs
+    (every product and sum exact in fp32), the same for the same seed."""
+    from moe_gemm.model.edge_cases import EDGE_CASES
+
+    for case in EDGE_CASES:
+        problem = case.exact_problem(seed=3)
+        assert list(problem.counts) == list(case.counts) and (problem.K, problem.N) == (case.K, case.N)
+        a = problem.a.astype(np.float32)
+        assert np.array_equal(a, np.round(a))
+        assert np.array_equal(case.exact_problem(seed=3).b.astype(np.float32), problem.b.astype(np.float32))

@@ -99,12 +99,11 @@ def check_k0(k0) -> tuple[Table, bool]:
     """Every edge case exactly, then random data to a relative error of 1e-2; (table, all passed)."""
     from moe_gemm.measure.check import verify
     from moe_gemm.model.edge_cases import EDGE_CASES
-    from moe_gemm.model.problem import problem_from_counts
     from moe_gemm.model.tiles import tile_count
 
     rows, passed = [], True
     for case in EDGE_CASES:
-        problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=1)
+        problem = case.exact_problem(seed=1)
         check = verify(k0, problem, exact=True)
         passed &= check.passed
         rows.append((case.name, problem.tokens, problem.experts, case.K, case.N,

@@ -15,13 +15,13 @@ from moe_gemm.cuda.device import DeviceProblem
 from moe_gemm.cuda.variant import Variant
 from moe_gemm.measure.check import input_sets, measure, progress, verify
 from moe_gemm.model.edge_cases import EDGE_CASES
-from moe_gemm.model.problem import Problem, make_problem, problem_from_counts
+from moe_gemm.model.problem import Problem, make_problem
 from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N, Workload
 
 
 def check_cases(seed: int) -> list[tuple[str, Problem, bool]]:
     """(name, problem, exact): every edge case on integer-valued inputs, then two random problems."""
-    cases = [(case.name, problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=seed), True)
+    cases = [(case.name, case.exact_problem(seed=seed), True)
              for case in EDGE_CASES]
     cases += [("random, 1,000 rows s=1.2, E=8, K=1024, N=384", make_problem(8, 1000, 1024, 384, 1.2, seed=seed), False),
               ("random, 2,048 rows s=0, seed shape", make_problem(SEED_EXPERTS, 2048, SEED_K, SEED_N, 0.0, seed=seed), False)]

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 
 from moe_gemm.core.cli import chapter_parser, run_main
 from moe_gemm.model.edge_cases import EDGE_CASES
-from moe_gemm.model.problem import problem_from_counts
 
 
 def find_compute_sanitizer() -> str | None:
@@ -56,7 +55,7 @@ def run_cases(variants: Sequence, *, seed: int = 0) -> int:
     for variant in variants:
         # A family may add cases of its own (k6: enough units that every block runs several tiles).
         for case in (*EDGE_CASES, *getattr(variant, "sanitize_cases", ())):
-            problem = problem_from_counts(case.counts_array(), case.K, case.N, values="integer", seed=seed)
+            problem = case.exact_problem(seed=seed)
             try:
                 check = verify(variant, problem, exact=True)
             except ValueError as unsupported:

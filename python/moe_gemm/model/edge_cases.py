@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe_gemm.model.problem import Problem, problem_from_counts
+
 EDGE_K = 128
 EDGE_N = 200
 
@@ -30,6 +32,10 @@ class EdgeCase:
 
     def counts_array(self) -> np.ndarray:
         return np.array(self.counts, dtype=np.int64)
+
+    def exact_problem(self, seed: int) -> Problem:
+        """The case on integer-valued inputs, whose products every kernel must reproduce bit for bit."""
+        return problem_from_counts(self.counts_array(), self.K, self.N, values="integer", seed=seed)
 
 
 EDGE_CASES = (
