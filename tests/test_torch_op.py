@@ -68,12 +68,16 @@ def test_the_fake_implementation_gives_shape_and_dtype_under_compile():
 def test_autograd_matches_fp32_torch():
     a, b, offs = problem([6, 0, 11, 3], dtype=torch.float32, seed=2)
     a, b = a.to(torch.bfloat16).requires_grad_(), b.to(torch.bfloat16).requires_grad_()
-    grad = torch.randn(20, 48)
+    grad = torch.randn(20, 48, generator=torch.Generator().manual_seed(5))
     ops.grouped_mm(a, b, offs).backward(grad.to(torch.bfloat16))
     a32, b32 = a.detach().float().requires_grad_(), b.detach().float().requires_grad_()
     fp32_reference(a32, b32, offs).backward(grad)
-    torch.testing.assert_close(a.grad.float(), a32.grad, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(b.grad.float(), b32.grad, rtol=2e-2, atol=2e-2)
+    # bf16 gradients: a dB element sums up to 11 products and can cancel to near zero, where an
+    # elementwise tolerance is the wrong measure; the relative (Frobenius) error is the right one, as
+    # in the GPU test
+    for ours, want in ((a.grad, a32.grad), (b.grad, b32.grad)):
+        assert ((ours.float() - want).norm() / want.norm()).item() < 1e-2
+    assert torch.count_nonzero(b.grad[1]) == 0  # the expert with no rows gets no gradient
 
 
 def test_permutation_groups_rows_by_expert_and_counts_every_expert():
@@ -120,7 +124,7 @@ def test_the_fused_path_equals_gemm_then_swiglu():
     from moe_gemm.torch.layer import interleave_gate_up, swiglu
 
     a, _, offs = problem([9, 0, 4], K=64, N=256)
-    w = (torch.randn(3, 64, 256) * 0.2).to(torch.bfloat16)
+    w = (torch.randn(3, 64, 256, generator=torch.Generator().manual_seed(4)) * 0.2).to(torch.bfloat16)
     fused = ops.grouped_mm_swiglu(a, interleave_gate_up(w), offs)
     plain = swiglu(ops.grouped_mm(a, w, offs).float())
     assert fused.shape == (13, 128)
