@@ -152,6 +152,7 @@ def transformers_block(layer, shape: LayerShape) -> Any:
     import torch
 
     from moe_gemm.torch.layer import transformers_block as build_block
+    from moe_gemm.torch.layer import transformers_forward
 
     block, _ = build_block("mixtral", shape.hidden, shape.intermediate, shape.experts, shape.top_k, device="meta")
     block = block.to_empty(device=layer.gate.device).to(torch.bfloat16).eval()
@@ -159,7 +160,7 @@ def transformers_block(layer, shape: LayerShape) -> Any:
         block.gate.weight.copy_(layer.gate)
         block.experts.gate_up_proj.copy_(layer.w_gate_up.transpose(1, 2))
         block.experts.down_proj.copy_(layer.w_down.transpose(1, 2))
-    return lambda x: block(x.unsqueeze(0))[0]
+    return lambda x: transformers_forward(block, x)
 
 
 # --------------------------------------------------------------------------- measuring

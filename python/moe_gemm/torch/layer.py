@@ -207,3 +207,10 @@ def transformers_block(family: str, hidden: int, intermediate: int, experts: int
     with torch.device(device) if device is not None else contextlib.nullcontext():
         return Block(config), normalize
 
+
+def transformers_forward(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A transformers MoE block on tokens ``x`` [tokens, H], its output [tokens, H] as our layer gives
+    it: the blocks take [batch, tokens, H], and transformers 4's return (hidden states, router logits)
+    where 5's return the hidden states alone."""
+    out = block(x.unsqueeze(0))
+    return (out[0] if isinstance(out, tuple) else out)[0]
