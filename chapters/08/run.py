@@ -66,6 +66,17 @@ TARGETS_LEGEND = ("layer: the other way's forward time over ours, at every layer
                   "more (the worst named); fused: the fused launch's extra time over GEMM 1 alone, in SwiGLU passes")
 PARTS = ("layer", "scoreboard")
 LAYER_KEY = ("hidden", "intermediate", "experts", "top_k", "tokens")  # what names one layer measurement
+OP = "op/grouped_mm"  # the scoreboard's name for our op as a model calls it
+
+
+def layer_key(row: dict[str, Any]) -> tuple:
+    """The layer size and token count a record, step split or fused row measured."""
+    return tuple(row.get(k) for k in LAYER_KEY)
+
+
+def fused_extra(row: dict[str, Any]) -> float:
+    """The fused launch's time over GEMM 1 alone, in SwiGLU passes: the fused target's measure."""
+    return (row["fused_ms"] - row["gemm1_ms"]) / row["swiglu_ms"]
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -327,17 +338,12 @@ def host_probe(tokens: int = 4096, calls: int = 200) -> dict[str, Any]:
             "graph_ms": round(graph.median_ms, 4)}
 
 
-OP = "op/grouped_mm"
-
-
 # --------------------------------------------------------------------------- tables and targets
 
 def layer_table(records: Sequence[dict[str, Any]]) -> Table:
-    keys = list(dict.fromkeys((r["hidden"], r["intermediate"], r["experts"], r["top_k"], r["tokens"]) for r in records))
     rows = []
-    for h, i, e, k, t in keys:
-        found = {r["variant"]: r for r in records if (r["hidden"], r["intermediate"], r["experts"], r["top_k"],
-                                                      r["tokens"]) == (h, i, e, k, t)}
+    for h, i, e, k, t in dict.fromkeys(layer_key(r) for r in records):
+        found = {r["variant"]: r for r in records if layer_key(r) == (h, i, e, k, t)}
         ours = found.get("layer/ours")
         cells = [f"{found[w]['median_ms']:.3f}" if w in found else "-" for w in WAYS]
         ratios = [f"{found[w]['median_ms'] / ours['median_ms']:.2f}" if w in found and ours else "-" for w in WAYS[1:]]
@@ -360,8 +366,8 @@ def steps_table(steps: Sequence[dict[str, Any]]) -> Table:
 
 def fused_table(fused: Sequence[dict[str, Any]]) -> Table:
     rows = tuple((f"H={f['hidden']} E={f['experts']}", f"{f['tokens']:,}", f"{f['gemm1_ms']:.3f}",
-                  f"{f['swiglu_ms']:.3f}", f"{f['fused_ms']:.3f}",
-                  f"{(f['fused_ms'] - f['gemm1_ms']) / f['swiglu_ms']:.2f}", f"{f['fused_saves_bytes'] / 1e6:,.0f}")
+                  f"{f['swiglu_ms']:.3f}", f"{f['fused_ms']:.3f}", f"{fused_extra(f):.2f}",
+                  f"{f['fused_saves_bytes'] / 1e6:,.0f}")
                  for f in fused)
     return Table(("layer", "tokens", "GEMM 1 ms", "SwiGLU ms", "fused ms", "extra", "saved MB"), rows,
                  title="GEMM 1 with the SwiGLU epilogue against GEMM 1 and a SwiGLU pass",
@@ -375,8 +381,7 @@ def target_rows(records: Sequence[dict[str, Any]], fused: Sequence[dict[str, Any
     rows = []
     for way, goal in (("layer/torch_grouped_mm", TARGET_VS_TORCH), ("layer/quack", TARGET_VS_QUACK)):
         pairs = [(r, o) for r in records if r["variant"] == way and r["tokens"] >= 4096
-                 for o in records if o["variant"] == "layer/ours"
-                 and all(o[k] == r[k] for k in LAYER_KEY)]
+                 for o in records if o["variant"] == "layer/ours" and layer_key(o) == layer_key(r)]
         if pairs:
             worst = min(pairs, key=lambda p: p[0]["median_ms"] / p[1]["median_ms"])
             value = worst[0]["median_ms"] / worst[1]["median_ms"]
@@ -384,8 +389,8 @@ def target_rows(records: Sequence[dict[str, Any]], fused: Sequence[dict[str, Any
                                    f"{worst[0]['tokens']:,} tokens)", "value": value, "goal": goal,
                          "met": value >= goal, "at_most": False})
     if fused:
-        worst = max(fused, key=lambda f: (f["fused_ms"] - f["gemm1_ms"]) / f["swiglu_ms"])
-        value = (worst["fused_ms"] - worst["gemm1_ms"]) / worst["swiglu_ms"]
+        worst = max(fused, key=fused_extra)
+        value = fused_extra(worst)
         rows.append({"target": f"fused GEMM 1 over GEMM 1 alone, in SwiGLU passes (worst: H={worst['hidden']}, "
                                f"{worst['tokens']:,} tokens)", "value": value, "goal": TARGET_FUSED_SHARE,
                      "met": value <= TARGET_FUSED_SHARE, "at_most": True})
@@ -448,14 +453,14 @@ def kept_from(earlier: dict[str, Any], args) -> tuple[list, list, list]:
     """The records, steps and fused rows of an earlier results file that this run does not re-measure:
     a layer measurement per (size, tokens), a scoreboard record per cell, so parts, sizes and rows
     can be measured in separate processes and merged."""
-    remeasured = ({tuple(LAYERS[key].fields(t)[k] for k in LAYER_KEY) for key in args.layers for t in args.tokens}
+    remeasured = ({layer_key(LAYERS[key].fields(t)) for key in args.layers for t in args.tokens}
                   if "layer" in args.parts else set())
     cells = set(scoreboard_cells(args.rows)) if "scoreboard" in args.parts else set()
 
     def kept(row: dict[str, Any]) -> bool:
         if row.get("part") == "scoreboard":
             return Workload.of(row) not in cells
-        return tuple(row.get(k) for k in LAYER_KEY) not in remeasured
+        return layer_key(row) not in remeasured
 
     return ([r for r in earlier.get("records", []) if kept(r)], [s for s in earlier.get("steps", []) if kept(s)],
             [f for f in earlier.get("fused_epilogue", []) if kept(f)])
