@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from moe_gemm.model.reference import SWIGLU_BLOCK
 from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
 
 GroupedMM = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -63,7 +64,7 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def interleave_gate_up(w_gate_up: torch.Tensor, block: int = 64) -> torch.Tensor:
+def interleave_gate_up(w_gate_up: torch.Tensor, block: int = SWIGLU_BLOCK) -> torch.Tensor:
     """[E, H, 2I] with gate columns then up columns -> the same columns as 64-wide gate / up pairs
     (g0, u0, g1, u1, ...): the layout k6's fused SwiGLU epilogue reads, made once per weight."""
     experts, hidden, width = w_gate_up.shape
@@ -135,7 +136,7 @@ class MoELayer(torch.nn.Module):
         self.gate = torch.nn.Parameter(torch.randn(experts, hidden, **factory) * hidden**-0.5)
         self.w_gate_up = torch.nn.Parameter(torch.randn(experts, hidden, 2 * intermediate, **factory) * hidden**-0.5)
         self.w_down = torch.nn.Parameter(torch.randn(experts, intermediate, hidden, **factory) * intermediate**-0.5)
-        self.fused = fused and intermediate % 64 == 0
+        self.fused = fused and intermediate % SWIGLU_BLOCK == 0
         self.register_buffer("w_gate_up_fused", None, persistent=False)
         self.fuse_weights()
 

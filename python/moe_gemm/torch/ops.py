@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from moe_gemm.model.reference import SWIGLU_BLOCK
 from moe_gemm.torch import rules
 
 DEFAULT_CONFIG = "k6/pingpong-bn192"  # the rung closest to k6/auto's choices across chapter 07's shapes
@@ -201,7 +202,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
 # --8<-- [start:swiglu]
 def swiglu_interleaved(h: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of a [M, N] product whose columns are interleaved 64-column gate / up blocks."""
-    blocks = h.float().unflatten(-1, (h.shape[-1] // 128, 2, 64))
+    blocks = h.float().unflatten(-1, (h.shape[-1] // (2 * SWIGLU_BLOCK), 2, SWIGLU_BLOCK))
     gate, up = blocks[..., 0, :], blocks[..., 1, :]
     return (torch.nn.functional.silu(gate) * up).flatten(-2)
 

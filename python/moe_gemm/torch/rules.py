@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from moe_gemm.cuda.tensormap import GLOBAL_ALIGN as TMA_ALIGN
+from moe_gemm.model.reference import SWIGLU_BLOCK
 from moe_gemm.variants.k3.config import BK
 from moe_gemm.variants.k3.config import REQUIRED_CAPABILITY as SM90A
 from moe_gemm.variants.k6.config import MAX_EXPERTS
@@ -93,7 +94,7 @@ def b_layout(shape: Sequence[int], strides: Sequence[int]) -> str | None:
     return None
 
 
-SWIGLU_COLUMNS = 128  # one 64-column gate block and its up block: k6's fused epilogue's BN
+SWIGLU_COLUMNS = 2 * SWIGLU_BLOCK  # one 64-column gate block and its up block: k6's fused epilogue's BN
 
 
 def route(op: Operands, epilogue: str = "none") -> Route:
