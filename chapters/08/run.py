@@ -51,6 +51,7 @@ from moe_gemm.chapter import (
 )
 from moe_gemm.core.cli import positive_int
 from moe_gemm.model.layers import LAYERS, LayerShape
+from moe_gemm.torch.variant import OP_NAME
 
 CHAPTER = "08"
 REQUIRES = SM90A
@@ -66,7 +67,7 @@ TARGETS_LEGEND = ("layer: the other way's forward time over ours, at every layer
                   "more (the worst named); fused: the fused launch's extra time over GEMM 1 alone, in SwiGLU passes")
 PARTS = ("layer", "scoreboard")
 LAYER_KEY = ("hidden", "intermediate", "experts", "top_k", "tokens")  # what names one layer measurement
-OP = "op/grouped_mm"  # the scoreboard's name for our op as a model calls it
+OP = OP_NAME  # the scoreboard's name for our op as a model calls it
 
 
 def layer_key(row: dict[str, Any]) -> tuple:
