@@ -418,10 +418,18 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP,
 }
 
 // An MoE layer's first GEMM with the SwiGLU epilogue: C is [M_tot, N / 2] and B's columns are
-// interleaved gate / up blocks of 64; BN = 128, no cluster, the device walk.
+// interleaved gate / up blocks of 64, so a 128-column tile holds one gate block and its up block;
+// BN = 128, the device walk; alone, or in a cluster of two along N (A multicast: each block's tile is
+// its own pair, and the partner of an odd last tile, past N, multiplies and stores nothing).
 template <int MODE, int STAGES, int STAGING_BOXES>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_swiglu(K6_PARAMS) {
     k6::k6_body<MODE, 128, STAGES, 1, 1, false, STAGING_BOXES, true, true>(
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
+}
+
+template <int MODE, int STAGES, int STAGING_BOXES>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_swiglu_cluster2(K6_PARAMS) {
+    k6::k6_body<MODE, 128, STAGES, 1, 2, false, STAGING_BOXES, true, true>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
 }
 // --8<-- [end:kernels]

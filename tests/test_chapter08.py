@@ -145,7 +145,8 @@ def test_a_run_keeps_what_it_does_not_re_measure():
                                                                   (None, 65536)]
     assert [s["hidden"] for s in steps] == [4096] and len(fused) == 1
     records, _, _ = RUN.kept_from(earlier, RUN.parse_args(["--parts", "scoreboard", "--rows", "65536"]))
-    assert [r["tokens"] for r in records if r["part"] == "scoreboard"] == [512]
+    # scoreboard records stay until their group is measured again (run_on_gpu replaces them group by group)
+    assert [r["tokens"] for r in records if r["part"] == "scoreboard"] == [512, 65536]
     assert len([r for r in records if r["part"] == "layer"]) == 3
 
 
@@ -154,11 +155,12 @@ def test_the_runs_section_names_each_part_once():
 
     earlier = {"layer-qwen3": {"commit": "a"}, "scoreboard-small": {"commit": "b"}, "scoreboard-large": {"commit": "c"}}
     now = {"git_commit": "d", "date": "2026-12-02T00:00:00+00:00", "command": "run.py"}
-    runs = part_runs(earlier, RUN.measured_parts(RUN.parse_args(["--parts", "scoreboard", "--rows", "512"])), now)
+    args = RUN.parse_args(["--parts", "scoreboard", "--rows", "512"])
+    runs = part_runs(earlier, RUN.measured_parts(args, [], ["512"]), now)
     assert set(runs) == {"layer-qwen3", "scoreboard"} and runs["scoreboard"]["commit"] == "d"
     assert "rows 512" in runs["scoreboard"]["measured"] and runs["layer-qwen3"]["commit"] == "a"
-    runs = part_runs(runs, RUN.measured_parts(RUN.parse_args(["--parts", "layer", "--layers", "qwen3", "mixtral"])),
-                     now)
+    args = RUN.parse_args(["--parts", "layer", "--layers", "qwen3", "mixtral"])
+    runs = part_runs(runs, RUN.measured_parts(args, ["qwen3", "mixtral"], []), now)
     assert set(runs) == {"layer-qwen3", "layer-mixtral", "scoreboard"} and runs["layer-qwen3"]["commit"] == "d"
 
 
@@ -194,3 +196,38 @@ def test_a_run_writes_after_each_layer_size_and_keeps_what_it_did_not_measure(tm
     assert len(data["steps"]) == 2 and data["targets"][0]["value"] == pytest.approx(1.3)
     assert data["part_runs"]["layer-qwen3"]["measured"] == "the Qwen3-30B-A3B-like layer at 4,096 tokens, four ways"
     assert set(data["part_runs"]) == {"layer-qwen3", "layer-mixtral"}
+
+
+def test_the_scoreboard_saves_after_each_group_and_a_stopped_run_keeps_the_rest(tmp_path, monkeypatch):
+    """run_on_gpu's scoreboard with the GPU work replaced: a run stopped in its second group leaves the
+    first group's new records, the older records of the groups it did not reach, and a part_runs entry
+    naming only the finished group."""
+    import moe_gemm.measure.results as results
+    import moe_gemm.variants.peer.torch as peer_torch
+    from moe_gemm.cuda.gpu import GpuInfo
+
+    monkeypatch.setattr(results, "CHAPTERS_DIR", tmp_path)
+    monkeypatch.setattr(peer_torch, "torch_available", lambda: True)
+    monkeypatch.setattr(RUN, "host_probe", lambda: {"tokens": 4096, "host_ms_per_call": 0.1, "eager_ms": 0.1,
+                                                    "graph_ms": 0.1})
+    run_number = [0]
+
+    def scoreboard(cells, timing, with_quack):
+        if run_number[0] == 1 and cells[0].tokens == 2048:
+            raise KeyboardInterrupt  # the time limit, in the second run's second group
+        return [{"variant": RUN.OP, "tokens": c.tokens, "skew": c.skew, "experts": c.experts, "K": c.K, "N": c.N,
+                 "median_ms": 1.0, "useful_tflops": 100.0 + run_number[0]} for c in cells]
+
+    monkeypatch.setattr(RUN, "scoreboard", scoreboard)
+    gpu = GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
+    args = RUN.parse_args(["--parts", "scoreboard", "--rows", "512", "2048"])
+    assert RUN.run_on_gpu(args, gpu) == 0
+    run_number[0] = 1
+    with pytest.raises(KeyboardInterrupt):
+        RUN.run_on_gpu(args, gpu)
+    data = results.recorded("08", gpu.slug)
+    by_rows = {}
+    for r in data["records"]:
+        by_rows.setdefault(r["tokens"] if r["experts"] == 64 else "models", set()).add(r["useful_tflops"])
+    assert by_rows == {512: {101.0}, 2048: {100.0}, "models": {100.0}}
+    assert data["part_runs"]["scoreboard"]["measured"] == "scoreboard rows 512"

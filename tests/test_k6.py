@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from moe_gemm.variants.k6 import K6Persistent, ladder
-from moe_gemm.variants.k6.config import AUTO_CANDIDATES, LADDER, SMEM_LIMIT, K6Config
+from moe_gemm.variants.k6.config import AUTO_CANDIDATES, FUSED, LADDER, SMEM_LIMIT, K6Config
 from moe_gemm.variants.k6.walk import expert_units, unit_list
 
 
@@ -60,16 +60,17 @@ def test_the_chooser_chooses_among_ladder_rungs():
     assert all(v.config.schedule == "device" for v in ladder() if v.name in AUTO_CANDIDATES)
 
 
-@pytest.mark.parametrize("name", ["k6/swiglu-bn128", "k6/swiglu-coop256"])
+@pytest.mark.parametrize("name", list(FUSED))
 def test_the_swiglu_epilogue_builds_with_its_exponentials(name):
     from moe_gemm.cuda.sass import opcode_counts
 
     variant = K6Persistent(name)
     compiled = variant.compile("sm_90a")
     assert compiled.report.spill_store_bytes == 0
-    counts = opcode_counts(compiled.sass(), ("MUFU.EX2", "HGMMA"))
+    counts = opcode_counts(compiled.sass(), ("MUFU.EX2", "HGMMA", "UCGABAR"))
     assert counts["MUFU.EX2"] == 64  # silu's exp for 2 m64 slices x 32 output values per thread
     assert counts["HGMMA"] == 12
+    assert (counts["UCGABAR"] > 0) == (variant.config.cluster == 2)  # the cluster rungs sync their pair
 
 
 def test_the_swiglu_reference_pairs_gate_and_up_blocks():

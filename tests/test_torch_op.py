@@ -178,3 +178,66 @@ def test_combine_weights_and_sums_each_tokens_rows():
     for i, choice in enumerate(order.tolist()):
         want[choice // top_k] += weights.flatten()[choice] * y[i].float()
     torch.testing.assert_close(combine(y, order, weights, top_k, tokens).float(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.fixture
+def tuning(monkeypatch, tmp_path):
+    """The op's configuration choice with the launches replaced: a cache in tmp_path, a made-up time per
+    candidate (the routing at hand, then the skewed one), and the list of what was timed."""
+    monkeypatch.setenv("MOE_GEMM_CACHE", str(tmp_path))
+    monkeypatch.delenv("MOE_GEMM_OP_TUNE", raising=False)
+    ops._chosen.clear()
+    timed: list[tuple[str, int]] = []
+    made_up = {"k6/pingpong-bn192": (1.0, 3.0), "k6/coop256-cluster-bn192": (1.1, 1.2),
+               "k6/swiglu-bn128": (2.0, 2.0), "k6/swiglu-coop256-cluster": (1.5, 1.6)}
+
+    def launcher(variant, a, b, offs, out, sm_count):
+        routing = int(offs[0])  # the routing at hand starts with its own first end; the skewed one differs
+        return lambda: timed.append((variant.name, routing))
+
+    def median_ms(run, iterations, warmup=2):
+        run()
+        name, routing = timed[-1]
+        return made_up.get(name, (9.0, 9.0))[0 if routing == first_end[0] else 1]
+
+    first_end = [0]
+    monkeypatch.setattr(ops, "_launcher", launcher)
+    monkeypatch.setattr(ops, "_median_ms", median_ms)
+    return timed, first_end
+
+
+def test_the_op_tunes_an_unseen_shape_once_and_keeps_the_robust_choice(tuning):
+    from moe_gemm.variants.k6 import auto
+
+    timed, first_end = tuning
+    a, b, offs = problem([100, 28, 0, 128], K=64, N=256)
+    first_end[0] = int(offs[0])
+    out = torch.empty(a.shape[0], 256, dtype=torch.bfloat16)
+    # the fastest on this routing (pingpong-bn192) is 2.5x the best on the skewed one: the robust rule
+    # keeps coop256-cluster-bn192 (10% and 0% off)
+    assert ops._choice(a, b, offs, out, "kn", "none", "Test GPU", 132) == "k6/coop256-cluster-bn192"
+    key = auto.shape_key(256, 4, 64, 256, "kn", "Test GPU")
+    entry = auto.recall(key)
+    assert entry["choice"] == "k6/coop256-cluster-bn192" and entry["robust_skew"] == auto.ROBUST_SKEW
+    assert {name for name, _ in timed} == set(auto.AUTO_CANDIDATES)
+    count = len(timed)
+    ops._chosen.clear()  # a new process: the file answers, nothing is timed
+    assert ops._choice(a, b, offs, out, "kn", "none", "Test GPU", 132) == "k6/coop256-cluster-bn192"
+    assert len(timed) == count
+    # the fused GEMM has its own key and candidates
+    assert ops._choice(a, b, offs, out[:, :128], "kn", "swiglu", "Test GPU", 132) == "k6/swiglu-coop256-cluster"
+    assert auto.recall(auto.shape_key(256, 4, 64, 256, "kn", "Test GPU", "swiglu"))["choice"] == \
+        "k6/swiglu-coop256-cluster"
+
+
+def test_without_tuning_the_op_runs_its_defaults(tuning, monkeypatch):
+    timed, _ = tuning
+    a, b, offs = problem([10, 20], K=64, N=128)
+    out = torch.empty(30, 128, dtype=torch.bfloat16)
+    monkeypatch.setenv("MOE_GEMM_OP_TUNE", "0")
+    assert ops._choice(a, b, offs, out, "kn", "none", "Test GPU", 132) == ops.DEFAULT_CONFIG
+    assert ops._choice(a, b, offs, out, "kn", "swiglu", "Test GPU", 132) == ops.FUSED_CONFIG
+    monkeypatch.delenv("MOE_GEMM_OP_TUNE")
+    monkeypatch.setattr(ops, "_capturing_or_compiling", lambda: True)  # inside a graph capture: nothing timed
+    assert ops._choice(a, b, offs, out, "kn", "none", "Test GPU", 132) == ops.DEFAULT_CONFIG
+    assert timed == [] and ops._chosen == {}

@@ -250,12 +250,13 @@ def fused_epilogue(layer, x) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- the scoreboard
 
-def scoreboard_cells(rows: Sequence[int]) -> list[Any]:
-    """Chapter 06's grid at the M_tot values ``rows``, then chapter 07's model projections."""
+def scoreboard_groups(rows: Sequence[int]) -> list[tuple[str, list[Any]]]:
+    """The scoreboard's cells in the groups a run measures and saves one after the other: chapter 06's
+    grid row by row (M_tot in ``rows``, every skew), then chapter 07's model projections."""
     from moe_gemm.chapter import chapter_module
 
     ch07 = chapter_module("07")
-    return [*ch07.grid(rows), *ch07.MODEL_SHAPES.values()]
+    return [*((f"{t:,}", ch07.grid([t])) for t in rows), ("the model projections", list(ch07.MODEL_SHAPES.values()))]
 
 
 def scoreboard(cells: Sequence[Any], timing: dict[str, int], with_quack: bool) -> list[dict[str, Any]]:
@@ -293,7 +294,7 @@ def scoreboard_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
     ch07 = chapter_module("07")
     rows = []
-    for w in scoreboard_cells(GRID_TOKENS):
+    for w in (cell for _, cells in scoreboard_groups(GRID_TOKENS) for cell in cells):
         graph = ch07.find(records, graph_name(OP), w) is not None
         if not graph and ch07.find(records, OP, w) is None:
             continue
@@ -452,29 +453,27 @@ def run_without_gpu(args, reason: str) -> int:
 
 def kept_from(earlier: dict[str, Any], args) -> tuple[list, list, list]:
     """The records, steps and fused rows of an earlier results file that this run does not re-measure:
-    a layer measurement per (size, tokens), a scoreboard record per cell, so parts, sizes and rows
-    can be measured in separate processes and merged."""
+    a layer measurement per (size, tokens); scoreboard records stay until their group is measured
+    again, so parts, sizes and rows can be measured in separate processes and merged."""
     remeasured = ({layer_key(LAYERS[key].fields(t)) for key in args.layers for t in args.tokens}
                   if "layer" in args.parts else set())
-    cells = set(scoreboard_cells(args.rows)) if "scoreboard" in args.parts else set()
 
     def kept(row: dict[str, Any]) -> bool:
         if row.get("part") == "scoreboard":
-            return Workload.of(row) not in cells
+            return True  # replaced group by group as the run measures them (run_on_gpu)
         return layer_key(row) not in remeasured
 
     return ([r for r in earlier.get("records", []) if kept(r)], [s for s in earlier.get("steps", []) if kept(s)],
             [f for f in earlier.get("fused_epilogue", []) if kept(f)])
 
 
-def measured_parts(args) -> dict[str, str]:
-    """What this run measures, for the results file's ``part_runs``: one entry per layer size (each size
-    may come from its own process) and one for the scoreboard."""
+def measured_parts(args, layers: Sequence[str], rows: Sequence[str]) -> dict[str, str]:
+    """What this run has measured so far, for the results file's ``part_runs``: one entry per layer size
+    finished (each size may come from its own process) and one for the scoreboard's groups finished."""
     tokens = ", ".join(f"{t:,}" for t in args.tokens)
-    measured = {f"layer-{key}": f"the {LAYERS[key].label} layer at {tokens} tokens, four ways"
-                for key in args.layers if "layer" in args.parts}
-    if "scoreboard" in args.parts:
-        measured["scoreboard"] = f"scoreboard rows {', '.join(f'{t:,}' for t in args.rows)} and the model projections"
+    measured = {f"layer-{key}": f"the {LAYERS[key].label} layer at {tokens} tokens, four ways" for key in layers}
+    if rows:
+        measured["scoreboard"] = f"scoreboard rows {', '.join(rows)}"
     return measured
 
 
@@ -490,9 +489,10 @@ def run_on_gpu(args, gpu) -> int:
     earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
     records, steps, fused = kept_from(earlier, args)
     compiled, probe = earlier.get("compile", {}), earlier.get("host_probe", {})
-    runs = part_runs(earlier.get("part_runs", {}), measured_parts(args), provenance(gpu))
+    now, layers_done, rows_done = provenance(gpu), [], []
 
-    def save() -> str:
+    def save() -> str:  # after each layer size and each scoreboard group: a stopped run keeps what it finished
+        runs = part_runs(earlier.get("part_runs", {}), measured_parts(args, layers_done, rows_done), now)
         targets = target_rows([r for r in records if r.get("part") == "layer"], fused)
         return save_results(CHAPTER, records, gpu, steps=steps, fused_epilogue=fused, compile=compiled,
                             targets=targets, scoreboard_rows=scoreboard_rows(records), host_probe=probe, part_runs=runs)
@@ -502,11 +502,15 @@ def run_on_gpu(args, gpu) -> int:
         for key in args.layers:
             r, s, f = measure_layer(LAYERS[key], args.tokens, not args.no_transformers, not args.no_peers)
             records, steps, fused = records + [{**x, "part": "layer"} for x in r], steps + s, fused + f
-            save()  # after each size: a run stopped part-way (a time limit) keeps the sizes it finished
+            layers_done.append(key)
+            save()
     if "scoreboard" in args.parts:
-        cells = scoreboard_cells(args.rows)
-        records += [{**r, "part": "scoreboard"} for r in scoreboard(cells, timing_options(args), not args.no_peers)]
         probe = host_probe()
+        for label, cells in scoreboard_groups(args.rows):
+            new = [{**r, "part": "scoreboard"} for r in scoreboard(cells, timing_options(args), not args.no_peers)]
+            records = [r for r in records if r.get("part") != "scoreboard" or Workload.of(r) not in cells] + new
+            rows_done.append(label)
+            save()
     path = save()
     report(recorded(CHAPTER, gpu.slug))
     print(f"results written to {path}")

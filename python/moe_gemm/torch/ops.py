@@ -9,7 +9,9 @@ k6 finds its tile walk on the device from ``offs`` (kernels/tile_walk.cuh), so a
 right for any routing replayed into the same buffers.
 
 Which kernel: k6 with the configuration ``k6/auto`` chose for this shape if it has one on disk
-(moe_gemm.variants.k6.auto), else :data:`DEFAULT_CONFIG`. Inputs k6 cannot take go to
+(moe_gemm.variants.k6.auto); else, on an eager call, the op tunes the shape as k6/auto does and keeps
+the choice in the same file; inside CUDA-graph capture or torch.compile (where nothing may be timed)
+:data:`DEFAULT_CONFIG`, or :data:`FUSED_CONFIG` for the fused SwiGLU GEMM. Inputs k6 cannot take go to
 torch._grouped_mm with one warning per reason (moe_gemm.torch.rules says which and why); malformed
 ones raise a ValueError before any launch.
 
@@ -21,9 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
+import os
+import statistics
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -86,24 +89,14 @@ def _capturing_or_compiling() -> bool:
 
 
 @functools.cache
-def _variant(tokens: int, experts: int, K: int, N: int, layout: str, gpu: str) -> Any:  # noqa: N803
-    """The k6 variant for a shape: k6/auto's cached choice if there is one, else DEFAULT_CONFIG."""
-    from moe_gemm.cuda.nvrtc import cache_dir
+def _k6(name: str, layout: str) -> Any:
+    """One K6Persistent per configuration and B layout: compile() and slots() keep their answers on it
+    (before they did, re-reading the disk cache on every call cost the eager op 1.3-2.4 ms of host
+    time, measured on the H200)."""
     from moe_gemm.variants.k6 import K6Persistent
-    from moe_gemm.variants.k6.auto import shape_key
-    from moe_gemm.variants.k6.config import LADDER
+    from moe_gemm.variants.k6.config import FUSED, LADDER
 
-    path = cache_dir().parent / "k6_auto.json"
-    chosen = json.loads(path.read_text()) if path.is_file() else {}
-    name = chosen.get(shape_key(tokens, experts, K, N, "kn", gpu), {}).get("choice", DEFAULT_CONFIG)
-    return K6Persistent(name, LADDER[name].replace(b_layout=layout))
-
-
-@functools.cache
-def _fused_variant() -> Any:
-    from moe_gemm.variants.k6 import K6Persistent
-
-    return K6Persistent(FUSED_CONFIG)
+    return K6Persistent(name, FUSED[name] if name in FUSED else LADDER[name].replace(b_layout=layout))
 
 
 @functools.lru_cache(maxsize=256)
@@ -122,20 +115,76 @@ def _gpu(index: int) -> tuple[str, int]:
     return properties.name, properties.multi_processor_count
 
 
-def _launch_k6(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, layout: str,
-               epilogue: str = "none") -> None:
+def _launcher(variant: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor,
+              sm_count: int) -> Callable[[], None]:
+    """One launch of ``variant`` on these tensors, ready to repeat."""
     from moe_gemm.cuda.launch import launch
     from moe_gemm.variants.k6.config import THREADS
 
     (tokens, K), (experts, _, N) = a.shape, b.shape  # noqa: N806
-    gpu, sm_count = _gpu(a.device.index if a.device.index is not None else torch.cuda.current_device())
-    variant = _fused_variant() if epilogue == "swiglu" else _variant(tokens, experts, K, N, layout, gpu)
-    # compile() and slots() keep their answers per variant (before compile() did, re-reading the disk
-    # cache on every call cost the eager op 1.3-2.4 ms of host time, measured on the H200)
     kernel, grid = variant.compile(), variant.slots(sm_count) * variant.config.cluster
     args = _arguments(variant, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), tokens, experts, K, N)
-    launch(kernel, grid, THREADS, variant.config.dynamic_smem_bytes, args,
-           stream=torch.cuda.current_stream(a.device).cuda_stream)
+    stream = torch.cuda.current_stream(a.device).cuda_stream
+    return lambda: launch(kernel, grid, THREADS, variant.config.dynamic_smem_bytes, args, stream=stream)
+
+
+def _median_ms(run: Callable[[], None], iterations: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        run()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iterations)]
+    for start, end in pairs:
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in pairs)
+
+
+_chosen: dict[str, str] = {}  # shape key -> configuration, for this process (a cache hit reads no file)
+
+
+def _choice(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, layout: str, epilogue: str,
+            gpu: str, sm_count: int) -> str:
+    """k6's configuration for this shape: the one k6/auto's cache file holds for it (chapter 07's tuning
+    and this op's share the file and the rule), else, on an eager call, tuned now on these operands as
+    k6/auto tunes (every candidate on this routing and on a skewed one, the most robust kept; its
+    time is this call's, once per shape and machine), else (inside CUDA-graph capture or
+    torch.compile, or with MOE_GEMM_OP_TUNE=0) DEFAULT_CONFIG or FUSED_CONFIG."""
+    from moe_gemm.variants.k6 import auto
+    from moe_gemm.variants.k6.config import AUTO_CANDIDATES, FUSED
+
+    (tokens, K), (experts, _, N) = a.shape, b.shape  # noqa: N806
+    key = auto.shape_key(tokens, experts, K, N, layout, gpu, epilogue)
+    if key not in _chosen:
+        entry = auto.recall(key)
+        if entry is None:
+            if _capturing_or_compiling() or os.environ.get("MOE_GEMM_OP_TUNE", "1") == "0":
+                return FUSED_CONFIG if epilogue == "swiglu" else DEFAULT_CONFIG
+            candidates = tuple(FUSED) if epilogue == "swiglu" else AUTO_CANDIDATES
+
+            def time_on(counts: Any) -> dict[str, float]:
+                ends = offs if counts is None else torch.as_tensor(counts.cumsum(), dtype=torch.int32,
+                                                                   device=offs.device)
+                timings = {}
+                for name in candidates:
+                    try:
+                        run = _launcher(_k6(name, layout), a, b, ends, out, sm_count)
+                    except ValueError:  # a configuration this shape does not fit
+                        continue
+                    timings[name] = _median_ms(run, auto.TUNE_LAUNCHES)
+                return timings
+
+            entry = auto.robust_timings(time_on, experts, tokens, None)
+            auto.remember(key, entry)
+        _chosen[key] = entry["choice"]
+    return _chosen[key]
+
+
+def _launch_k6(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, layout: str,
+               epilogue: str = "none") -> None:
+    gpu, sm_count = _gpu(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    name = _choice(a, b, offs, out, layout, epilogue, gpu, sm_count)
+    _launcher(_k6(name, layout), a, b, offs, out, sm_count)()
 
 
 # --8<-- [start:op]

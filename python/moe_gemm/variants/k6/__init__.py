@@ -80,10 +80,10 @@ class K6Persistent(NamedConfigVariant):
         else:
             self.name, self.config = name, config
         self.epilogue = self.config.epilogue  # what the harness's check compares with (measure.check.verify)
-        if self.config.epilogue == "swiglu" and (self.config.bn, self.config.cluster, self.config.schedule,
-                                                 self.config.b_layout) != (128, 1, "device", "kn"):
-            raise ValueError(f"{self.name}: the SwiGLU epilogue runs with BN = 128, no cluster, the device walk and "
-                             f"B [E, K, N]")
+        if self.config.epilogue == "swiglu" and (self.config.bn, self.config.cluster_along, self.config.schedule,
+                                                 self.config.b_layout) != (128, "n", "device", "kn"):
+            raise ValueError(f"{self.name}: the SwiGLU epilogue runs with BN = 128, no cluster or one along N, the "
+                             f"device walk and B [E, K, N]")
         if self.config.dynamic_smem_bytes + STATIC_SMEM_ALLOWANCE > SMEM_LIMIT:
             raise ValueError(f"{self.name}: {self.config.dynamic_smem_bytes:,} B of shared memory plus the static "
                              f"part pass the {SMEM_LIMIT:,} B a block may have")

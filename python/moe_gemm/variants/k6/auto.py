@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from moe_gemm.cuda.device import DeviceProblem, synchronize
 from moe_gemm.cuda.nvrtc import cache_dir
@@ -43,9 +46,51 @@ def robust_choice(timings: list[dict[str, float]]) -> str:
     return min(sorted(common), key=lambda name: max(t[name] / b for t, b in zip(timings, best)))
 
 
-def shape_key(tokens: int, experts: int, K: int, N: int, b_layout: str, gpu: str) -> str:  # noqa: N803
-    """The cache key: the shape, and the rule (a choice made by another rule is not reused)."""
-    return f"{gpu}/M{tokens}/E{experts}/K{K}/N{N}/{b_layout}/robust-s{ROBUST_SKEW:g}"
+def shape_key(tokens: int, experts: int, K: int, N: int, b_layout: str, gpu: str,  # noqa: N803
+              epilogue: str = "none") -> str:
+    """The cache key: the shape, the epilogue (the fused SwiGLU GEMM has its own candidates), and the
+    rule (a choice made by another rule is not reused)."""
+    fused = "" if epilogue == "none" else f"/{epilogue}"
+    return f"{gpu}/M{tokens}/E{experts}/K{K}/N{N}/{b_layout}{fused}/robust-s{ROBUST_SKEW:g}"
+
+
+def cache_file() -> Path:
+    """``<cache>/k6_auto.json``: k6/auto's choices and the torch op's, one file (MOE_GEMM_CACHE moves it)."""
+    return cache_dir().parent / "k6_auto.json"
+
+
+def recall(key: str, path: Path | None = None) -> dict[str, Any] | None:
+    """The entry tuned for ``key``, or None."""
+    path = path or cache_file()
+    return json.loads(path.read_text()).get(key) if path.is_file() else None
+
+
+def remember(key: str, entry: dict[str, Any], path: Path | None = None) -> None:
+    path = path or cache_file()
+    table = json.loads(path.read_text()) if path.is_file() else {}  # another process may have written meanwhile
+    table[key] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1, sort_keys=True))
+
+
+def robust_timings(time_on: Callable[[np.ndarray | None], dict[str, float]], experts: int, tokens: int,
+                   tune_skew: float | None) -> dict[str, Any]:
+    """Time the candidates on the routing at hand (``time_on(None)``) and, with more than one expert, on a
+    skewed one of the same shape (``time_on(counts)``), and choose by :func:`robust_choice`: the cache
+    entry, with the tuning's own time (never timed as the kernel's)."""
+    start = time.perf_counter()
+    timings = [time_on(None)]
+    if experts > 1:
+        timings.append(time_on(expert_counts(experts, tokens, ROBUST_SKEW)))
+    if not timings[0]:
+        raise ValueError("no candidate configuration takes this problem")
+
+    def ranked(t: dict[str, float]) -> dict[str, float]:
+        return {name: round(ms, 5) for name, ms in sorted(t.items(), key=lambda kv: kv[1])}
+
+    return {"choice": robust_choice(timings), "tune_s": round(time.perf_counter() - start, 3), "tune_skew": tune_skew,
+            "timings_ms": ranked(timings[0]), "robust_skew": ROBUST_SKEW if len(timings) > 1 else None,
+            "robust_timings_ms": ranked(timings[-1])}
 
 
 class K6Auto:
@@ -64,13 +109,6 @@ class K6Auto:
     def __repr__(self) -> str:
         return f"K6Auto({self.schedule!r})"
 
-    def _cache(self) -> Path:
-        return self.cache_file or cache_dir().parent / "k6_auto.json"
-
-    def _load(self) -> dict[str, Any]:
-        path = self._cache()
-        return json.loads(path.read_text()) if path.is_file() else {}
-
     def choose(self, dev: DeviceProblem) -> dict[str, Any]:
         """The cached choice for this shape, or a fresh tuning (kept on disk)."""
         from moe_gemm.variants.k3.maps import require_sm90a
@@ -78,27 +116,18 @@ class K6Auto:
         problem = dev.problem
         gpu = require_sm90a(self.name)
         key = shape_key(problem.tokens, problem.experts, problem.K, problem.N, self.b_layout, gpu.name)
-        table = self._load()
-        if key in table:
-            return {**table[key], "tuning": "cached"}
-        start = time.perf_counter()
-        routings = [dev]
-        if problem.experts > 1:
-            routings.append(dev.rerouted(expert_counts(problem.experts, problem.tokens, ROBUST_SKEW)))
-        timings = [self._time_candidates(routed) for routed in routings]
-        if not timings[0]:
-            raise ValueError(f"{self.name}: no candidate configuration takes this problem")
-        choice = robust_choice(timings)
-        entry = {"choice": choice, "tune_s": round(time.perf_counter() - start, 3), "tune_skew": float(problem.skew),
-                 "timings_ms": {name: round(ms, 5) for name, ms in sorted(timings[0].items(), key=lambda kv: kv[1])},
-                 "robust_skew": ROBUST_SKEW if len(timings) > 1 else None,
-                 "robust_timings_ms": {name: round(ms, 5) for name, ms in sorted(timings[-1].items(),
-                                                                                 key=lambda kv: kv[1])}}
-        table = self._load()  # another process may have written meanwhile
-        table[key] = entry
-        path = self._cache()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(table, indent=1, sort_keys=True))
+        entry = recall(key, self.cache_file)
+        if entry is not None:
+            return {**entry, "tuning": "cached"}
+
+        def time_on(counts: np.ndarray | None) -> dict[str, float]:
+            return self._time_candidates(dev if counts is None else dev.rerouted(counts))
+
+        try:
+            entry = robust_timings(time_on, problem.experts, problem.tokens, float(problem.skew))
+        except ValueError as error:
+            raise ValueError(f"{self.name}: {error}") from None
+        remember(key, entry, self.cache_file)
         return {**entry, "tuning": "tuned"}
 
     def _time_candidates(self, dev: DeviceProblem) -> dict[str, float]:

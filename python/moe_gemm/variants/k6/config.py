@@ -69,7 +69,8 @@ class K6Config:
     @property
     def kernel_name(self) -> str:
         if self.epilogue == "swiglu":
-            return f"{KERNEL_FUNCTION}_swiglu<{0 if self.mode == 'pingpong' else 1}, {self.stages}, {self.staging_boxes}>"
+            entry = f"{KERNEL_FUNCTION}_swiglu" + ("" if self.cluster == 1 else "_cluster2")
+            return f"{entry}<{0 if self.mode == 'pingpong' else 1}, {self.stages}, {self.staging_boxes}>"
         entry = KERNEL_FUNCTION if self.cluster == 1 else f"{KERNEL_FUNCTION}_cluster2"
         mode = 0 if self.mode == "pingpong" else 1
         flag = "true" if self.b_layout == "nk" else "false"
@@ -117,10 +118,16 @@ LADDER: dict[str, K6Config] = {
 # --8<-- [end:ladder]
 
 # The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B's columns interleaved in
-# 64-column gate / up blocks, C = silu(gate) * up [M_tot, N / 2]. BN = 128, no cluster, the device walk.
+# 64-column gate / up blocks, C = silu(gate) * up [M_tot, N / 2]. BN = 128 (one gate / up pair per
+# tile), the device walk; the cluster rungs are the fused twins of k6/pingpong-cluster-bn128 and
+# k6/coop256-cluster-bn128, which k6/auto's tuning put ahead of the plain BN = 128 rung at the
+# Mixtral-sized projection (chapter 07).
 FUSED: dict[str, K6Config] = {
     "k6/swiglu-bn128": K6Config("pingpong", 128, stages=6, staging_boxes=2, epilogue="swiglu"),
     "k6/swiglu-coop256": K6Config("cooperative", 128, stages=4, staging_boxes=1, epilogue="swiglu"),
+    "k6/swiglu-cluster-bn128": K6Config("pingpong", 128, stages=6, cluster=2, staging_boxes=2, epilogue="swiglu"),
+    "k6/swiglu-coop256-cluster": K6Config("cooperative", 128, stages=4, cluster=2, staging_boxes=1,
+                                          epilogue="swiglu"),
 }
 
 # What k6/auto chooses among (its chooser: moe_gemm.variants.k6.auto).
@@ -134,4 +141,4 @@ AUTO_CANDIDATES: tuple[str, ...] = (
 # both B layouts.
 SANITIZED = ("k6/pingpong-bn128", "k6/pingpong-cluster-bn192-g8", "k6/coop256-bn128", "k6/coop256-cluster-bn192",
              "k6/pingpong-cluster-bn192-host", "k6/pingpong-cluster-bn192-kmajor", "k6/swiglu-bn128",
-             "k6/swiglu-coop256")
+             "k6/swiglu-coop256", "k6/swiglu-coop256-cluster")
