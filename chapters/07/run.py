@@ -3,7 +3,7 @@
     python chapters/07/run.py                 # checks, the ladder, the grid, the model shapes
     python chapters/07/run.py --quick         # fewer timed launches per round
     python chapters/07/run.py --parts ladder  # only some parts: ladder, grid, models
-    python chapters/07/run.py --profile       # also Nsight Compute on k6/auto, two rungs and quack
+    python chapters/07/run.py --profile       # also Nsight Compute on k6/auto, a rung per ladder step, k3 and quack
 
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every rung of k6
 (kernels/k6_persistent.cu) and k6/auto on the edge cases (exact, integer-valued inputs) and on
@@ -80,8 +80,16 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
                   "ring + C staging + barriers (+ the device walk's 2 KB); the rest: static SASS counts (HGMMA = wgmma, "
                   "UTMALDG / UTMASTG = TMA load / store, multicast loads included, STSM = stmatrix, SYNCS = "
                   "mbarrier, UCGABAR = cluster barrier)")
-PROFILED = ("k6/auto", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192", "k3/tmastore-bn192", "peer/quack")
-PROFILE_CELLS = (Workload(16384, 0.0), Workload(65536, 0.0))
+# What --profile puts under Nsight Compute, cell by cell: at 65,536 balanced rows one rung per step of
+# the ladder ((a) ping-pong, (b) the N pair, the M pair, (c) 256-row tiles, (d) the raster group, whose
+# DRAM and L2 bytes set beside (b)'s are its before and after), chapter 04's k3 and quack; at 16,384
+# rows, where quack's configuration is our M pair, k6/auto, that rung and quack.
+PROFILED = {
+    Workload(65536, 0.0): ("k6/auto", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192", "k6/pingpong-mcluster-bn192",
+                           "k6/coop256-cluster-bn128", "k6/pingpong-cluster-bn192-g8", "k3/tmastore-bn192",
+                           "peer/quack"),
+    Workload(16384, 0.0): ("k6/auto", "k6/pingpong-mcluster-bn192", "peer/quack"),
+}
 TARGETS_LEGEND = ("ratios of useful TFLOP/s (graph replays at 2,048 rows and fewer), except the device walk's "
                   "relative extra time over the host list with the same configuration")
 
@@ -97,7 +105,8 @@ def parse_args(argv: Sequence[str] | None):
     parser.add_argument("--tokens", type=positive_int("--tokens"), nargs="+", default=list(GRID_TOKENS), metavar="M",
                         help=f"the grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))})")
     parser.add_argument("--profile", action="store_true",
-                        help="also Nsight Compute on k6/auto, two rungs, k3 and quack at 16,384 and 65,536 rows, s=0")
+                        help="also Nsight Compute on k6/auto, a rung per ladder step, k3 and quack at 65,536 rows, "
+                             "s=0, and on k6/auto, the M-paired rung and quack at 16,384 rows")
     return parser.parse_args(argv)
 
 
@@ -294,8 +303,8 @@ def profile_rows() -> list[dict[str, Any]]:
     from moe_gemm.measure import profile
 
     rows = []
-    for cell in PROFILE_CELLS:
-        for name in PROFILED:
+    for cell, names in PROFILED.items():
+        for name in names:
             progress(f"[profile] {name} at {cell.label} under ncu")
             try:
                 rows.append(profile.profile_variant(name, cell.tokens, cell.skew, profiler_range=True))

@@ -146,7 +146,7 @@ def quack_forward(layer) -> tuple[Any, dict[str, str]] | None:
         _, act = gemm_act(rows, w_interleaved, activation="swiglu", cu_seqlens_m=cu_seqlens(offs), store_preact=False,
                           tuned=True)
         y = quack_grouped_mm(act, layer.w_down, offs)
-        return combine(y, order, weights, layer.top_k, x.shape[0]).to(x.dtype)
+        return combine(y, order, weights, layer.top_k).to(x.dtype)
 
     try:
         with torch.no_grad():
@@ -226,7 +226,7 @@ def step_times(layer, x) -> dict[str, float]:
         "permutation": lambda: (permute(experts, layer.gate.shape[0]), x[order // layer.top_k]),
         "GEMM 1 + SwiGLU": lambda: grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs),
         "GEMM 2": lambda: grouped_mm(act, layer.w_down, offs),
-        "combine": lambda: combine(y, order, weights, layer.top_k, x.shape[0]),
+        "combine": lambda: combine(y, order, weights, layer.top_k),
     }
     return {f"{step}_ms": time_call(call, graph=True).median_ms for step, call in calls.items()}
 
