@@ -259,3 +259,15 @@ def test_without_tuning_the_op_runs_its_defaults(tuning, monkeypatch):
     monkeypatch.setattr(ops, "_capturing_or_compiling", lambda: True)  # inside a graph capture: nothing timed
     assert ops._choice(a, b, offs, out, "kn", "none", "Test GPU", 132) == ops.DEFAULT_CONFIG
     assert timed == [] and ops._chosen == {}
+
+
+def test_b_given_k_major_runs_the_validated_k_major_rung_untuned(tuning):
+    """autograd's dA reads b K-major: the op runs the one K-major rung on the validation record and
+    times nothing (tuning would launch K-major instances no GPU test checks)."""
+    from moe_gemm.variants.k6.config import LADDER
+
+    timed, _ = tuning
+    a, b, offs = problem([10, 20], K=64, N=128)
+    out = torch.empty(30, 128, dtype=torch.bfloat16)
+    assert ops._choice(a, b, offs, out, "nk", "none", "Test GPU", 132) == ops.K_MAJOR_CONFIG
+    assert LADDER[ops.K_MAJOR_CONFIG].b_layout == "nk" and timed == []

@@ -11,7 +11,8 @@ right for any routing replayed into the same buffers.
 Which kernel: k6 with the configuration ``k6/auto`` chose for this shape if it has one on disk
 (moe_gemm.variants.k6.auto); else, on an eager call, the op tunes the shape as k6/auto does and keeps
 the choice in the same file; inside CUDA-graph capture or torch.compile (where nothing may be timed)
-:data:`DEFAULT_CONFIG`, or :data:`FUSED_CONFIG` for the fused SwiGLU GEMM. Inputs k6 cannot take go to
+:data:`DEFAULT_CONFIG`, or :data:`FUSED_CONFIG` for the fused SwiGLU GEMM. b given K-major (autograd's
+dA) always runs :data:`K_MAJOR_CONFIG`, the K-major rung the GPU validation covers. Inputs k6 cannot take go to
 torch._grouped_mm with one warning per reason (moe_gemm.torch.rules says which and why); malformed
 ones raise a ValueError before any launch.
 
@@ -36,6 +37,10 @@ from moe_gemm.torch import rules
 
 DEFAULT_CONFIG = "k6/pingpong-bn192"  # the rung closest to k6/auto's choices across chapter 07's shapes
 FUSED_CONFIG = "k6/swiglu-bn128"  # the first GEMM of an MoE layer with the SwiGLU epilogue
+# b given K-major (B^T: autograd's dA = dC B^T) runs the one K-major rung whose GPU tests and
+# compute-sanitizer runs are on record; tuning would launch K-major instances of every candidate,
+# which no test checks.
+K_MAJOR_CONFIG = "k6/pingpong-cluster-bn192-kmajor"
 _warned: set[str] = set()
 _check_offsets = [True]
 
@@ -149,10 +154,13 @@ def _choice(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Ten
     and this op's share the file and the rule), else, on an eager call, tuned now on these operands as
     k6/auto tunes (every candidate on this routing and on a skewed one, the most robust kept; its
     time is this call's, once per shape and machine), else (inside CUDA-graph capture or
-    torch.compile, or with MOE_GEMM_OP_TUNE=0) DEFAULT_CONFIG or FUSED_CONFIG."""
+    torch.compile, or with MOE_GEMM_OP_TUNE=0) DEFAULT_CONFIG or FUSED_CONFIG. b K-major: always
+    K_MAJOR_CONFIG."""
     from moe_gemm.variants.k6 import auto
     from moe_gemm.variants.k6.config import AUTO_CANDIDATES, FUSED
 
+    if layout == "nk":
+        return K_MAJOR_CONFIG
     (tokens, K), (experts, _, N) = a.shape, b.shape  # noqa: N806
     key = auto.shape_key(tokens, experts, K, N, layout, gpu, epilogue)
     if key not in _chosen:
