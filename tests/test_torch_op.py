@@ -213,7 +213,7 @@ def tuning(monkeypatch, tmp_path):
         routing = int(offs[0])  # the routing at hand starts with its own first end; the skewed one differs
         return lambda: timed.append((variant.name, routing))
 
-    def median_ms(run, iterations, warmup=2):
+    def median_ms(run, iterations):
         run()
         name, routing = timed[-1]
         return made_up.get(name, (9.0, 9.0))[0 if routing == first_end[0] else 1]

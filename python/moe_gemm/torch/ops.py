@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import statistics
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -133,16 +132,11 @@ def _launcher(variant: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor
     return lambda: launch(kernel, grid, THREADS, variant.config.dynamic_smem_bytes, args, stream=stream)
 
 
-def _median_ms(run: Callable[[], None], iterations: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        run()
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iterations)]
-    for start, end in pairs:
-        start.record()
-        run()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in pairs)
+def _median_ms(run: Callable[[], None], iterations: int) -> float:
+    """A candidate's median launch time while tuning: two warm-up launches, then CUDA events around each."""
+    from moe_gemm.torch.bench import time_call
+
+    return time_call(run, graph=False, warmup=2, iterations=iterations).median_ms
 
 
 _chosen: dict[str, str] = {}  # shape key -> configuration, for this process (a cache hit reads no file)
