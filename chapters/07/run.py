@@ -368,16 +368,21 @@ def run_on_gpu(args, gpu) -> int:
     # Sections this run does not recompute (an earlier profile, a probe's counters) stay in the file.
     recomputed = {"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts"}
     extra: dict[str, Any] = {key: value for key, value in earlier.items() if key not in recomputed}
-    if args.profile:
-        extra["profile"] = profile_rows()
-        show(profile_table(extra["profile"]))
     # Which commit and command measured each part: the parts can come from different runs.
     measured = {"ladder": "every rung and the peers at the seed five", "models": "the model projections",
                 "grid": f"the grid's rows {', '.join(f'{t:,}' for t in args.tokens)}"}
     extra["part_runs"] = part_runs(earlier.get("part_runs", {}), {p: measured[p] for p in args.parts}, provenance(gpu))
     parts = sorted({r["part"] for r in records}, key=PARTS.index)
-    path = save_results(CHAPTER, records, gpu, checks=checks, compile_report=report, targets=targets,
-                        rounds=args.rounds, parts=parts, **extra)
+
+    def save() -> str:  # the timings are saved before the profiles, which take minutes more
+        return save_results(CHAPTER, records, gpu, checks=checks, compile_report=report, targets=targets,
+                            rounds=args.rounds, parts=parts, **extra)
+
+    path = save()
+    if args.profile:
+        extra["profile"] = profile_rows()
+        show(profile_table(extra["profile"]))
+        path = save()
     print(f"results written to {path}")
     return 0
 
