@@ -68,6 +68,9 @@ TARGETS_LEGEND = ("layer: the other way's forward time over ours, at every layer
 PARTS = ("layer", "scoreboard")
 LAYER_KEY = ("hidden", "intermediate", "experts", "top_k", "tokens")  # what names one layer measurement
 OP = OP_NAME  # the scoreboard's name for our op as a model calls it
+MODELS_GROUP = "the model projections"  # the scoreboard's last group, after the grid's rows
+COMPUTED_SECTIONS = {"provenance", "records", "steps", "fused_epilogue", "compile", "targets", "scoreboard_rows",
+                     "host_probe", "part_runs"}  # what a run writes; any other section of the file is kept
 
 
 def layer_key(row: dict[str, Any]) -> tuple:
@@ -90,9 +93,9 @@ def parse_args(argv: Sequence[str] | None):
                         help="layer sizes (default: all three)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="what to measure (default: both); a part's records replace only its own in the file")
-    parser.add_argument("--rows", type=positive_int("--rows"), nargs="+", default=list(GRID_TOKENS), metavar="M",
-                        help=f"the scoreboard grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))}); the "
-                             "model projections are always on it")
+    parser.add_argument("--rows", type=positive_int("--rows"), nargs="*", default=list(GRID_TOKENS), metavar="M",
+                        help=f"the scoreboard grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))}; "
+                             "--rows alone: none, only the model projections); the model projections are always on it")
     parser.add_argument("--no-transformers", action="store_true",
                         help="leave out the transformers block (minutes at 32,768 tokens)")
     return parser.parse_args(argv)
@@ -256,7 +259,7 @@ def scoreboard_groups(rows: Sequence[int]) -> list[tuple[str, list[Any]]]:
     from moe_gemm.chapter import chapter_module
 
     ch07 = chapter_module("07")
-    return [*((f"{t:,}", ch07.grid([t])) for t in rows), ("the model projections", list(ch07.MODEL_SHAPES.values()))]
+    return [*((f"{t:,}", ch07.grid([t])) for t in rows), (MODELS_GROUP, list(ch07.MODEL_SHAPES.values()))]
 
 
 def scoreboard(cells: Sequence[Any], timing: dict[str, int], with_quack: bool) -> list[dict[str, Any]]:
@@ -472,8 +475,11 @@ def measured_parts(args, layers: Sequence[str], rows: Sequence[str]) -> dict[str
     finished (each size may come from its own process) and one for the scoreboard's groups finished."""
     tokens = ", ".join(f"{t:,}" for t in args.tokens)
     measured = {f"layer-{key}": f"the {LAYERS[key].label} layer at {tokens} tokens, four ways" for key in layers}
-    if rows:
-        measured["scoreboard"] = f"scoreboard rows {', '.join(rows)}"
+    grid_rows = [row for row in rows if row != MODELS_GROUP]
+    if grid_rows:
+        measured["scoreboard-grid"] = f"the grid's cells, rows {', '.join(grid_rows)}: the op and the peers"
+    if MODELS_GROUP in rows:
+        measured["scoreboard-models"] = "the model projections: the op and the peers"
     return measured
 
 
@@ -491,11 +497,15 @@ def run_on_gpu(args, gpu) -> int:
     compiled, probe = earlier.get("compile", {}), earlier.get("host_probe", {})
     now, layers_done, rows_done = provenance(gpu), [], []
 
+    # Sections a run does not compute (an earlier run's numbers kept for a before/after) stay in the file.
+    kept_sections = {key: value for key, value in earlier.items() if key not in COMPUTED_SECTIONS}
+
     def save() -> str:  # after each layer size and each scoreboard group: a stopped run keeps what it finished
         runs = part_runs(earlier.get("part_runs", {}), measured_parts(args, layers_done, rows_done), now)
         targets = target_rows([r for r in records if r.get("part") == "layer"], fused)
         return save_results(CHAPTER, records, gpu, steps=steps, fused_epilogue=fused, compile=compiled,
-                            targets=targets, scoreboard_rows=scoreboard_rows(records), host_probe=probe, part_runs=runs)
+                            targets=targets, scoreboard_rows=scoreboard_rows(records), host_probe=probe, part_runs=runs,
+                            **kept_sections)
 
     if "layer" in args.parts:
         compiled = compile_check()
