@@ -113,11 +113,13 @@ def test_the_combine_predictions_read_what_the_page_says():
     data = recorded_or_skip()
     before = {b["tokens"]: b for b in data["layer_before_gather_combine"]}
     gathered = data["layer_before_op_tuning"]
-    then = {r["tokens"]: r["median_ms"] for r in gathered["layers"] if r["variant"] == "layer/ours" and r["hidden"] == 2048}
+    then = {r["tokens"]: r["median_ms"] for r in gathered["layers"]
+            if r["variant"] == "layer/ours" and r["hidden"] == 2048}
     then_torch = {r["tokens"]: r["median_ms"] for r in gathered["layers"]
                   if r["variant"] == "layer/torch_grouped_mm" and r["hidden"] == 2048}
     combine = {s["tokens"]: s["combine_ms"] for s in gathered["steps"] if s["hidden"] == 2048}
-    assert round(before[4096]["ours_ms"] / then[4096], 1) == 1.6 and round(before[32768]["ours_ms"] / then[32768], 1) == 1.9
+    assert round(before[4096]["ours_ms"] / then[4096], 1) == 1.6
+    assert round(before[32768]["ours_ms"] / then[32768], 1) == 1.9
     assert round(before[32768]["combine_ms"] / combine[32768]) == 4 and combine[32768] > 1.0
     one_pass = step_of(data, 2048, 32768, "combine_ms")
     assert one_pass <= 0.4 and round(combine[32768] - one_pass, 1) == 1.4
@@ -233,7 +235,8 @@ def test_the_runs_section_names_each_part_once():
     now = {"git_commit": "d", "date": "2026-12-02T00:00:00+00:00", "command": "run.py"}
     args = RUN.parse_args(["--parts", "scoreboard", "--rows", "512"])
     runs = part_runs(earlier, RUN.measured_parts(args, [], ["512"]), now)  # stopped before the model projections
-    assert set(runs) == {"layer-qwen3", "scoreboard-grid", "scoreboard-models"} and runs["scoreboard-grid"]["commit"] == "d"
+    assert set(runs) == {"layer-qwen3", "scoreboard-grid", "scoreboard-models"}
+    assert runs["scoreboard-grid"]["commit"] == "d"
     assert "rows 512" in runs["scoreboard-grid"]["measured"] and runs["scoreboard-models"]["commit"] == "c"
     runs = part_runs(runs, RUN.measured_parts(args, [], ["512", RUN.MODELS_GROUP]), now)
     assert runs["scoreboard-models"]["commit"] == "d" and runs["layer-qwen3"]["commit"] == "a"
