@@ -23,10 +23,13 @@ def test_recorded_targets_match_the_records():
     data = recorded("07")
     if data is None:
         pytest.skip("no recorded results")
-    again = RUN.target_rows(data["records"])
+    again = RUN.target_rows(data["records"], data.get("profile", ()), data["compile_report"])
     assert [(r["target"], round(r["value"], 6), r["met"]) for r in again] == \
            [(r["target"], round(r["value"], 6), r["met"]) for r in data["targets"]]
     assert {r.get("part") for r in data["records"]} == {"ladder", "grid", "models"}
+    pipe = next(r for r in again if r["target"].startswith("k6/auto's wgmma pipe"))
+    assert pipe["met"] and pipe["value"] == RUN.find(data["profile"], RUN.AUTO, RUN.Workload(65536, 0.0))["gmma_pipe_pct"]
+    assert next(r for r in again if r["target"].startswith("spilled bytes"))["value"] == 0
 
 
 def test_k6_auto_is_checked_against_quack_and_torch_in_the_same_run():
