@@ -28,7 +28,8 @@ def test_recorded_targets_match_the_records():
            [(r["target"], round(r["value"], 6), r["met"]) for r in data["targets"]]
     assert {r.get("part") for r in data["records"]} == {"ladder", "grid", "models"}
     pipe = next(r for r in again if r["target"].startswith("k6/auto's wgmma pipe"))
-    assert pipe["met"] and pipe["value"] == RUN.find(data["profile"], RUN.AUTO, RUN.Workload(65536, 0.0))["gmma_pipe_pct"]
+    profiled64 = RUN.find(data["profile"], RUN.AUTO, RUN.Workload(65536, 0.0))
+    assert pipe["met"] and pipe["value"] == profiled64["gmma_pipe_pct"]
     assert next(r for r in again if r["target"].startswith("spilled bytes"))["value"] == 0
 
 
@@ -189,3 +190,37 @@ def test_a_ratio_compares_one_parts_records_only():
     assert RUN.ratio(records, RUN.AUTO, RUN.QUACK, cell) == pytest.approx(505 / 450)
     assert RUN.ratio(records, RUN.AUTO, RUN.QUACK, cell, "ladder") == pytest.approx(433 / 523)
     assert RUN.ratio(records, RUN.AUTO, RUN.QUACK, cell, "models") is None
+
+
+def test_a_run_of_one_part_keeps_the_sections_it_does_not_compute(tmp_path, monkeypatch):
+    """run_on_gpu with the GPU work replaced by the recorded numbers: measuring the model part again with
+    --profile keeps the file's kept sections (the frozen bases of the page's predictions), saves the
+    timings before profiling, and writes targets that include the profile's wgmma row."""
+    import json
+
+    import moe_gemm.measure.results as results
+    from moe_gemm.cuda.gpu import GpuInfo
+
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    gpu = GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
+    monkeypatch.setattr(results, "CHAPTERS_DIR", tmp_path)
+    path = results.results_path("07", gpu.slug)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({key: value for key, value in data.items() if key != "profile"}))
+    monkeypatch.setattr(RUN, "compile_report", lambda arch: data["compile_report"])
+    monkeypatch.setattr(RUN, "measure_part", lambda part, args, timing: RUN.of_part(data["records"], part))
+    saved_before_profiling = []
+
+    def profile_rows():
+        saved_before_profiling.append("profile" not in json.loads(path.read_text()))
+        return data["profile"]
+
+    monkeypatch.setattr(RUN, "profile_rows", profile_rows)
+    assert RUN.run_on_gpu(RUN.parse_args(["--parts", "models", "--profile"]), gpu) == 0
+    written = json.loads(path.read_text())
+    assert saved_before_profiling == [True]
+    for section in ("two_routings_basis", "after_shared_staging", "quack_drift", "models_before_two_routings"):
+        assert written[section] == data[section], section
+    assert [t["target"] for t in written["targets"]] == [t["target"] for t in data["targets"]]

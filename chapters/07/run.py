@@ -90,6 +90,8 @@ PROFILED = {
                            "peer/quack"),
     Workload(16384, 0.0): ("k6/auto", "k6/pingpong-mcluster-bn192", "peer/quack"),
 }
+# What a run writes; any other section of the results file (an earlier profile, a kept before/after) stays.
+COMPUTED_SECTIONS = {"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts"}
 TARGETS_LEGEND = ("ratios of useful TFLOP/s (graph replays at 2,048 rows and fewer), except the device walk's "
                   "relative extra time over the host list with the same configuration")
 
@@ -341,7 +343,7 @@ def run_on_gpu(args, gpu) -> int:
     import sys
 
     from moe_gemm.measure.ceilings import basis_for
-    from moe_gemm.measure.results import part_runs, provenance
+    from moe_gemm.measure.results import part_runs, provenance, uncomputed_sections
     from moe_gemm.variants.k6 import ladder
     from moe_gemm.variants.registry import get
 
@@ -370,26 +372,24 @@ def run_on_gpu(args, gpu) -> int:
     show(grid_table(records, QUACK, "quack"))
     show(grid_table(records, TORCH, "torch._grouped_mm"))
     show(models_table(records))
-    # Sections this run does not recompute (an earlier profile, a probe's counters) stay in the file.
-    recomputed = {"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts"}
-    extra: dict[str, Any] = {key: value for key, value in earlier.items() if key not in recomputed}
+    extra = uncomputed_sections(earlier, COMPUTED_SECTIONS)
     # Which commit and command measured each part: the parts can come from different runs.
     measured = {"ladder": "every rung and the peers at the seed five", "models": "the model projections",
                 "grid": f"the grid's rows {', '.join(f'{t:,}' for t in args.tokens)}"}
     extra["part_runs"] = part_runs(earlier.get("part_runs", {}), {p: measured[p] for p in args.parts}, provenance(gpu))
     parts = sorted({r["part"] for r in records}, key=PARTS.index)
 
-    def save() -> str:  # the timings are saved before the profiles, which take minutes more
+    def save() -> tuple[str, list[dict[str, Any]]]:  # the timings are saved before the profiles (minutes more)
         targets = target_rows(records, extra.get("profile", ()), report)
         return save_results(CHAPTER, records, gpu, checks=checks, compile_report=report, targets=targets,
-                            rounds=args.rounds, parts=parts, **extra)
+                            rounds=args.rounds, parts=parts, **extra), targets
 
-    path = save()
+    path, targets = save()
     if args.profile:
         extra["profile"] = profile_rows()
         show(profile_table(extra["profile"]))
-        path = save()
-    show(targets_table(target_rows(records, extra.get("profile", ()), report), TARGETS_LEGEND))
+        path, targets = save()
+    show(targets_table(targets, TARGETS_LEGEND))
     print(f"results written to {path}")
     return 0
 

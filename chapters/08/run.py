@@ -489,7 +489,7 @@ def run_on_gpu(args, gpu) -> int:
     if not torch_available():
         return run_without_gpu(args, "torch is not installed")
     from moe_gemm.chapter import recorded
-    from moe_gemm.measure.results import part_runs, provenance
+    from moe_gemm.measure.results import part_runs, provenance, uncomputed_sections
 
     print(describe_gpu(gpu) + "\n")
     earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
@@ -497,8 +497,7 @@ def run_on_gpu(args, gpu) -> int:
     compiled, probe = earlier.get("compile", {}), earlier.get("host_probe", {})
     now, layers_done, rows_done = provenance(gpu), [], []
 
-    # Sections a run does not compute (an earlier run's numbers kept for a before/after) stay in the file.
-    kept_sections = {key: value for key, value in earlier.items() if key not in COMPUTED_SECTIONS}
+    kept_sections = uncomputed_sections(earlier, COMPUTED_SECTIONS)
 
     def save() -> str:  # after each layer size and each scoreboard group: a stopped run keeps what it finished
         runs = part_runs(earlier.get("part_runs", {}), measured_parts(args, layers_done, rows_done), now)

@@ -47,8 +47,8 @@ __all__ = [
     "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "NO_GPU", "PEER", "PEERS", "SEED", "SEED_FIVE", "SEED_WORKLOADS",
     "SM90A", "Requirement", "Table", "Workload", "add_timing_arguments", "best_of", "best_peer", "chapter_main",
     "chapter_module", "chapter_parser", "checks_table", "describe_gpu", "failed_variants", "figures_main", "find",
-    "grouped_mm_peers", "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded", "records_table",
-    "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded", "targets_table",
+    "grouped_mm_peers", "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded",
+    "records_table", "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded", "targets_table",
     "timing_options",
 ]
 

@@ -80,6 +80,13 @@ def save_results(chapter: str, records: list[dict[str, Any]], gpu: GpuInfo, **ex
     return str(path)
 
 
+def uncomputed_sections(earlier: dict[str, Any], computed: set[str]) -> dict[str, Any]:
+    """The sections of an earlier results file that a run does not write (``computed``: the ones it
+    does): an earlier run's profile, a before/after kept for a comparison. A chapter passes them back to
+    :func:`save_results` so that measuring one part again does not drop them."""
+    return {key: value for key, value in earlier.items() if key not in computed}
+
+
 def part_runs(earlier: dict[str, dict[str, str]], measured: dict[str, str],
               now: dict[str, Any]) -> dict[str, dict[str, str]]:
     """Which commit and command measured each part of a results file whose parts run as separate
