@@ -180,6 +180,24 @@ def test_combine_weights_and_sums_each_tokens_rows():
     torch.testing.assert_close(combine(y, order, weights, top_k).float(), want, rtol=2e-2, atol=2e-2)
 
 
+def test_the_combine_op_traces_under_compile_and_keeps_its_shape():
+    """The combine is a custom op too (its kernel needs a GPU; on the CPU it is the same sum in torch):
+    torch.compile(fullgraph=True) traces it through its fake implementation."""
+    from moe_gemm.torch.combine import combine_reference
+
+    torch.manual_seed(2)
+    y = torch.randn(6 * 4, 32).to(torch.bfloat16)
+    row_of, weights = torch.randperm(24), torch.rand(6, 4)
+
+    def f(y, row_of, weights):
+        return torch.ops.moe_gemm.combine(y, row_of, weights, 4)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    out = compiled(y, row_of, weights)
+    assert out.shape == (6, 32) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, combine_reference(y, row_of, weights, 4))
+
+
 @pytest.fixture
 def tuning(monkeypatch, tmp_path):
     """The op's configuration choice with the launches replaced: a cache in tmp_path, a made-up time per

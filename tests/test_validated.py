@@ -102,7 +102,7 @@ def test_run_with_no_family_named_takes_them_all(monkeypatch):
 def test_an_unknown_family_is_refused_in_one_line(capsys):
     with pytest.raises(SystemExit):
         validation.main(["run", "k9"])
-    assert "unknown family k9; choose from k0, k1, k2, k3, k5, k6, ceiling" in capsys.readouterr().err
+    assert "unknown family k9; choose from k0, k1, k2, k3, k5, k6, ceiling, torch" in capsys.readouterr().err
 
 
 def test_jobs_must_be_at_least_one(capsys):

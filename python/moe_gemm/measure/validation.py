@@ -37,6 +37,7 @@ from moe_gemm.core.paths import KERNEL_DIR, REPO_ROOT
 from moe_gemm.cuda.sources import source_hash
 from moe_gemm.measure.ceilings import CEILING_KERNELS
 from moe_gemm.measure.provenance import git_commit
+from moe_gemm.torch.kernels import COMBINE
 from moe_gemm.variants import registry
 
 RECORD_PATH = KERNEL_DIR / "validated.json"
@@ -45,11 +46,15 @@ RECORD_PATH = KERNEL_DIR / "validated.json"
 GPU_TESTS = {
     "k0": ("tests/test_k0_gpu.py",), "k1": ("tests/test_k1_gpu.py",), "k2": ("tests/test_k2_gpu.py",),
     "k3": ("tests/test_k3_gpu.py",), "k5": ("tests/test_k5_gpu.py",), "k6": ("tests/test_k6_gpu.py",),
-    "ceiling": ("tests/test_ceilings.py",),
+    "ceiling": ("tests/test_ceilings.py",), "torch": ("tests/test_torch_op_gpu.py",),
 }
+# Kernels a chapter runs that are not variants: the torch layer's combine (chapter 08), whose GPU tests
+# include compute-sanitizer memcheck on it.
+TORCH_KERNELS = {"torch/combine": COMBINE}
 SANITIZED = ("k1", "k2", "k3", "k5", "k6")  # the CUDA C++ families; k0 is numba and the ceilings touch no memory
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
-NOT_SANITIZED = "not run (compute-sanitizer is run on the CUDA C++ families k1, k2, k3, k5, k6)"
+NOT_SANITIZED = {"torch": "memcheck inside its GPU tests (test_the_combine_kernel_is_clean_under_memcheck)",
+                 "": "not run (compute-sanitizer is run on the CUDA C++ families k1, k2, k3, k5, k6)"}
 TEST_TIMEOUT_S = 1200
 
 
@@ -57,8 +62,9 @@ def kernel_configurations() -> dict[str, tuple[str, str]]:
     """Every kernel configuration the chapters run on a GPU: name -> (source under kernels/, instance).
     A variant that only chooses among others (k6/auto: ``chooses_among``) has no kernel of its own."""
     found = {name: (kernel.source, kernel.name) for name, kernel in CEILING_KERNELS.items()}
+    found.update(TORCH_KERNELS)
     for family in GPU_TESTS:
-        if family != "ceiling":
+        if family not in ("ceiling", "torch"):
             found.update((name, identity) for name in registry.names(family)
                          if (identity := kernel_identity(name)) is not None)
     return found
@@ -149,7 +155,7 @@ def record_family(record: dict[str, Any], outcome: dict[str, Any], gpu: Any, has
             "source": source, "instance": instance, "hash": digest, "gpu": gpu.name,
             "compute_capability": f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}", "date": date,
             "commit": git_commit(), "gpu_tests_passed": outcome["tests_passed"],
-            "sanitizer": ", ".join(outcome["sanitizer"]) or NOT_SANITIZED,
+            "sanitizer": ", ".join(outcome["sanitizer"]) or NOT_SANITIZED.get(outcome["family"], NOT_SANITIZED[""]),
         }
 
 

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+import moe_gemm.torch.combine  # noqa: F401 - registers torch.ops.moe_gemm.combine
 from moe_gemm.model.reference import SWIGLU_BLOCK
 from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
 
@@ -78,14 +79,14 @@ def interleave_gate_up(w_gate_up: torch.Tensor, block: int = SWIGLU_BLOCK) -> to
 def combine(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
     """Back to token order: out[t] = sum over t's top_k choices of weight x the expert's output row.
 
-    Every token has exactly top_k rows, so no atomics are needed: gather the rows back into (token,
-    choice) order (the inverse of the sort) and let one batched GEMM [1, k] x [k, H] per token weight
-    and sum them (fp32 accumulation), reading and writing [M, H] once each where an index_add_ of fp32
-    rows made M atomic row updates."""
+    Every token has exactly top_k rows, so no atomics are needed: with the inverse of the sort each
+    token knows where its rows are, and one kernel (moe_gemm.torch.combine, kernels/moe_combine.cu)
+    reads them, weights and sums them in fp32 and writes the token's row once: y read once, out
+    written once. (The first version added fp32 rows into out with index_add_ atomics; the second
+    gathered y into token order and summed with a batched GEMM, two passes over [M, H].)"""
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device, dtype=order.dtype)
-    rows = y[inverse].view(order.numel() // top_k, top_k, y.shape[1])
-    return torch.bmm(weights.to(y.dtype).unsqueeze(1), rows).squeeze(1)
+    return torch.ops.moe_gemm.combine(y, inverse, weights, top_k)
 # --8<-- [end:steps]
 
 

@@ -1,0 +1,60 @@
+"""The MoE layer's combine as one kernel launch (kernels/moe_combine.cu), a torch op:
+
+    out = torch.ops.moe_gemm.combine(y, row_of, weights, top_k)   # [tokens, H]
+
+``y`` [tokens x top_k, H] bf16 holds the expert outputs in expert order, ``row_of`` (int64) says
+where each (token, choice) pair's row is in y (the inverse of the sort), ``weights`` [tokens, top_k]
+are the routing weights. out[t] = sum_j weights[t, j] * y[row_of[t * top_k + j]], summed in fp32
+and rounded to bf16 once. The kernel reads y once and writes out once; elsewhere (a CPU tensor,
+another dtype, H not a multiple of 8) the same sum runs as torch operations.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+THREADS = 256  # kernels/moe_combine.cu: __launch_bounds__(256); each thread owns 8 columns of a row
+PIECE = 8  # bf16 values per 16-byte load
+
+
+@functools.cache
+def _kernel():
+    from moe_gemm.cuda.nvrtc import compile_kernel
+    from moe_gemm.torch.kernels import COMBINE
+
+    return compile_kernel(*COMBINE)  # for the running GPU's architecture
+
+
+def _runs_the_kernel(y: torch.Tensor) -> bool:
+    return y.is_cuda and y.dtype == torch.bfloat16 and y.shape[1] % PIECE == 0
+
+
+def combine_reference(y: torch.Tensor, row_of: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The same sum as torch operations (a gather, then an fp32 weighted sum over each token's rows)."""
+    rows = y[row_of].view(-1, top_k, y.shape[1]).float()
+    return (weights.float().unsqueeze(-1) * rows).sum(dim=1).to(y.dtype)
+
+
+@torch.library.custom_op("moe_gemm::combine", mutates_args=())
+def combine(y: torch.Tensor, row_of: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
+    if not _runs_the_kernel(y):
+        return combine_reference(y, row_of, weights, top_k)
+    from moe_gemm.cuda.launch import launch
+
+    y, row_of = y.contiguous(), row_of.to(torch.int64).contiguous()
+    weights = weights.to(torch.float32).contiguous()
+    tokens, pieces = row_of.numel() // top_k, y.shape[1] // PIECE
+    out = y.new_empty((tokens, y.shape[1]))
+    if tokens:
+        launch(_kernel(), tokens, min(THREADS, pieces), 0, y.data_ptr(), row_of.data_ptr(), weights.data_ptr(),
+               out.data_ptr(), np.int32(top_k), np.int32(pieces),
+               stream=torch.cuda.current_stream(y.device).cuda_stream)
+    return out
+
+
+@combine.register_fake
+def _(y: torch.Tensor, row_of: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
+    return y.new_empty((row_of.shape[0] // top_k, y.shape[1]))

@@ -1,0 +1,7 @@
+"""The CUDA kernels of the torch layer that are not grouped GEMMs, as (source under kernels/, kernel
+name). Kept apart from the modules that launch them because this one imports no torch: the GPU
+validation record (moe_gemm.measure.validation) reads it where torch is not installed."""
+
+from __future__ import annotations
+
+COMBINE = ("moe_combine.cu", "moe_combine")  # the MoE layer's combine (moe_gemm.torch.combine)
