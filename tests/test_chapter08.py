@@ -215,7 +215,9 @@ def test_a_run_keeps_what_it_does_not_re_measure():
                                                                    "--tokens", "4096"]))
     assert [(r.get("hidden"), r["tokens"]) for r in records] == [(4096, 4096), (2048, 512), (None, 512),
                                                                   (None, 65536)]
-    assert [s["hidden"] for s in steps] == [4096] and len(fused) == 1
+    assert [s["hidden"] for s in steps] == [4096] and len(fused) == 1  # the fused part is not re-measured
+    _, steps, fused = RUN.kept_from(earlier, RUN.parse_args(["--parts", "fused", "--layers", "qwen3", "--tokens", "512"]))
+    assert len(steps) == 2 and fused == []
     records, _, _ = RUN.kept_from(earlier, RUN.parse_args(["--parts", "scoreboard", "--rows", "65536"]))
     # scoreboard records stay until their group is measured again (run_on_gpu replaces them group by group)
     assert [r["tokens"] for r in records if r["part"] == "scoreboard"] == [512, 65536]
@@ -234,16 +236,16 @@ def test_the_runs_section_names_each_part_once():
     earlier = {"layer-qwen3": {"commit": "a"}, "scoreboard-grid": {"commit": "b"}, "scoreboard-models": {"commit": "c"}}
     now = {"git_commit": "d", "date": "2026-12-02T00:00:00+00:00", "command": "run.py"}
     args = RUN.parse_args(["--parts", "scoreboard", "--rows", "512"])
-    runs = part_runs(earlier, RUN.measured_parts(args, [], ["512"]), now)  # stopped before the model projections
+    runs = part_runs(earlier, RUN.measured_parts(args, [], [], ["512"]), now)  # stopped before the model projections
     assert set(runs) == {"layer-qwen3", "scoreboard-grid", "scoreboard-models"}
     assert runs["scoreboard-grid"]["commit"] == "d"
     assert "rows 512" in runs["scoreboard-grid"]["measured"] and runs["scoreboard-models"]["commit"] == "c"
-    runs = part_runs(runs, RUN.measured_parts(args, [], ["512", RUN.MODELS_GROUP]), now)
+    runs = part_runs(runs, RUN.measured_parts(args, [], [], ["512", RUN.MODELS_GROUP]), now)
     assert runs["scoreboard-models"]["commit"] == "d" and runs["layer-qwen3"]["commit"] == "a"
     args = RUN.parse_args(["--parts", "layer", "--layers", "qwen3", "mixtral"])
-    runs = part_runs(runs, RUN.measured_parts(args, ["qwen3", "mixtral"], []), now)
-    assert set(runs) == {"layer-qwen3", "layer-mixtral", "scoreboard-grid", "scoreboard-models"}
-    assert runs["layer-qwen3"]["commit"] == "d"
+    runs = part_runs(runs, RUN.measured_parts(args, ["qwen3", "mixtral"], ["qwen3"], []), now)
+    assert set(runs) == {"layer-qwen3", "layer-mixtral", "fused-qwen3", "scoreboard-grid", "scoreboard-models"}
+    assert runs["layer-qwen3"]["commit"] == "d" and "interleaved rounds" in runs["fused-qwen3"]["measured"]
 
 
 def test_a_run_writes_after_each_layer_size_and_keeps_what_it_did_not_measure(tmp_path, monkeypatch):
@@ -263,21 +265,27 @@ def test_a_run_writes_after_each_layer_size_and_keeps_what_it_did_not_measure(tm
         records = [{"variant": way, **shape.fields(t), "median_ms": ms} for t in tokens
                    for way, ms in (("layer/ours", 1.0), ("layer/torch_grouped_mm", 1.3))]
         steps = [{**shape.fields(t), **{f"{step}_ms": 0.2 for step in RUN.STEPS}} for t in tokens]
-        fused = [{**shape.fields(t), "fused_ms": 1.05, "gemm1_ms": 1.0, "swiglu_ms": 0.5, "swiglu_pass_bytes": 3,
-                  "fused_saves_bytes": 4} for t in tokens]
-        return records, steps, fused
+        return records, steps
+
+    def measure_fused(shape, tokens):
+        return [{**shape.fields(t), "fused_ms": 1.05 + shape.hidden / 1e6, "gemm1_ms": 1.0, "swiglu_ms": 0.5,
+                 "swiglu_pass_bytes": 3, "fused_saves_bytes": 4} for t in tokens]
 
     monkeypatch.setattr(RUN, "measure_layer", measure_layer)
+    monkeypatch.setattr(RUN, "measure_fused", measure_fused)
     gpu = GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
-    args = ["--parts", "layer", "--tokens", "4096", "--layers"]
+    args = ["--parts", "layer", "fused", "--tokens", "4096", "--layers"]
     assert RUN.run_on_gpu(RUN.parse_args([*args, "qwen3", "mixtral"]), gpu) == 0
     assert files_seen == [0, 1]
-    assert RUN.run_on_gpu(RUN.parse_args([*args, "qwen3"]), gpu) == 0
+    assert RUN.run_on_gpu(RUN.parse_args(["--parts", "layer", "--tokens", "4096", "--layers", "qwen3"]), gpu) == 0
     data = results.recorded("08", gpu.slug)
     assert sorted(r["hidden"] for r in data["records"]) == [2048, 2048, 4096, 4096]
     assert len(data["steps"]) == 2 and data["targets"][0]["value"] == pytest.approx(1.3)
-    assert data["part_runs"]["layer-qwen3"]["measured"] == "the Qwen3-30B-A3B-like layer at 4,096 tokens, four ways"
-    assert set(data["part_runs"]) == {"layer-qwen3", "layer-mixtral"}
+    assert len(data["fused_epilogue"]) == 2  # the second run measured no fused part: both sizes' rows stay
+    assert data["targets"][-1]["value"] == pytest.approx((0.05 + 4096 / 1e6) / 0.5)  # the worst: Mixtral's
+    assert data["part_runs"]["layer-qwen3"]["measured"] == ("the Qwen3-30B-A3B-like layer at 4,096 tokens, four ways, "
+                                                            "and its steps")
+    assert set(data["part_runs"]) == {"layer-qwen3", "layer-mixtral", "fused-qwen3", "fused-mixtral"}
 
 
 def test_the_scoreboard_saves_after_each_group_and_a_stopped_run_keeps_the_rest(tmp_path, monkeypatch):

@@ -271,3 +271,26 @@ def test_b_given_k_major_runs_the_validated_k_major_rung_untuned(tuning):
     out = torch.empty(30, 128, dtype=torch.bfloat16)
     assert ops._choice(a, b, offs, out, "nk", "none", "Test GPU", 132) == ops.K_MAJOR_CONFIG
     assert LADDER[ops.K_MAJOR_CONFIG].b_layout == "nk" and timed == []
+
+
+def test_interleaved_timing_spreads_a_clock_change_over_every_call(monkeypatch):
+    """time_interleaved with the graphs and events replaced: a slowdown during the first calls'
+    replays (a clock drop after a tuning burst) reaches every call, and each call's samples come from
+    every round, the order reversed every other round."""
+    from moe_gemm.torch import bench
+
+    order, clock = [], iter([2.0] * 3 + [1.0] * 100)  # the first round's replays run at half speed
+
+    class Graph:
+        def __init__(self, name):
+            self.name = name
+
+        def replay(self):
+            order.append(self.name)
+
+    monkeypatch.setattr(bench, "capture", lambda fn, warmup: (Graph(fn()), None))
+    monkeypatch.setattr(bench, "_events", lambda run, iterations: (run(), [next(clock) * 1.0] * iterations)[1])
+    timed = bench.time_interleaved({"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}, rounds=3, iterations=2)
+    assert order == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert {name: t.max_ms for name, t in timed.items()} == {"a": 2.0, "b": 2.0, "c": 2.0}
+    assert all(t.median_ms == 1.0 and t.graph for t in timed.values())

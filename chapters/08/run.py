@@ -2,7 +2,7 @@
 SwiGLU epilogue, and the scoreboard.
 
     python chapters/08/run.py                  # the layer at three sizes x five token counts, four ways,
-                                               # then the scoreboard
+                                               # the fused epilogue's test, then the scoreboard
     python chapters/08/run.py --parts scoreboard   # only the scoreboard (each part merges into the results)
     python chapters/08/run.py --tokens 4096    # some token counts only
     python chapters/08/run.py --layers qwen3   # some layer sizes only (mixtral, qwen3, deepseek)
@@ -18,8 +18,8 @@ on the same tokens, in one run:
   layer/transformers       transformers' MixtralSparseMoeBlock holding the same weights, as it is
 The first three are captured whole in one CUDA graph each; the transformers block reads the routing
 back to the host (a loop over the experts hit) and is timed eagerly. It then splits our layer's
-time into router, permutation, GEMM 1 + SwiGLU, GEMM 2 and combine, and times GEMM 1 fused against
-GEMM 1 alone and the SwiGLU pass alone. The scoreboard then times our op as a model calls it
+time into router, permutation, GEMM 1 + SwiGLU, GEMM 2 and combine. The fused part times GEMM 1 with
+the SwiGLU epilogue against GEMM 1 alone and the SwiGLU pass alone, in interleaved rounds. The scoreboard then times our op as a model calls it
 (op/grouped_mm: moe_gemm.torch.grouped_mm on torch tensors) beside torch._grouped_mm and quack over
 chapter 06's grid (M_tot 512 .. 65,536 x s 0 .. 1.6) and chapter 07's model projections, eagerly and
 as CUDA-graph replays. Results go to chapters/08/results/<gpu>.json.
@@ -65,7 +65,7 @@ TARGET_VS_TORCH, TARGET_VS_QUACK = 1.25, 1.0
 TARGET_FUSED_SHARE = 0.40  # GEMM 1 fused <= GEMM 1 alone + 40% of a separate SwiGLU pass
 TARGETS_LEGEND = ("layer: the other way's forward time over ours, at every layer size measured with 4,096 tokens or "
                   "more (the worst named); fused: the fused launch's extra time over GEMM 1 alone, in SwiGLU passes")
-PARTS = ("layer", "scoreboard")
+PARTS = ("layer", "fused", "scoreboard")
 LAYER_KEY = ("hidden", "intermediate", "experts", "top_k", "tokens")  # what names one layer measurement
 OP = OP_NAME  # the scoreboard's name for our op as a model calls it
 MODELS_GROUP = "the model projections"  # the scoreboard's last group, after the grid's rows
@@ -92,7 +92,8 @@ def parse_args(argv: Sequence[str] | None):
     parser.add_argument("--layers", nargs="+", choices=list(LAYERS), default=list(LAYERS),
                         help="layer sizes (default: all three)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="what to measure (default: both); a part's records replace only its own in the file")
+                        help="what to measure (default: all three): layer (four ways and the step split), fused (the "
+                             "fused epilogue's test), scoreboard; a part's rows replace only its own in the file")
     parser.add_argument("--rows", type=positive_int("--rows"), nargs="*", default=list(GRID_TOKENS), metavar="M",
                         help=f"the scoreboard grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))}; "
                              "--rows alone: none, only the model projections); the model projections are always on it")
@@ -181,7 +182,7 @@ def transformers_block(layer, shape: LayerShape) -> Any:
 # --------------------------------------------------------------------------- measuring
 
 def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool,
-                  with_quack: bool) -> tuple[list, list, list]:
+                  with_quack: bool) -> tuple[list, list]:
     import torch
 
     from moe_gemm.torch.bench import time_call
@@ -189,7 +190,7 @@ def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transforme
 
     ways = build(shape, with_quack)
     layer = ways["_layer"]
-    records, steps, fused = [], [], []
+    records, steps = [], []
     for tokens in tokens_list:
         x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
         reference = None
@@ -209,8 +210,7 @@ def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transforme
                             **(ways["_quack_gemm1"] if name == "layer/quack" else {})})
         with torch.no_grad(), offsets_unchecked():
             steps.append({**shape.fields(tokens), **step_times(layer, x)})
-            fused.append({**shape.fields(tokens), **fused_epilogue(layer, x)})
-    return records, steps, fused
+    return records, steps
 
 
 def step_times(layer, x) -> dict[str, float]:
@@ -234,20 +234,42 @@ def step_times(layer, x) -> dict[str, float]:
     return {f"{step}_ms": time_call(call, graph=True).median_ms for step, call in calls.items()}
 
 
+def measure_fused(shape: LayerShape, tokens_list: Sequence[int]) -> list[dict[str, Any]]:
+    """The fused epilogue's test at one layer size (its own layer, the same seed as build's)."""
+    import torch
+
+    from moe_gemm.torch import MoELayer
+    from moe_gemm.torch.ops import offsets_unchecked
+
+    torch.manual_seed(0)
+    layer = MoELayer(shape.hidden, shape.intermediate, shape.experts, shape.top_k, device="cuda")
+    fused = []
+    for tokens in tokens_list:
+        progress(f"[{shape.label}, {tokens:,} tokens] GEMM 1 fused, GEMM 1 alone, SwiGLU pass")
+        x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
+        with torch.no_grad(), offsets_unchecked():
+            fused.append({**shape.fields(tokens), **fused_epilogue(layer, x)})
+    return fused
+
+
 def fused_epilogue(layer, x) -> dict[str, float]:
     """GEMM 1 with the fused epilogue, GEMM 1 alone (the same columns, C [M, 2I] written), and the
-    SwiGLU pass alone; the bytes the separate pass moves (C [M, 2I] read, [M, I] written) and the
-    fused one saves (C [M, 2I] written and read back)."""
-    from moe_gemm.torch.bench import time_call
+    SwiGLU pass alone, in interleaved rounds after one eager call of each GEMM (where the op tunes a
+    new shape: a second or more of back-to-back launches that must not fall into any call's timing);
+    the bytes the separate pass moves (C [M, 2I] read, [M, I] written) and the fused one saves (C [M, 2I]
+    written and read back)."""
+    from moe_gemm.torch.bench import time_interleaved
     from moe_gemm.torch.layer import dispatch, swiglu
     from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
 
     _, _, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)
+    grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs)
     h = grouped_mm(rows, layer.w_gate_up, offs)
     m, width = h.shape
-    return {"fused_ms": time_call(lambda: grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs), graph=True).median_ms,
-            "gemm1_ms": time_call(lambda: grouped_mm(rows, layer.w_gate_up, offs), graph=True).median_ms,
-            "swiglu_ms": time_call(lambda: swiglu(h), graph=True).median_ms,
+    timed = time_interleaved({"fused": lambda: grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs),
+                              "gemm1": lambda: grouped_mm(rows, layer.w_gate_up, offs),
+                              "swiglu": lambda: swiglu(h)})
+    return {**{f"{name}_ms": t.median_ms for name, t in timed.items()},
             "swiglu_pass_bytes": m * width * 2 + m * width // 2 * 2, "fused_saves_bytes": 2 * m * width * 2}
 
 
@@ -458,23 +480,27 @@ def kept_from(earlier: dict[str, Any], args) -> tuple[list, list, list]:
     """The records, steps and fused rows of an earlier results file that this run does not re-measure:
     a layer measurement per (size, tokens); scoreboard records stay until their group is measured
     again, so parts, sizes and rows can be measured in separate processes and merged."""
-    remeasured = ({layer_key(LAYERS[key].fields(t)) for key in args.layers for t in args.tokens}
-                  if "layer" in args.parts else set())
+    measured = {layer_key(LAYERS[key].fields(t)) for key in args.layers for t in args.tokens}
 
-    def kept(row: dict[str, Any]) -> bool:
+    def kept(row: dict[str, Any], part: str) -> bool:
         if row.get("part") == "scoreboard":
             return True  # replaced group by group as the run measures them (run_on_gpu)
-        return layer_key(row) not in remeasured
+        return part not in args.parts or layer_key(row) not in measured
 
-    return ([r for r in earlier.get("records", []) if kept(r)], [s for s in earlier.get("steps", []) if kept(s)],
-            [f for f in earlier.get("fused_epilogue", []) if kept(f)])
+    return ([r for r in earlier.get("records", []) if kept(r, "layer")],
+            [s for s in earlier.get("steps", []) if kept(s, "layer")],
+            [f for f in earlier.get("fused_epilogue", []) if kept(f, "fused")])
 
 
-def measured_parts(args, layers: Sequence[str], rows: Sequence[str]) -> dict[str, str]:
+def measured_parts(args, layers: Sequence[str], fused: Sequence[str], rows: Sequence[str]) -> dict[str, str]:
     """What this run has measured so far, for the results file's ``part_runs``: one entry per layer size
-    finished (each size may come from its own process) and one for the scoreboard's groups finished."""
+    finished, one per fused test finished (each may come from its own process) and one for the
+    scoreboard's groups finished."""
     tokens = ", ".join(f"{t:,}" for t in args.tokens)
-    measured = {f"layer-{key}": f"the {LAYERS[key].label} layer at {tokens} tokens, four ways" for key in layers}
+    measured = {f"layer-{key}": f"the {LAYERS[key].label} layer at {tokens} tokens, four ways, and its steps"
+                for key in layers}
+    measured |= {f"fused-{key}": f"GEMM 1 fused, GEMM 1 alone and the SwiGLU pass at the {LAYERS[key].label} "
+                                 f"layer's shapes, {tokens} tokens, in interleaved rounds" for key in fused}
     grid_rows = [row for row in rows if row != MODELS_GROUP]
     if grid_rows:
         measured["scoreboard-grid"] = f"the grid's cells, rows {', '.join(grid_rows)}: the op and the peers"
@@ -495,12 +521,12 @@ def run_on_gpu(args, gpu) -> int:
     earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
     records, steps, fused = kept_from(earlier, args)
     compiled, probe = earlier.get("compile", {}), earlier.get("host_probe", {})
-    now, layers_done, rows_done = provenance(gpu), [], []
+    now, layers_done, fused_done, rows_done = provenance(gpu), [], [], []
 
     kept_sections = uncomputed_sections(earlier, COMPUTED_SECTIONS)
 
     def save() -> str:  # after each layer size and each scoreboard group: a stopped run keeps what it finished
-        runs = part_runs(earlier.get("part_runs", {}), measured_parts(args, layers_done, rows_done), now)
+        runs = part_runs(earlier.get("part_runs", {}), measured_parts(args, layers_done, fused_done, rows_done), now)
         targets = target_rows([r for r in records if r.get("part") == "layer"], fused)
         return save_results(CHAPTER, records, gpu, steps=steps, fused_epilogue=fused, compile=compiled,
                             targets=targets, scoreboard_rows=scoreboard_rows(records), host_probe=probe, part_runs=runs,
@@ -509,9 +535,14 @@ def run_on_gpu(args, gpu) -> int:
     if "layer" in args.parts:
         compiled = compile_check()
         for key in args.layers:
-            r, s, f = measure_layer(LAYERS[key], args.tokens, not args.no_transformers, not args.no_peers)
-            records, steps, fused = records + [{**x, "part": "layer"} for x in r], steps + s, fused + f
+            r, s = measure_layer(LAYERS[key], args.tokens, not args.no_transformers, not args.no_peers)
+            records, steps = records + [{**x, "part": "layer"} for x in r], steps + s
             layers_done.append(key)
+            save()
+    if "fused" in args.parts:
+        for key in args.layers:
+            fused += measure_fused(LAYERS[key], args.tokens)
+            fused_done.append(key)
             save()
     if "scoreboard" in args.parts:
         probe = host_probe()

@@ -1,6 +1,7 @@
 """Timing torch callables the way chapter 08 compares whole layers: CUDA events around eager calls, or
 around replays of one CUDA graph captured after a warm-up (compiles, autotuning and allocations all
-happen before the capture, none inside the timed loop)."""
+happen before the capture, none inside the timed loop). Calls whose times are compared with each other
+(a fused launch against its unfused parts) are timed in interleaved rounds (time_interleaved)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,17 @@ def time_call(fn: Callable[[], Any], *, graph: bool, warmup: int = WARMUP, itera
         run = fn
     samples = _events(run, iterations)
     return Timed(statistics.median(samples), min(samples), max(samples), graph)
+
+
+def time_interleaved(calls: dict[str, Callable[[], Any]], rounds: int = 3, warmup: int = WARMUP,
+                     iterations: int = ITERATIONS) -> dict[str, Timed]:
+    """Each call captured once, then replayed ``iterations`` times per round, the calls in turn and
+    the order reversed every other round; median, min and max over all of a call's samples. A change
+    of clock or temperature during the measurement (after a tuning burst, say) then falls on every call
+    alike, not on whichever was timed first."""
+    graphs = {name: capture(fn, warmup)[0] for name, fn in calls.items()}
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for round_ in range(rounds):
+        for name in (list(graphs) if round_ % 2 == 0 else list(reversed(graphs))):
+            samples[name] += _events(graphs[name].replay, iterations)
+    return {name: Timed(statistics.median(s), min(s), max(s), True) for name, s in samples.items()}
