@@ -64,40 +64,43 @@ def layer_ms(layer, way, key):
 
 
 def test_the_pages_claims_hold():
-    """What the page says in words. In the latest run (Qwen3- and Mixtral-like sizes) ours beats the torch
-    layer at every point, by 1.25x only at 512 tokens, and the quack layer only at the Qwen3-like size
-    up to 4,096 tokens; the DeepSeek-V3-like size is the run before. quack ran its fused activation
-    everywhere, within 1e-4 of ours. The steps add up to the layer within 2% except at the Qwen3-like
-    size and 32,768 tokens (about 15% short). Every scoreboard grid cell is a graph replay from one
-    run; the model projections are the older eager run without quack."""
+    """What the page says in words. In one run at all three sizes ours beats the torch layer at every
+    point, by 1.25x at the Mixtral-like size at 512 tokens and the Qwen3-like size up to 4,096 tokens,
+    and the quack layer at the DeepSeek-V3-like size at 512 tokens and the Qwen3-like size up to 4,096.
+    quack ran its fused activation everywhere, within 1e-4 of ours. The whole layer reads 0.99 to 1.09
+    times the sum of its steps. Every scoreboard row is a graph replay with quack."""
     data = recorded_or_skip()
     layer = [r for r in data["records"] if r.get("part") == "layer"]
-    for key in ("qwen3", "mixtral"):
+    at_125, ahead_of_quack = {}, {}
+    for key in ("qwen3", "mixtral", "deepseek"):
         ours, torch_way, quack = (layer_ms(layer, way, key) for way in RUN.WAYS[:3])
         assert sorted(ours) == [512, 4096, 32768]
         assert all(torch_way[t] > ours[t] for t in ours), key
-        assert [t for t in ours if torch_way[t] / ours[t] >= 1.25] == [512], key
-        assert [t for t in ours if quack[t] > ours[t]] == ([512, 4096] if key == "qwen3" else []), key
+        at_125[key] = [t for t in ours if torch_way[t] / ours[t] >= 1.25]
+        ahead_of_quack[key] = [t for t in ours if quack[t] > ours[t]]
+    assert at_125 == {"qwen3": [512, 4096], "mixtral": [512], "deepseek": []}
+    assert ahead_of_quack == {"qwen3": [512, 4096], "mixtral": [], "deepseek": [512]}
     runs = data["part_runs"]
-    assert runs["layer-qwen3"]["commit"] == runs["layer-mixtral"]["commit"] != runs["layer-deepseek"]["commit"]
+    assert runs["layer-qwen3"]["commit"] == runs["layer-mixtral"]["commit"] == runs["layer-deepseek"]["commit"]
     quack_records = [r for r in layer if r["variant"] == "layer/quack"]
     assert len(quack_records) == 9 and {r["quack_gemm1"] for r in quack_records} == {"gemm_act with its fused SwiGLU"}
     assert max(r["rel_error_vs_ours"] for r in quack_records) <= 1.5e-4
     assert max(r["rel_error_vs_ours"] for r in layer if r["variant"] == "layer/transformers") < 1e-2
+    ratios = []
     for s in data["steps"]:
         whole = next(r["median_ms"] for r in layer if r["variant"] == "layer/ours" and r["hidden"] == s["hidden"]
                      and r["tokens"] == s["tokens"])
-        ratio = whole / sum(s[f"{step}_ms"] for step in RUN.STEPS)
-        if (s["hidden"], s["tokens"]) == (2048, 32768):
-            assert 1.1 <= ratio <= 1.2
-        else:
-            assert abs(ratio - 1) <= 0.02, (s["hidden"], s["tokens"])
-    grid = [r for r in data["scoreboard_rows"] if "E=" not in r["label"]]
-    assert len(grid) == 25 and {r["timed"] for r in grid} == {"graph replays"} and all(r["quack"] for r in grid)
-    models = [r for r in data["scoreboard_rows"] if "E=" in r["label"]]
-    assert len(models) == 4 and {r["timed"] for r in models} == {"eager"} and not any(r["quack"] for r in models)
+        ratios.append(whole / sum(s[f"{step}_ms"] for step in RUN.STEPS))
+    assert (round(min(ratios), 2), round(max(ratios), 2)) == (0.99, 1.09)
+    rows = data["scoreboard_rows"]
+    assert len(rows) == 29 and {r["timed"] for r in rows} == {"graph replays"} and all(r["quack"] for r in rows)
+    models = [r for r in rows if "E=" in r["label"]]
+    assert len(models) == 4 and runs["scoreboard-models"]["commit"] != runs["scoreboard-grid"]["commit"]
+    mixtral = next(r for r in models if r["label"].endswith("N=14336"))
+    assert round(mixtral["torch"], 2) == 1.06 and mixtral["quack"] < 1
     assert data["compile"]["same_output"] and data["host_probe"]["host_ms_per_call"] > 0
-    assert set(runs) == {"layer-qwen3", "layer-mixtral", "layer-deepseek", "scoreboard-grid", "scoreboard-models"}
+    assert set(runs) == {"layer-qwen3", "layer-mixtral", "layer-deepseek", "scoreboard-grid", "scoreboard-models",
+                         "fused-qwen3", "fused-mixtral", "fused-deepseek"}
 
 
 def step_of(data, hidden, tokens, key):
@@ -107,9 +110,10 @@ def step_of(data, hidden, tokens, key):
 def test_the_combine_predictions_read_what_the_page_says():
     """The gather + batched GEMM combine (the run kept as layer_before_op_tuning) against the index_add_
     one: the layer 1.6x faster at 4,096 tokens and 1.9x at 32,768 (about 2x predicted: held); the combine
-    4x faster but above the 1 ms predicted. The one-pass kernel in the latest run: at most 0.4 ms at
-    32,768 Qwen3-like tokens (held), about 1.4 ms less than the gather; the Qwen3-like layer's ratio
-    over the torch layer down, not up to about 1.25 (failed)."""
+    4x faster but above the 1 ms predicted. The one-pass kernel, in the layer: at most 0.4 ms at 32,768
+    Qwen3-like tokens (held), about 1.4 ms less than the gather; the Qwen3-like layer's ratio over the
+    torch layer down, not up to about 1.25 (failed): the sum of our steps fell 1.2 ms, the whole layer
+    0.7 ms, GEMM 1 with SwiGLU read slower than in the gather run. Its record is in validated.json."""
     data = recorded_or_skip()
     before = {b["tokens"]: b for b in data["layer_before_gather_combine"]}
     gathered = data["layer_before_op_tuning"]
@@ -117,6 +121,7 @@ def test_the_combine_predictions_read_what_the_page_says():
             if r["variant"] == "layer/ours" and r["hidden"] == 2048}
     then_torch = {r["tokens"]: r["median_ms"] for r in gathered["layers"]
                   if r["variant"] == "layer/torch_grouped_mm" and r["hidden"] == 2048}
+    gather_steps = next(s for s in gathered["steps"] if s["hidden"] == 2048 and s["tokens"] == 32768)
     combine = {s["tokens"]: s["combine_ms"] for s in gathered["steps"] if s["hidden"] == 2048}
     assert round(before[4096]["ours_ms"] / then[4096], 1) == 1.6
     assert round(before[32768]["ours_ms"] / then[32768], 1) == 1.9
@@ -126,51 +131,76 @@ def test_the_combine_predictions_read_what_the_page_says():
     layer = [r for r in data["records"] if r.get("part") == "layer"]
     ours, torch_way = (layer_ms(layer, way, "qwen3") for way in RUN.WAYS[:2])
     assert torch_way[32768] / ours[32768] < then_torch[32768] / then[32768] < 1.25
+    now_steps = next(s for s in data["steps"] if s["hidden"] == 2048 and s["tokens"] == 32768)
+    steps_sum = (lambda s: sum(s[f"{step}_ms"] for step in RUN.STEPS))  # noqa: E731
+    assert round(steps_sum(gather_steps) - steps_sum(now_steps), 1) == 1.2 and round(then[32768] - ours[32768], 1) == 0.7
+    assert now_steps["GEMM 1 + SwiGLU_ms"] > gather_steps["GEMM 1 + SwiGLU_ms"]
+    record = json.loads((Path(__file__).resolve().parents[1] / "kernels/validated.json").read_text())["kernels"]
+    assert record["torch/combine"]["gpu_tests_passed"] >= 25 and "memcheck" in record["torch/combine"]["sanitizer"]
 
 
 def test_the_op_tuning_prediction_reads_what_the_page_says():
     """Mixtral-like layer at 32,768 tokens: about 41 ms predicted (from 49.7), past the torch layer and
-    behind quack's: held; GEMM 1 with SwiGLU about 27 ms: held; GEMM 2 about 10% faster: failed (about 2%).
-    The op's choices come from the tuning cache the run wrote."""
+    behind quack's: held (38.1, with the combine kernel and the g8 rung too); GEMM 2 about 10% faster:
+    failed (about 2%). DeepSeek-V3-like: 55-60 ms predicted from 70.1: below the range. The op's choices
+    come from the tuning cache the runs wrote."""
     data = recorded_or_skip()
     layer = [r for r in data["records"] if r.get("part") == "layer"]
     ours, torch_way, quack = (layer_ms(layer, way, "mixtral") for way in RUN.WAYS[:3])
-    old = {r["variant"]: r["median_ms"] for r in data["layer_before_op_tuning"]["layers"]
-           if r["hidden"] == 4096 and r["tokens"] == 32768}
-    assert round(old["layer/ours"], 1) == 49.7 and abs(ours[32768] - 41) <= 1.5
+    old = {(r["hidden"], r["variant"]): r["median_ms"] for r in data["layer_before_op_tuning"]["layers"]
+           if r["tokens"] == 32768}
+    assert round(old[(4096, "layer/ours")], 1) == 49.7 and abs(ours[32768] - 41) <= 3.5
     assert quack[32768] < ours[32768] < torch_way[32768]
-    assert abs(step_of(data, 4096, 32768, "GEMM 1 + SwiGLU_ms") - 27) <= 1.0
     old_gemm2 = next(s["GEMM 2_ms"] for s in data["layer_before_op_tuning"]["steps"] if s["hidden"] == 4096
                      and s["tokens"] == 32768)
     assert 0 < 1 - step_of(data, 4096, 32768, "GEMM 2_ms") / old_gemm2 < 0.05
+    deepseek = layer_ms(layer, "layer/ours", "deepseek")
+    assert round(old[(7168, "layer/ours")], 1) == 70.1 and deepseek[32768] < 55
     tuned = {(t["layer"], t["tokens"], t["gemm"]): t for t in data["op_tuning"]}
     assert len(tuned) == 18 and all(t["choice"] in t["timings_ms"] for t in tuned.values())
     assert tuned[("mixtral", 32768, "GEMM 1 + SwiGLU")]["choice"] == "k6/swiglu-coop256-cluster"
+    latest = {(t["layer"], t["tokens"], t["gemm"]): t for t in data["op_tuning_latest"]}
+    assert len(latest) == 27 and all(t["choice"] in t["timings_ms"] for t in latest.values())
 
 
 def test_the_fused_epilogue_reads_what_the_page_says():
-    """The fused target fails at the Mixtral-like size from 4,096 tokens, where GEMM 1 alone takes the
-    raster walk no fused rung has; at the same tile without it the fused launch costs at most 0.4 of a
-    pass. At the Qwen3-like size and 32,768 tokens the table's fused reading contradicts the step split
-    and the tuner's timing of the same launch."""
+    """In interleaved rounds the fused target holds at 7 of 9 points and fails at the DeepSeek-V3-like
+    size at 32,768 tokens (GEMM 1 alone runs a 192-wide tile; at the same 128-wide tile the tuner reads
+    the fused launch within the target) and the Mixtral-like size at 512 tokens (the robust choice is
+    slower on this routing than another fused rung). The layer run's sequential table read the fused
+    launch far above the step split at two points; the burst probe read it 10% slower right after a
+    tuning burst. The g8 rung: predicted about 25.8 ms, measured within 1 ms of it and chosen."""
     data = recorded_or_skip()
     fused = {(f["hidden"], f["tokens"]): f for f in data["fused_epilogue"]}
     extras = {key: (f["fused_ms"] - f["gemm1_ms"]) / f["swiglu_ms"] for key, f in fused.items()}
-    assert sorted(key for key, v in extras.items() if v > RUN.TARGET_FUSED_SHARE) == [(2048, 32768), (4096, 4096),
-                                                                                   (4096, 32768)]
-    tuned = {(t["layer"], t["tokens"], t["gemm"]): t for t in data["op_tuning"]}
-    alone, fused_gemm = tuned[("mixtral", 32768, "GEMM 1 alone")], tuned[("mixtral", 32768, "GEMM 1 + SwiGLU")]
-    assert alone["choice"].endswith("-g8") and not any(name.endswith("-g8") for name in fused_gemm["timings_ms"])
+    assert sorted(key for key, v in extras.items() if v > RUN.TARGET_FUSED_SHARE) == [(4096, 512), (7168, 32768)]
+    latest = {(t["layer"], t["tokens"], t["gemm"]): t for t in data["op_tuning_latest"]}
+    alone, fused_gemm = latest[("deepseek", 32768, "GEMM 1 alone")], latest[("deepseek", 32768, "GEMM 1 + SwiGLU")]
+    assert alone["choice"].endswith("bn192") and not any("bn192" in name for name in fused_gemm["timings_ms"])
     same_tile = fused_gemm["timings_ms"]["k6/swiglu-coop256-cluster"] - alone["timings_ms"]["k6/coop256-cluster-bn128"]
-    assert 0 < same_tile / fused[(4096, 32768)]["swiglu_ms"] <= RUN.TARGET_FUSED_SHARE
-    qwen = tuned[("qwen3", 32768, "GEMM 1 + SwiGLU")]
-    step = step_of(data, 2048, 32768, "GEMM 1 + SwiGLU_ms")
-    assert fused[(2048, 32768)]["fused_ms"] > 1.3 * step and abs(qwen["timings_ms"][qwen["choice"]] / step - 1) < 0.05
+    assert 0 < same_tile / fused[(7168, 32768)]["swiglu_ms"] <= RUN.TARGET_FUSED_SHARE
+    small = latest[("mixtral", 512, "GEMM 1 + SwiGLU")]
+    assert small["choice"] == "k6/swiglu-bn128"
+    assert small["timings_ms"]["k6/swiglu-coop256-cluster"] < small["timings_ms"][small["choice"]]
+    sequential = {(f["hidden"], f["tokens"]): f["fused_ms"] for f in data["fused_before_interleaving"]}
+    assert sequential[(7168, 4096)] > 1.2 * step_of(data, 7168, 4096, "GEMM 1 + SwiGLU_ms")
+    assert sequential[(2048, 32768)] > 1.2 * step_of(data, 2048, 32768, "GEMM 1 + SwiGLU_ms")
+    probe = data["tuning_burst_probe"]
+    assert round(100 * (probe["after_burst_ms"] / probe["rested_ms"] - 1)) == 10
+    assert abs(probe["rested_again_ms"] / probe["rested_ms"] - 1) < 0.01
+    old = {(t["layer"], t["tokens"], t["gemm"]): t for t in data["op_tuning"]}
+    a1, f1 = old[("mixtral", 32768, "GEMM 1 alone")], old[("mixtral", 32768, "GEMM 1 + SwiGLU")]
+    predicted = (a1["timings_ms"][a1["choice"]] + f1["timings_ms"]["k6/swiglu-coop256-cluster"]
+                 - a1["timings_ms"]["k6/coop256-cluster-bn128"])
+    assert round(predicted, 1) == 25.8 and latest[("mixtral", 32768, "GEMM 1 + SwiGLU")]["choice"].endswith("-g8")
+    assert abs(step_of(data, 4096, 32768, "GEMM 1 + SwiGLU_ms") - predicted) < 1.0
+    assert abs(fused[(4096, 32768)]["fused_ms"] - predicted) < 1.0
 
 
 def test_the_scoreboard_predictions_read_what_the_page_says():
     """As graph replays, the op at 4,096 rows and more reads chapter 07's k6/auto over torch within a few
-    hundredths at every cell (held); the host time per eager call down about 11%, not a fifth (failed)."""
+    hundredths at every cell (held). The host time per eager call: two runs of the same host code differ
+    by more than the predicted fifth, so the packing's effect is not established."""
     from moe_gemm.chapter import recorded
     from moe_gemm.model.workloads import Workload
 
@@ -182,8 +212,9 @@ def test_the_scoreboard_predictions_read_what_the_page_says():
             continue
         tokens, skew = int(row["label"].split(" rows")[0].replace(",", "")), float(row["label"].split("s=")[1])
         assert abs(row["torch"] - ch07.ratio(data07["records"], ch07.AUTO, ch07.TORCH, Workload(tokens, skew))) < 0.06
-    before, now = data["host_probe_before_packing"], data["host_probe"]
-    assert 0.05 < 1 - now["host_ms_per_call"] / before["host_ms_per_call"] < 0.15
+    before, earlier, now = (data[k]["host_ms_per_call"] for k in ("host_probe_before_packing", "host_probe_earlier_run",
+                                                                  "host_probe"))
+    assert abs(now / earlier - 1) > 0.2 and now > before > earlier
 
 
 def test_the_untuned_default_is_slower_where_the_page_says():
@@ -324,3 +355,11 @@ def test_the_scoreboard_saves_after_each_group_and_a_stopped_run_keeps_the_rest(
         by_rows.setdefault(r["tokens"] if r["experts"] == 64 else "models", set()).add(r["useful_tflops"])
     assert by_rows == {512: {101.0}, 2048: {100.0}, "models": {100.0}}
     assert data["part_runs"]["scoreboard-grid"]["measured"] == "the grid's cells, rows 512: the op and the peers"
+
+
+def test_the_figures_include_the_model_projections_heatmap(tmp_path):
+    """figures.py draws the scoreboard's grid and, beside it, its model projections (4 rows x 2 peers)."""
+    recorded_or_skip()
+    figures = chapter_module("08", "figures")
+    names = sorted(path.name for path in figures.write_outputs(tmp_path))
+    assert names == ["fused.png", "layers.png", "scoreboard-models.png", "scoreboard.png", "steps.png"]

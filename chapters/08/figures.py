@@ -6,7 +6,8 @@
 * steps.png: our layer's time split into router, permutation, GEMM 1 + SwiGLU, GEMM 2 and combine
   (shares, each bar's total above it);
 * fused.png: GEMM 1 with the fused SwiGLU epilogue against GEMM 1 alone plus the SwiGLU pass;
-* scoreboard.png: our op over torch._grouped_mm and over quack on chapter 06's grid.
+* scoreboard.png: our op over torch._grouped_mm and over quack on chapter 06's grid;
+* scoreboard-models.png: the same ratios at chapter 07's model projections.
 
 When the results file is absent nothing is drawn.
 """
@@ -22,6 +23,7 @@ from moe_gemm.site.style import COLORS, grid_heatmaps, new_figure, save_figure
 
 CHAPTER = "08"
 RUN = chapter_module(CHAPTER)
+SCOREBOARD_VMIN = 0.5  # the heatmaps' colour scale runs from 0.5 to 1.5, white at 1
 WAY_COLORS = {"layer/ours": COLORS["k3"], "layer/torch_grouped_mm": "#7f7f7f", "layer/quack": "#2ca02c",
               "layer/transformers": "#ff7f0e"}
 
@@ -99,7 +101,28 @@ def scoreboard_figure(data: dict[str, Any]):
     panels = [(title, lambda t, s, key=key: rows.get(Workload(t, s).label, {}).get(key))
               for key, title in (("torch", "our op / torch._grouped_mm"), ("quack", "our op / quack"))]
     return grid_heatmaps(panels, "useful TFLOP/s ratio, same run, CUDA-graph replays (blue: ours faster; "
-                                 "blank: not measured)", vmin=0.5)
+                                 "blank: not measured)", vmin=SCOREBOARD_VMIN)
+
+
+def models_figure(data: dict[str, Any]):
+    """The scoreboard's model projections as one heatmap: a row per projection, a column per peer, on
+    the grid heatmaps' colour scale."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    rows = [r for r in data["scoreboard_rows"] if "E=" in r["label"]]
+    peers = (("torch", "/ torch._grouped_mm"), ("quack", "/ quack"))
+    fig, ax = new_figure(7.0, 0.6 * len(rows) + 1.6)
+    values = [[float("nan") if r[key] is None else r[key] for key, _ in peers] for r in rows]
+    ax.imshow(values, cmap="RdBu", norm=TwoSlopeNorm(vcenter=1.0, vmin=SCOREBOARD_VMIN, vmax=1.5), aspect="auto")
+    for i, row in enumerate(values):
+        for j, value in enumerate(row):
+            if value == value:  # not NaN: measured
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=13)
+    ax.set_xticks(range(len(peers)), [title for _, title in peers])
+    ax.set_yticks(range(len(rows)), [r["label"].split("s=0.4, ")[-1] for r in rows])
+    ax.set_title(f"model projections, {rows[0]['label'].split(', E=')[0]}", fontsize=12)
+    ax.grid(False)
+    return fig
 
 
 def write_outputs(root: Path) -> list[Path]:
@@ -113,6 +136,8 @@ def write_outputs(root: Path) -> list[Path]:
                     save_figure(fused_figure(data), CHAPTER, "fused", root)]
     if any(r.get("part") == "scoreboard" for r in data["records"]):
         written.append(save_figure(scoreboard_figure(data), CHAPTER, "scoreboard", root))
+        if any("E=" in r["label"] for r in data["scoreboard_rows"]):
+            written.append(save_figure(models_figure(data), CHAPTER, "scoreboard-models", root))
     return written
 
 
