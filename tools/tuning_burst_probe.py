@@ -26,7 +26,8 @@ import time
 def gpu_state() -> str:
     """The SM clock, board power and temperature now, as nvidia-smi prints them."""
     query = "--query-gpu=clocks.sm,power.draw,temperature.gpu"
-    return subprocess.run(["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    smi = subprocess.run(["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True, check=False)
+    return smi.stdout.strip()
 
 
 def empty_tuning_cache() -> None:
@@ -51,14 +52,13 @@ def main() -> None:
 
     import torch
 
-    from moe_gemm.torch import MoELayer
+    from moe_gemm.chapter import chapter_module
     from moe_gemm.torch.bench import time_call
     from moe_gemm.torch.layer import dispatch
     from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu, offsets_unchecked
 
     shape = LAYERS[args.layer]
-    torch.manual_seed(0)
-    layer = MoELayer(shape.hidden, shape.intermediate, shape.experts, shape.top_k, device="cuda")
+    layer = chapter_module("08").seeded_layer(shape)  # the layer chapter 08 measures
     x = torch.randn(args.tokens, shape.hidden, device="cuda").to(torch.bfloat16)
     with torch.no_grad(), offsets_unchecked():
         _, _, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_gemm.chapter import chapter_module, figures_main, recorded, run_main
-from moe_gemm.site.style import COLORS, grid_heatmaps, new_figure, save_figure
+from moe_gemm.site.style import COLORS, grid_heatmaps, new_figure, ratio_heatmap, save_figure
 
 CHAPTER = "08"
 RUN = chapter_module(CHAPTER)
@@ -107,21 +107,13 @@ def scoreboard_figure(data: dict[str, Any]):
 def models_figure(data: dict[str, Any]):
     """The scoreboard's model projections as one heatmap: a row per projection, a column per peer, on
     the grid heatmaps' colour scale."""
-    from matplotlib.colors import TwoSlopeNorm
-
     rows = [r for r in data["scoreboard_rows"] if "E=" in r["label"]]
     peers = (("torch", "/ torch._grouped_mm"), ("quack", "/ quack"))
     fig, ax = new_figure(7.0, 0.6 * len(rows) + 1.6)
-    values = [[float("nan") if r[key] is None else r[key] for key, _ in peers] for r in rows]
-    ax.imshow(values, cmap="RdBu", norm=TwoSlopeNorm(vcenter=1.0, vmin=SCOREBOARD_VMIN, vmax=1.5), aspect="auto")
-    for i, row in enumerate(values):
-        for j, value in enumerate(row):
-            if value == value:  # not NaN: measured
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=13)
+    ratio_heatmap(ax, [[r[key] for key, _ in peers] for r in rows], vmin=SCOREBOARD_VMIN)
     ax.set_xticks(range(len(peers)), [title for _, title in peers])
     ax.set_yticks(range(len(rows)), [r["label"].split("s=0.4, ")[-1] for r in rows])
     ax.set_title(f"model projections, {rows[0]['label'].split(', E=')[0]}", fontsize=12)
-    ax.grid(False)
     return fig
 
 

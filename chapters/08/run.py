@@ -104,15 +104,21 @@ def parse_args(argv: Sequence[str] | None):
 
 # --------------------------------------------------------------------------- the four ways
 
-def build(shape: LayerShape, with_quack: bool) -> dict[str, Any]:
-    """One layer (random weights, bf16, on the GPU) and each way's forward pass over it."""
+def seeded_layer(shape: LayerShape) -> Any:
+    """The layer every measurement of ``shape`` runs: random bf16 weights from seed 0, on the GPU."""
     import torch
 
     from moe_gemm.torch import MoELayer
-    from moe_gemm.torch.layer import moe_forward, torch_grouped_mm
 
     torch.manual_seed(0)
-    layer = MoELayer(shape.hidden, shape.intermediate, shape.experts, shape.top_k, device="cuda")
+    return MoELayer(shape.hidden, shape.intermediate, shape.experts, shape.top_k, device="cuda")
+
+
+def build(shape: LayerShape, with_quack: bool) -> dict[str, Any]:
+    """One layer (seeded_layer) and each way's forward pass over it."""
+    from moe_gemm.torch.layer import moe_forward, torch_grouped_mm
+
+    layer = seeded_layer(shape)
     ways: dict[str, Any] = {"layer/ours": layer, "layer/torch_grouped_mm": lambda x: layer(x, gemm=torch_grouped_mm)}
     quack = quack_forward(layer) if with_quack else None
     if quack is not None:
@@ -235,14 +241,12 @@ def step_times(layer, x) -> dict[str, float]:
 
 
 def measure_fused(shape: LayerShape, tokens_list: Sequence[int]) -> list[dict[str, Any]]:
-    """The fused epilogue's test at one layer size (its own layer, the same seed as build's)."""
+    """The fused epilogue's test at one layer size (on its own seeded_layer)."""
     import torch
 
-    from moe_gemm.torch import MoELayer
     from moe_gemm.torch.ops import offsets_unchecked
 
-    torch.manual_seed(0)
-    layer = MoELayer(shape.hidden, shape.intermediate, shape.experts, shape.top_k, device="cuda")
+    layer = seeded_layer(shape)
     fused = []
     for tokens in tokens_list:
         progress(f"[{shape.label}, {tokens:,} tokens] GEMM 1 fused, GEMM 1 alone, SwiGLU pass")

@@ -80,30 +80,34 @@ def displayed_text_px(fig, display_width_px: float = DISPLAY_WIDTH_PX) -> dict[s
             for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()}
 
 
+def ratio_heatmap(ax, ratios: Sequence[Sequence[float | None]], vmin: float = 0.8, vmax: float = 1.5) -> None:
+    """``ratios`` (rows of ours-over-theirs) drawn on ``ax``, white at 1, blue where ours is faster,
+    each cell's value written in it; a None cell (not measured) is left blank."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    ax.imshow([[float("nan") if v is None else v for v in row] for row in ratios], cmap="RdBu",
+              norm=TwoSlopeNorm(vcenter=1.0, vmin=vmin, vmax=vmax), aspect="auto")
+    for i, row in enumerate(ratios):
+        for j, value in enumerate(row):
+            if value is not None:
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=13,
+                        color="white" if abs(value - 1) > 0.3 else "black")
+    ax.grid(False)
+
+
 def grid_heatmaps(panels: Sequence[tuple[str, Callable[[int, float], float | None]]], title: str,
                   vmin: float = 0.8, vmax: float = 1.5):
     """Chapter 06's grid as heatmaps side by side, M_tot down and skew across, one panel per
     (title, ratio(tokens, skew)); a cell whose ratio is None (not measured) is left blank."""
-    from matplotlib.colors import TwoSlopeNorm
-
     from moe_gemm.model.workloads import GRID_SKEWS, GRID_TOKENS
 
     fig, axes = new_figure(5.0 * len(panels), 4.6, ncols=len(panels))
-    norm = TwoSlopeNorm(vcenter=1.0, vmin=vmin, vmax=vmax)
     for ax, (panel_title, ratio) in zip(axes, panels):
-        ratios = [[ratio(t, s) for s in GRID_SKEWS] for t in GRID_TOKENS]
-        ax.imshow([[float("nan") if v is None else v for v in row] for row in ratios], cmap="RdBu", norm=norm,
-                  aspect="auto")
-        for i, row in enumerate(ratios):
-            for j, value in enumerate(row):
-                if value is not None:
-                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=13,
-                            color="white" if abs(value - 1) > 0.3 else "black")
+        ratio_heatmap(ax, [[ratio(t, s) for s in GRID_SKEWS] for t in GRID_TOKENS], vmin, vmax)
         ax.set_xticks(range(len(GRID_SKEWS)), [f"{s:g}" for s in GRID_SKEWS])
         ax.set_yticks(range(len(GRID_TOKENS)), [f"{t // 1024}k" if t >= 1024 else str(t) for t in GRID_TOKENS])
         ax.set_xlabel("skew s")
         ax.set_title(panel_title, fontsize=13)
-        ax.grid(False)
     axes[0].set_ylabel("M_tot (rows)")
     fig.suptitle(title, fontsize=12)
     return fig

@@ -22,6 +22,11 @@ class Timed:
     max_ms: float
     graph: bool  # timed as CUDA-graph replays
 
+    @classmethod
+    def of(cls, samples: list[float], graph: bool) -> Timed:
+        """The median, min and max of ``samples`` (milliseconds)."""
+        return cls(statistics.median(samples), min(samples), max(samples), graph)
+
 
 def _events(run: Callable[[], Any], iterations: int) -> list[float]:
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
@@ -58,8 +63,7 @@ def time_call(fn: Callable[[], Any], *, graph: bool, warmup: int = WARMUP, itera
         for _ in range(warmup):
             fn()
         run = fn
-    samples = _events(run, iterations)
-    return Timed(statistics.median(samples), min(samples), max(samples), graph)
+    return Timed.of(_events(run, iterations), graph)
 
 
 def time_interleaved(calls: dict[str, Callable[[], Any]], rounds: int = 3, warmup: int = WARMUP,
@@ -73,4 +77,4 @@ def time_interleaved(calls: dict[str, Callable[[], Any]], rounds: int = 3, warmu
     for round_ in range(rounds):
         for name in (list(graphs) if round_ % 2 == 0 else list(reversed(graphs))):
             samples[name] += _events(graphs[name].replay, iterations)
-    return {name: Timed(statistics.median(s), min(s), max(s), True) for name, s in samples.items()}
+    return {name: Timed.of(s, graph=True) for name, s in samples.items()}
