@@ -203,7 +203,7 @@ def test_the_peer_moved_more_between_runs_than_k3(data):
     assert max(r["max_tflops"] for r in spread04) / min(r["min_tflops"] for r in spread04) - 1 < 0.03
 
 
-def test_the_device_schedule_target_is_missed_here_and_met_in_the_earlier_runs(data):
+def test_the_device_schedule_target_is_missed(data):
     device = next(t for t in data["targets"] if t["target"].startswith("k5/device time"))
     assert not device["met"] and 0.03 < device["value"] < 0.05
     worst = model(data, 16384, 0.8)
@@ -211,9 +211,6 @@ def test_the_device_schedule_target_is_missed_here_and_met_in_the_earlier_runs(d
     assert "(worst: s=0.8)" in device["target"]
     same_tiles_gap = us(data, "k5/device") / us(data, "k5/host") - 1
     assert 0 < same_tiles_gap < 0.045
-    for run in data["earlier_runs"]:
-        gaps = [v["k5/device"] for v in run["device_over_host_16k"].values()]
-        assert max(gaps) <= 0.03 and -0.03 < run["device_over_host_16k"]["0"]["k5/device"] < 0.045
 
 
 def test_longest_first_loses_to_expert_major_except_where_few_experts_hold_the_rows(data):

@@ -49,6 +49,8 @@ from moe_gemm.model.occupancy import residency
 
 CHAPTER = "01"
 REQUIRES = ANY_GPU  # numba-cuda compiles k0 for whatever GPU is here
+# The results file's top-level sections, every one written by run_on_gpu's save_results.
+SECTIONS = frozenset({"provenance", "records", "ceilings", "k0_occupancy", "k0_sass", "k0_checks", "fp32_reference"})
 WORKLOADS = (*SEED_WORKLOADS, Workload(SEED.tokens, 0.0, K=8192))  # the seed's three, and a long K
 # The H200's FP32 ceilings: the datasheet figure (132 SMs x 128 FP32 lanes x 2 FLOP x 1.98 GHz),
 # and the register-only FFMA microbenchmark (moe_gemm.measure.ceilings), measured again in every run; the

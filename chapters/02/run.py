@@ -59,6 +59,9 @@ from moe_gemm.chapter import (
 CHAPTER = "02"
 REQUIRES = Requirement(lambda capability: capability >= (8, 0),
                        "k1 needs sm_80 or newer (cp.async, ldmatrix, bf16 mma.sync)")
+# The results file's top-level sections, as run_on_gpu's save_results writes them (profile: with --profile).
+SECTIONS = frozenset({"provenance", "records", "ceilings", "checks", "compile_report", "seed_b300_reference",
+                      "profile"})
 ARCH = "sm_90a"  # what the no-GPU path compiles for: the recorded GPU's target
 # The BM sweep, the fragment double-buffering experiment and the three-stage ring, by variant name.
 SWEEP = ("k1/bm32", "k1/bm64", "k1/bm128", "k1/bm64-fragdb", "k1/bm32-s3", "k1/bm64-s3", "k1/bm128-s3")

@@ -56,6 +56,8 @@ from moe_gemm.site.compile_report import compile_rows, limiters
 CHAPTER = "03"
 REQUIRES = Requirement(lambda capability: capability >= (9, 0),
                        "k2 needs sm_90 or newer (TMA and mbarrier transaction counts)")
+# The results file's top-level sections, as run_on_gpu's save_results writes them (profile: with --profile).
+SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "stages", "seed_b300_reference", "profile"})
 ARCH = "sm_90a"
 WORKLOADS = SEED_WORKLOADS
 OPCODES = ("UTMALDG", "SYNCS", "HMMA.16816.F32.BF16", "LDSM", "LDGSTS", "BAR.SYNC")

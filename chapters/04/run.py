@@ -57,6 +57,10 @@ from moe_gemm.core.cli import nonnegative_int
 
 CHAPTER = "04"
 REQUIRES = SM90A
+# The results file's top-level sections, as run_on_gpu's save_results writes them (offline_transpose: where
+# torch is installed; profile: with --profile; repeats and spread: with --repeats).
+SECTIONS = frozenset({"provenance", "records", "ceilings", "checks", "compile_report", "targets", "ladder",
+                      "offline_transpose", "profile", "repeats", "spread"})
 ARCH = "sm_90a"
 WORKLOADS = SEED_FIVE
 OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "STSM", "SYNCS", "USETMAXREG", "UCGABAR")

@@ -46,6 +46,8 @@ CHAPTER = "05"
 REQUIRES = Requirement(lambda capability: capability in SUPPORTED_CAPABILITIES,
                        "k4 needs compute capability 10.x (10.0 or 10.3: tcgen05 and tensor memory exist only in "
                        "the sm_100a and sm_103a targets)")
+# The results file's top-level sections, every one written by run_on_gpu's save_results.
+SECTIONS = frozenset({"provenance", "records", "checks", "compile_report"})
 ARCHES = ("sm_100a", "sm_103a")
 WORKLOADS = SEED_WORKLOADS
 OPCODES = ("UTCHMMA", "UTCBAR", "LDTM", "UTMALDG", "SYNCS")

@@ -57,6 +57,9 @@ from moe_gemm.core.cli import nonnegative_float, positive_int
 
 CHAPTER = "06"
 REQUIRES = SM90A
+# The results file's top-level sections, every one written by run_on_gpu's save_results.
+SECTIONS = frozenset({"provenance", "records", "ceilings", "checks", "compile_report", "calibration", "model",
+                      "targets", "graph_replays", "rounds"})
 ARCH = "sm_90a"
 ADAPTIVE = "k5/host"  # the cost model's tiles, scheduled on the host
 DEVICE = ("k5/device", "k5/device-graph")

@@ -92,6 +92,7 @@ PROFILED = {
 }
 # What a run writes; any other section of the results file (an earlier profile, a kept before/after) stays.
 COMPUTED_SECTIONS = {"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts"}
+SECTIONS = COMPUTED_SECTIONS | {"part_runs", "profile"}  # part_runs: every run; profile: with --profile
 TARGETS_LEGEND = ("ratios of useful TFLOP/s (graph replays at 2,048 rows and fewer), except the device walk's "
                   "relative extra time over the host list with the same configuration")
 

@@ -71,6 +71,7 @@ OP = OP_NAME  # the scoreboard's name for our op as a model calls it
 MODELS_GROUP = "the model projections"  # the scoreboard's last group, after the grid's rows
 COMPUTED_SECTIONS = {"provenance", "records", "steps", "fused_epilogue", "compile", "targets", "scoreboard_rows",
                      "host_probe", "part_runs"}  # what a run writes; any other section of the file is kept
+SECTIONS = COMPUTED_SECTIONS
 
 
 def layer_key(row: dict[str, Any]) -> tuple:
