@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from moe_gemm.chapter import NO_GPU, SEED, chapter_main, chapter_parser, run_main, show
+from moe_gemm.core.checks import MAX_TILE_ROWS
 from moe_gemm.core.cli import add_problem_arguments, tile_size
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.site.workload_tables import (
@@ -41,7 +42,8 @@ def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
     add_problem_arguments(parser, SEED, show_skews="the seed's two, 0 and 1.2")
     parser.add_argument("--bm", type=tile_size("--bm"), nargs="+", default=list(BMS), metavar="BM",
-                        help=f"M tile sizes for the eta table (powers of two >= 16; default {' '.join(map(str, BMS))})")
+                        help=f"M tile sizes for the eta table (powers of two from 16 to {MAX_TILE_ROWS.value}; "
+                             f"default {' '.join(map(str, BMS))})")
     return parser.parse_args(argv)
 
 

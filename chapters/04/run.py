@@ -53,6 +53,7 @@ from moe_gemm.chapter import (
     show_recorded,
     timing_options,
 )
+from moe_gemm.core.checks import MAX_REPEATS
 from moe_gemm.core.cli import nonnegative_int
 
 CHAPTER = "04"
@@ -86,7 +87,7 @@ def parse_args(argv: Sequence[str] | None):
                         help="also run Nsight Compute on the two fastest rungs at 16,384 rows (tensor pipe, "
                              "DRAM throughput, L2 hit rate); needs ncu on PATH")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="time only these k3 variants (default: all)")
-    parser.add_argument("--repeats", type=nonnegative_int("--repeats"), default=0, metavar="N",
+    parser.add_argument("--repeats", type=nonnegative_int("--repeats", MAX_REPEATS), default=0, metavar="N",
                         help="after the run, time the three fastest rungs and both peer layouts at 16,384 and "
                              "65,536 rows (s=0) again in N fresh processes: the run-to-run spread (default 0)")
     parser.add_argument("--repeat-child", metavar="NAMES", help=argparse.SUPPRESS)  # one repeat, JSON out

@@ -56,6 +56,7 @@ from moe_gemm.chapter import (
     targets_table,
     timing_options,
 )
+from moe_gemm.core.checks import MAX_REPEATS, MAX_ROWS
 from moe_gemm.core.cli import positive_int
 from moe_gemm.variants.peer.quack import QUACK_PEERS
 
@@ -100,12 +101,13 @@ TARGETS_LEGEND = ("ratios of useful TFLOP/s (graph replays at 2,048 rows and few
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
     add_timing_arguments(parser, peers="torch._grouped_mm and quack")
-    parser.add_argument("--rounds", type=positive_int("--rounds"), default=3,
+    parser.add_argument("--rounds", type=positive_int("--rounds", MAX_REPEATS), default=3,
                         help="interleaved timing rounds per workload; each variant's median over rounds is kept "
                              "(default 3)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which measurements to make (default: all three)")
-    parser.add_argument("--tokens", type=positive_int("--tokens"), nargs="+", default=list(GRID_TOKENS), metavar="M",
+    parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_TOKENS),
+                        metavar="M",
                         help=f"the grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))})")
     parser.add_argument("--profile", action="store_true",
                         help="also Nsight Compute on k6/auto, a rung per ladder step, k3 and quack at 65,536 rows, "

@@ -49,6 +49,7 @@ from moe_gemm.chapter import (
     targets_table,
     timing_options,
 )
+from moe_gemm.core.checks import MAX_LAYER_TOKENS, MAX_ROWS
 from moe_gemm.core.cli import positive_int
 from moe_gemm.model.layers import LAYERS, LayerShape
 from moe_gemm.torch.variant import OP_NAME
@@ -88,14 +89,16 @@ def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
     add_timing_arguments(parser, peers="quack (torch._grouped_mm and transformers stay: they are the comparison)",
                          quick_note=" (the scoreboard's kernels; a layer is always timed over 30 graph replays)")
-    parser.add_argument("--tokens", type=positive_int("--tokens"), nargs="+", default=list(TOKENS), metavar="T",
+    parser.add_argument("--tokens", type=positive_int("--tokens", MAX_LAYER_TOKENS), nargs="+", default=list(TOKENS),
+                        metavar="T",
                         help=f"token counts (default {' '.join(map(str, TOKENS))})")
     parser.add_argument("--layers", nargs="+", choices=list(LAYERS), default=list(LAYERS),
                         help="layer sizes (default: all three)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="what to measure (default: all three): layer (four ways and the step split), fused (the "
                              "fused epilogue's test), scoreboard; a part's rows replace only its own in the file")
-    parser.add_argument("--rows", type=positive_int("--rows"), nargs="*", default=list(GRID_TOKENS), metavar="M",
+    parser.add_argument("--rows", type=positive_int("--rows", MAX_ROWS), nargs="*", default=list(GRID_TOKENS),
+                        metavar="M",
                         help=f"the scoreboard grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))}; "
                              "--rows alone: none, only the model projections); the model projections are always on it")
     parser.add_argument("--no-transformers", action="store_true",

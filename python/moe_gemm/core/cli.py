@@ -1,14 +1,29 @@
 """Command-line plumbing shared by the chapters' run.py: argument types, one-line errors, and the
-flags a run names as ignored."""
+flags a run names as ignored.
+
+Every number a command line takes is bounded (the limits of moe_gemm.core.checks), and checked while
+parsing: a value past its bound is one line naming the bound and exit status 2, before any work.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from moe_gemm.core.checks import require_int, require_nonnegative_float, require_tile_size
+from moe_gemm.core.checks import (
+    MAX_DIMENSION,
+    MAX_EXPERTS,
+    MAX_ROWS,
+    MAX_SKEW,
+    MAX_TILE_ROWS,
+    Limit,
+    require_int,
+    require_nonnegative_float,
+    require_tile_size,
+)
 
 
 def _argparse_type(check: Callable[[str, Any], Any], name: str, parse: Callable[[str], Any], kind: str):
@@ -26,20 +41,25 @@ def _argparse_type(check: Callable[[str, Any], Any], name: str, parse: Callable[
     return convert
 
 
-def positive_int(name: str):
-    return _argparse_type(lambda n, v: require_int(n, v, minimum=1), name, int, "an integer")
+def positive_int(name: str, limit: Limit):
+    """An argparse type: an integer from 1 to ``limit``."""
+    return _argparse_type(lambda n, v: require_int(n, v, minimum=1, limit=limit), name, int, "an integer")
 
 
-def nonnegative_int(name: str):
-    return _argparse_type(lambda n, v: require_int(n, v, minimum=0), name, int, "an integer")
+def nonnegative_int(name: str, limit: Limit):
+    """An argparse type: an integer from 0 to ``limit``."""
+    return _argparse_type(lambda n, v: require_int(n, v, minimum=0, limit=limit), name, int, "an integer")
 
 
-def nonnegative_float(name: str):
-    return _argparse_type(require_nonnegative_float, name, float, "a number")
+def nonnegative_float(name: str, limit: Limit):
+    """An argparse type: a finite number from 0 to ``limit``."""
+    return _argparse_type(lambda n, v: require_nonnegative_float(n, v, limit=limit), name, float, "a number")
 
 
 def tile_size(name: str):
-    return _argparse_type(require_tile_size, name, int, "an integer")
+    """An argparse type: an M tile size, a power of two from 16 to MAX_TILE_ROWS."""
+    return _argparse_type(lambda n, v: require_int(n, require_tile_size(n, v), limit=MAX_TILE_ROWS), name, int,
+                          "an integer")
 
 
 class ChapterParser(argparse.ArgumentParser):
@@ -79,9 +99,10 @@ def given_options(args: argparse.Namespace) -> frozenset[str]:
     return getattr(args, _GIVEN)
 
 
-def chapter_parser(description: str | None) -> ChapterParser:
-    """The parser a chapter's run.py starts from; ``description`` is usually its module docstring."""
-    return ChapterParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+def chapter_parser(description: str | None, prog: str | None = None) -> ChapterParser:
+    """The parser a chapter's run.py starts from; ``description`` is usually its module docstring.
+    ``prog``: how the command is spelled in its messages (default: the script's file name)."""
+    return ChapterParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def add_problem_arguments(parser: argparse.ArgumentParser, defaults: Any, *, show_skews: str | None = None) -> None:
@@ -93,15 +114,17 @@ def add_problem_arguments(parser: argparse.ArgumentParser, defaults: Any, *, sho
     """
     tokens, experts, K, N = defaults.tokens, defaults.experts, defaults.K, defaults.N  # noqa: N806
     skew, skew_default_help = (None, show_skews) if show_skews else (defaults.skew, None)
-    parser.add_argument("--tokens", type=nonnegative_int("--tokens"), default=tokens,
-                        help=f"routed rows M_tot (default {tokens:,})")
-    parser.add_argument("--experts", type=positive_int("--experts"), default=experts,
-                        help=f"number of experts E (default {experts})")
-    parser.add_argument("--skew", type=nonnegative_float("--skew"), default=skew,
-                        help="routing skew s: expert e gets rows in proportion to (e+1)^-s "
-                             f"(default {skew_default_help or skew})")
-    parser.add_argument("-K", type=positive_int("-K"), default=K, help=f"reduction dimension (default {K})")
-    parser.add_argument("-N", type=positive_int("-N"), default=N, help=f"output columns (default {N})")
+    parser.add_argument("--tokens", type=nonnegative_int("--tokens", MAX_ROWS), default=tokens,
+                        help=f"routed rows M_tot, at most {MAX_ROWS.value:,} (default {tokens:,})")
+    parser.add_argument("--experts", type=positive_int("--experts", MAX_EXPERTS), default=experts,
+                        help=f"number of experts E, at most {MAX_EXPERTS.value:,} (default {experts})")
+    parser.add_argument("--skew", type=nonnegative_float("--skew", MAX_SKEW), default=skew,
+                        help=f"routing skew s, 0 to {MAX_SKEW.value:g}: expert e gets rows in proportion to "
+                             f"(e+1)^-s (default {skew_default_help or skew})")
+    parser.add_argument("-K", type=positive_int("-K", MAX_DIMENSION), default=K,
+                        help=f"reduction dimension, at most {MAX_DIMENSION.value:,} (default {K})")
+    parser.add_argument("-N", type=positive_int("-N", MAX_DIMENSION), default=N,
+                        help=f"output columns, at most {MAX_DIMENSION.value:,} (default {N})")
 
 
 def ignored_flags(args: argparse.Namespace, flags: Sequence[str], reason: str) -> str | None:
@@ -133,9 +156,16 @@ def timing_options(args: argparse.Namespace) -> dict[str, int]:
 
 
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> None:
-    """Run a chapter's main(): a ValueError becomes one line on stderr and exit status 2."""
+    """Run a command's main(): a ValueError becomes one line on stderr and exit status 2, and a reader
+    that stops early (``run.py | head -1``) ends the run quietly, with exit status 0."""
     try:
         status = main(argv)
+        sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at the interpreter's exit
+    except BrokenPipeError:
+        # The reader has closed the pipe: the rest of the output has nowhere to go. The interpreter
+        # flushes stdout once more as it exits, which would raise again; point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

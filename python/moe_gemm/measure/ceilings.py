@@ -21,7 +21,6 @@ and page uses is drawn from one record of them per GPU, ``ceilings/<gpu>.json``,
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from moe_gemm.core.cli import chapter_parser, run_main
 from moe_gemm.core.paths import REPO_ROOT
 from moe_gemm.cuda.timing import time_launches
 from moe_gemm.measure.results import RECORDED_GPU, load_results, write_results
@@ -221,9 +221,8 @@ def basis_for(gpu: Any) -> RooflineBasis:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe_gemm.measure.ceilings",
-                                     description="Measure every ceiling of this GPU and write ceilings/<gpu>.json, "
-                                                 "the record every chapter's roofline reads.")
+    parser = chapter_parser("Measure every ceiling of this GPU and write ceilings/<gpu>.json, the record every "
+                            "chapter's roofline reads.", prog="python -m moe_gemm.measure.ceilings")
     parser.parse_args(argv)
     from moe_gemm.cuda.gpu import detect_gpu
 
@@ -240,4 +239,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

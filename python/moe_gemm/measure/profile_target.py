@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from moe_gemm.core.cli import chapter_parser, nonnegative_float, nonnegative_int, run_main
+from moe_gemm.core.checks import MAX_DIMENSION, MAX_EXPERTS, MAX_REPEATS, MAX_ROWS, MAX_SKEW
+from moe_gemm.core.cli import chapter_parser, nonnegative_float, nonnegative_int, positive_int, run_main
 from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N, Workload
 
 CHECK_LAUNCHES = 1
@@ -27,12 +28,12 @@ def launches_before_profiled(warmup: int = DEFAULT_WARMUP) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = chapter_parser(__doc__)
     parser.add_argument("variant", help="a variant name, e.g. k1/bm64")
-    parser.add_argument("tokens", type=nonnegative_int("tokens"), help="routed rows M_tot")
-    parser.add_argument("skew", type=nonnegative_float("skew"), help="routing skew s")
-    parser.add_argument("--experts", type=int, default=SEED_EXPERTS)
-    parser.add_argument("-K", type=int, default=SEED_K)
-    parser.add_argument("-N", type=int, default=SEED_N)
-    parser.add_argument("--warmup", type=nonnegative_int("--warmup"), default=DEFAULT_WARMUP)
+    parser.add_argument("tokens", type=nonnegative_int("tokens", MAX_ROWS), help="routed rows M_tot")
+    parser.add_argument("skew", type=nonnegative_float("skew", MAX_SKEW), help="routing skew s")
+    parser.add_argument("--experts", type=positive_int("--experts", MAX_EXPERTS), default=SEED_EXPERTS)
+    parser.add_argument("-K", type=positive_int("-K", MAX_DIMENSION), default=SEED_K)
+    parser.add_argument("-N", type=positive_int("-N", MAX_DIMENSION), default=SEED_N)
+    parser.add_argument("--warmup", type=nonnegative_int("--warmup", MAX_REPEATS), default=DEFAULT_WARMUP)
     args = parser.parse_args(argv)
 
     from moe_gemm.cuda.device import DeviceProblem, synchronize

@@ -20,7 +20,8 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from moe_gemm.core.cli import chapter_parser, run_main
+from moe_gemm.core.checks import MAX_SEED
+from moe_gemm.core.cli import chapter_parser, nonnegative_int, run_main
 from moe_gemm.model.edge_cases import EDGE_CASES
 
 
@@ -70,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = chapter_parser(__doc__)
     parser.add_argument("variants", nargs="+", metavar="NAME",
                         help="variant names (k1/bm64) or families (k1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the integer-valued inputs (default 0)")
+    parser.add_argument("--seed", type=nonnegative_int("--seed", MAX_SEED), default=0,
+                        help="seed of the integer-valued inputs (default 0)")
     args = parser.parse_args(argv)
     from moe_gemm.cuda.gpu import detect_gpu
     from moe_gemm.variants.registry import resolve

@@ -19,7 +19,6 @@ old record, which no longer matches: the CPU test keeps failing until it passes 
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
@@ -32,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from moe_gemm.core.cli import positive_int
+from moe_gemm.core.checks import MAX_JOBS
+from moe_gemm.core.cli import chapter_parser, positive_int, run_main
 from moe_gemm.core.paths import KERNEL_DIR, REPO_ROOT
 from moe_gemm.cuda.sources import source_hash
 from moe_gemm.measure.ceilings import CEILING_KERNELS
@@ -204,14 +204,14 @@ def run(families: Sequence[str], jobs: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe_gemm.measure.validation", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = chapter_parser(__doc__, prog="python -m moe_gemm.measure.validation")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("status", help="list the kernel configurations with no passing GPU run on record")
     runner = sub.add_parser("run", help="on an sm_90a GPU: run GPU tests and compute-sanitizer, record what passes")
     runner.add_argument("families", nargs="*", metavar="FAMILY",
                         help=f"families to validate (default: all of {', '.join(GPU_TESTS)})")
-    runner.add_argument("--jobs", type=positive_int("--jobs"), default=8, help="pytest processes at once (default 8)")
+    runner.add_argument("--jobs", type=positive_int("--jobs", MAX_JOBS), default=8,
+                        help=f"pytest processes at once, at most {MAX_JOBS.value} (default 8)")
     args = parser.parse_args(argv)
     if args.command == "status":
         names = stale()
@@ -225,4 +225,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

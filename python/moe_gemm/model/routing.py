@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_gemm.core.checks import require_int, require_nonnegative_float
+from moe_gemm.core.checks import MAX_EXPERTS, MAX_ROWS, require_int, require_nonnegative_float
 
 
 # --8<-- [start:expert_counts]
 def expert_counts(experts: int, tokens: int, skew: float) -> np.ndarray:
     """Rows per expert, int64 array of length ``experts``, summing exactly to ``tokens``."""
-    require_int("experts", experts, minimum=1)
-    require_int("tokens", tokens, minimum=0)
+    require_int("experts", experts, minimum=1, limit=MAX_EXPERTS)
+    require_int("tokens", tokens, minimum=0, limit=MAX_ROWS)
     require_nonnegative_float("skew", skew)
     weights = np.arange(1, experts + 1, dtype=np.float64) ** -float(skew)
     shares = tokens * weights / weights.sum()

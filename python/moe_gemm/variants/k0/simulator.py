@@ -8,7 +8,6 @@ what that child (or any process started with the switch on) calls.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -20,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from moe_gemm.core.checks import MAX_DIMENSION, MAX_EXPERTS, MAX_ROWS, MAX_SEED, require_int
+from moe_gemm.core.cli import chapter_parser, nonnegative_int, positive_int, run_main
 from moe_gemm.cuda.device import BF16_NAN_BITS
 from moe_gemm.model.problem import BF16, Problem, problem_from_counts
 from moe_gemm.model.reference import Check, check_output
@@ -123,7 +124,7 @@ def simulator_check(counts: Sequence[int] = SIMULATOR_COUNTS, K: int = SIMULATOR
     around it) keeps numba's real CUDA target.
     """
     check_inputs(K, N)
-    command = [sys.executable, "-m", __name__, "--counts", ",".join(str(int(c)) for c in counts),
+    command = [sys.executable, "-m", __name__, "--counts", *(str(int(c)) for c in counts),
                "-K", str(K), "-N", str(N), "--seed", str(seed)]
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -140,14 +141,20 @@ def simulator_check(counts: Sequence[int] = SIMULATOR_COUNTS, K: int = SIMULATOR
 
 def _simulator_main(argv: Sequence[str] | None = None) -> int:
     """The child of :func:`simulator_check`: one JSON line on stdout."""
-    parser = argparse.ArgumentParser(description="Run k0 in numba's CUDA simulator (needs NUMBA_ENABLE_CUDASIM=1).")
-    parser.add_argument("--counts", default=",".join(map(str, SIMULATOR_COUNTS)))
-    parser.add_argument("-K", type=int, default=SIMULATOR_K)
-    parser.add_argument("-N", type=int, default=SIMULATOR_N)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = chapter_parser("Run k0 in numba's CUDA simulator (needs NUMBA_ENABLE_CUDASIM=1).")
+    parser.add_argument("--counts", type=nonnegative_int("--counts", MAX_ROWS), nargs="+",
+                        default=list(SIMULATOR_COUNTS), metavar="M", help="rows per expert")
+    parser.add_argument("-K", type=positive_int("-K", MAX_DIMENSION), default=SIMULATOR_K)
+    parser.add_argument("-N", type=positive_int("-N", MAX_DIMENSION), default=SIMULATOR_N)
+    parser.add_argument("--seed", type=nonnegative_int("--seed", MAX_SEED), default=0)
     args = parser.parse_args(argv)
+    try:  # the bounds of a routing (model.routing.expert_counts) on the experts and their rows' sum
+        require_int("--counts: the experts", len(args.counts), limit=MAX_EXPERTS)
+        require_int("--counts: the rows' sum M_tot", sum(args.counts), limit=MAX_ROWS)
+    except ValueError as error:
+        parser.error(str(error))
     _require_simulator()
-    counts = np.array([int(c) for c in args.counts.split(",")], dtype=np.int64)
+    counts = np.array(args.counts, dtype=np.int64)
     start = time.perf_counter()
     problem = problem_from_counts(counts, args.K, args.N, values="integer", seed=args.seed)
     check = check_output(simulate(problem), problem, exact=True)
@@ -163,4 +170,4 @@ def _simulator_main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_simulator_main())
+    run_main(_simulator_main)
