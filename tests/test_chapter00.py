@@ -149,3 +149,12 @@ def test_help_defines_the_seed_before_using_it(capsys) -> None:
     definition = text.index('"The seed" is the B300 worklog this project grew from')
     assert definition < text.index("the seed's")
     assert "E = 64 experts, K = 1024" in text and "16,384 routed rows" in text
+
+
+@pytest.mark.parametrize("experts", [1, 64, 256, 1024])
+def test_the_eta_estimate_never_exceeds_the_measured_rate(experts):
+    """The measured rate was taken where eta = 1 (the seed's E at 16,384 rows): padding can only take
+    from it, whatever E the table is for (eta_ref taken at the table's E once read 880 TFLOP/s for
+    E = 256)."""
+    table = estimate_table(experts, [(16384, 0.0), (1 << 20, 0.0), (512, 1.2)], (128,), 440.1)
+    assert max(float(row[-1]) for row in table.rows if row[-1] != "-") <= 440.1

@@ -89,10 +89,13 @@ def estimate_table(experts: int, workloads: Sequence[TokensSkew], bms: Sequence[
                    rate_label: str = "measured") -> Table:
     """eta per BM and the eta-only estimate T ~= T_ref * eta / eta_ref for ``estimate_bm``.
 
-    ``balanced_tflops`` is a measured rate at the ``reference`` workload with BM = ``estimate_bm``;
-    every other workload's estimate scales it by the ratio of row utilisations and nothing else.
+    ``balanced_tflops`` is a measured rate at the ``reference`` workload with BM = ``estimate_bm``, on
+    the seed's experts (where it was measured); every other workload's estimate scales it by the ratio
+    of row utilisations and nothing else. eta_ref is the reference's own, at the seed's E: taken at
+    the table's E instead, a routing with fewer rows per expert than a tile at the reference would
+    lower eta_ref and lift every estimate past the measured rate.
     """
-    eta_ref = eta(expert_counts(experts, *reference), estimate_bm)
+    eta_ref = eta(expert_counts(SEED.experts, *reference), estimate_bm)
     rows = []
     for tokens, skew in workloads:
         counts = expert_counts(experts, tokens, skew)
