@@ -41,7 +41,7 @@ def empty_tuning_cache() -> None:
 
 
 def main() -> None:
-    from moe_gemm.model.layers import LAYERS
+    from moe_gemm.model.workloads import LAYERS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layer", choices=list(LAYERS), default="deepseek", help="layer size (default deepseek)")
@@ -52,13 +52,13 @@ def main() -> None:
 
     import torch
 
-    from moe_gemm.chapter import chapter_module
+    from moe_gemm.measure.layer import seeded_layer
     from moe_gemm.torch.bench import time_call
     from moe_gemm.torch.layer import dispatch
     from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu, offsets_unchecked
 
     shape = LAYERS[args.layer]
-    layer = chapter_module("08").seeded_layer(shape)  # the layer chapter 08 measures
+    layer = seeded_layer(shape)  # the layer chapter 08 measures
     x = torch.randn(args.tokens, shape.hidden, device="cuda").to(torch.bfloat16)
     with torch.no_grad(), offsets_unchecked():
         _, _, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)
