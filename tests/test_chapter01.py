@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_gemm.core.chapters import chapter_module
+from moe_gemm.core.chapters import chapter_module, measured_chapters
 from moe_gemm.site.pages import Pages
 
 REPO = Path(__file__).resolve().parents[1]
@@ -214,8 +214,11 @@ def test_per_expert_loop_is_host_bound_and_noisy(pages, k0):
     """'its median time stays between ... although their FLOP differ by up to 64', 'it is noisy'."""
     times = [pages.ms("01", LOOP, **w) for w in WORKLOADS.values()]
     assert max(times) / min(times) < 2.0
-    across_runs = [pages.ms(ch, LOOP) for ch in ("01", "02", "03")]
-    assert max(across_runs) / min(across_runs) > 1.2  # the three recorded runs disagree
+    timed_it = [c.number for c in measured_chapters()
+                if any(r["variant"] == LOOP for r in pages.data(c.number)["records"])]
+    assert {"01", "02", "03"} <= set(timed_it)  # the page quotes chapter 02's run and chapter 03's
+    across_runs = [pages.ms(ch, LOOP) for ch in timed_it]
+    assert max(across_runs) / min(across_runs) > 1.2  # the recorded runs disagree
     assert pages.tflops("01", LOOP) > k0["balanced"].useful_tflops  # 'beats k0 ... at 16,384 balanced rows'
     assert pages.tflops("01", LOOP, K=8192) > k0["long_k"].useful_tflops
     assert pages.tflops("01", LOOP, tokens=2048) < k0["small"].useful_tflops  # 'loses to it where calls are small'

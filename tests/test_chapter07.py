@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm.chapter import chapter_module, recorded
+from moe_gemm.chapter import MODEL_PROJECTIONS, chapter_module, recorded
 
 RUN = chapter_module("07")
 
@@ -72,11 +72,11 @@ def test_the_pages_summary_holds():
     assert 0.88 <= quack[Workload(16384, 0.0)] <= 0.92
     assert sum(v >= 0.97 for v in quack.values()) > len(quack) / 2
     assert min(torch.values()) > 1.0 and sum(v >= 1.25 for v in torch.values()) > len(torch) / 2
-    models = {label: RUN.ratio(records, RUN.AUTO, RUN.QUACK, w) for label, w in RUN.MODEL_SHAPES.items()}
+    models = {label: RUN.ratio(records, RUN.AUTO, RUN.QUACK, w) for label, w in MODEL_PROJECTIONS.items()}
     assert len(models) == 4 and all(0.89 <= v < 1.0 for v in models.values())
-    mixtral = RUN.MODEL_SHAPES["Mixtral-8x7B w1 (16k tokens, top-2)"]
+    mixtral = MODEL_PROJECTIONS["Mixtral-8x7B w1 (16k tokens, top-2)"]
     assert RUN.ratio(records, RUN.AUTO, RUN.TORCH, mixtral) < 1.0
-    deepseek = RUN.MODEL_SHAPES["DeepSeek-V3 down (4k tokens, top-8)"]
+    deepseek = MODEL_PROJECTIONS["DeepSeek-V3 down (4k tokens, top-8)"]
     counts = np.asarray(expert_counts(deepseek.experts, deepseek.tokens, deepseek.skew))
     assert (counts < 128).sum() > deepseek.experts / 2
 
@@ -200,10 +200,11 @@ def test_a_ratio_compares_one_parts_records_only():
     assert RUN.ratio(records, RUN.AUTO, RUN.QUACK, cell, "models") is None
 
 
-def test_a_run_of_one_part_keeps_the_sections_it_does_not_compute(tmp_path, monkeypatch):
+def test_a_run_of_one_part_keeps_the_other_parts_and_writes_only_its_sections(tmp_path, monkeypatch):
     """run_on_gpu with the GPU work replaced by the recorded numbers: measuring the model part again with
-    --profile writes back every section of the recorded file (the checks kept from it), saves the
-    timings before profiling, and writes targets that include the profile's wgmma row."""
+    --profile keeps the other parts' records, their part_runs entries and the checks from the file it
+    finds, drops any section chapter 07 does not write, saves the timings before profiling, and writes
+    targets that include the profile's wgmma row."""
     import json
 
     import moe_gemm.measure.results as results
@@ -216,7 +217,8 @@ def test_a_run_of_one_part_keeps_the_sections_it_does_not_compute(tmp_path, monk
     monkeypatch.setattr(results, "CHAPTERS_DIR", tmp_path)
     path = results.results_path("07", gpu.slug)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({key: value for key, value in data.items() if key != "profile"}))
+    earlier = {key: value for key, value in data.items() if key != "profile"}
+    path.write_text(json.dumps({**earlier, "an_earlier_runs_numbers": [1.0]}))
     monkeypatch.setattr(RUN, "compile_report", lambda arch: data["compile_report"])
     monkeypatch.setattr(RUN, "measure_part", lambda part, args, timing: RUN.of_part(data["records"], part))
     saved_before_profiling = []
@@ -229,5 +231,11 @@ def test_a_run_of_one_part_keeps_the_sections_it_does_not_compute(tmp_path, monk
     assert RUN.run_on_gpu(RUN.parse_args(["--parts", "models", "--profile"]), gpu) == 0
     written = json.loads(path.read_text())
     assert saved_before_profiling == [True]
-    assert set(written) == set(data)  # every section of the recorded file, and none besides
+    assert set(written) == RUN.SECTIONS
+    for part in RUN.PARTS:
+        assert RUN.of_part(written["records"], part) == RUN.of_part(data["records"], part), part
+    assert written["checks"] == data["checks"] and written["parts"] == list(RUN.PARTS)
+    assert {part: run for part, run in written["part_runs"].items() if part != "models"} == \
+           {part: run for part, run in data["part_runs"].items() if part != "models"}
+    assert written["part_runs"]["models"]["measured"] == "the model projections"
     assert [t["target"] for t in written["targets"]] == [t["target"] for t in data["targets"]]

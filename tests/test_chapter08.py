@@ -182,26 +182,53 @@ def test_the_untuned_default_is_slower_where_the_page_says():
     assert auto["candidate_ms"][default] / auto["candidate_ms"][auto["choice"]] > 1.3
 
 
-def test_a_run_keeps_what_it_does_not_re_measure():
+def gpu_for_tests(tmp_path, monkeypatch):
+    """An H200 as run_on_gpu sees it, with results files under ``tmp_path`` and torch said to be there."""
+    import moe_gemm.variants.peer.torch as peer_torch
+    from moe_gemm.cuda.gpu import GpuInfo
+    from moe_gemm.measure import results
+
+    monkeypatch.setattr(results, "CHAPTERS_DIR", tmp_path)
+    monkeypatch.setattr(peer_torch, "torch_available", lambda: True)
+    return GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
+
+
+def steps_row(shape, tokens, ms):
+    return {**shape.fields(tokens), **{f"{step}_ms": ms for step in RUN.STEPS}}
+
+
+def test_a_run_keeps_what_it_does_not_re_measure(tmp_path, monkeypatch):
+    """A layer run of one size at one token count replaces that size's records and steps at that count,
+    every way's; the other size, the other count, the fused rows and the scoreboard stay."""
+    from moe_gemm.measure import results
+
+    gpu = gpu_for_tests(tmp_path, monkeypatch)
     qwen, mixtral = RUN.LAYERS["qwen3"], RUN.LAYERS["mixtral"]
     cell = {"variant": "op/grouped_mm", "part": "scoreboard", "tokens": 512, "skew": 0.0, "experts": 64, "K": 1024,
-            "N": 2688}
-    big = {**cell, "tokens": 65536}
-    earlier = {"records": [{"variant": "layer/ours", "part": "layer", **qwen.fields(4096)},
-                           {"variant": "layer/ours", "part": "layer", **mixtral.fields(4096)},
-                           {"variant": "layer/ours", "part": "layer", **qwen.fields(512)}, cell, big],
-               "steps": [qwen.fields(4096), mixtral.fields(4096)], "fused_epilogue": [qwen.fields(512)]}
-    records, steps, fused = RUN.kept_from(earlier, RUN.parse_args(["--parts", "layer", "--layers", "qwen3",
-                                                                   "--tokens", "4096"]))
-    assert [(r.get("hidden"), r["tokens"]) for r in records] == [(4096, 4096), (2048, 512), (None, 512),
-                                                                  (None, 65536)]
-    assert [s["hidden"] for s in steps] == [4096] and len(fused) == 1  # the fused part is not re-measured
-    _, steps, fused = RUN.kept_from(earlier, RUN.parse_args(["--parts", "fused", "--layers", "qwen3", "--tokens", "512"]))
-    assert len(steps) == 2 and fused == []
-    records, _, _ = RUN.kept_from(earlier, RUN.parse_args(["--parts", "scoreboard", "--rows", "65536"]))
-    # scoreboard records stay until their group is measured again (run_on_gpu replaces them group by group)
-    assert [r["tokens"] for r in records if r["part"] == "scoreboard"] == [512, 65536]
-    assert len([r for r in records if r["part"] == "layer"]) == 3
+            "N": 2688, "useful_tflops": 100.0}
+    earlier = {"records": [{"variant": way, "part": "layer", "median_ms": 1.0, **shape.fields(t)}
+                           for way in ("layer/ours", "layer/transformers") for shape, t in
+                           ((qwen, 4096), (mixtral, 4096), (qwen, 512))] + [cell, {**cell, "tokens": 65536}],
+               "steps": [steps_row(qwen, 4096, 0.1), steps_row(mixtral, 4096, 0.1)],
+               "fused_epilogue": [{**qwen.fields(4096), "fused_ms": 1.1, "gemm1_ms": 1.0, "swiglu_ms": 0.5,
+                                   "fused_saves_bytes": 4}]}
+    path = results.results_path("08", gpu.slug)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"provenance": {}, **earlier}))
+    monkeypatch.setattr(RUN, "compile_check", lambda: {"fullgraph": True, "rel_error": 0.0, "same_output": True})
+    monkeypatch.setattr(RUN, "measure_layer", lambda shape, tokens, with_transformers, with_quack: (
+        [{"variant": "layer/ours", **shape.fields(t), "median_ms": 2.0} for t in tokens],
+        [steps_row(shape, t, 0.2) for t in tokens]))
+    args = RUN.parse_args(["--parts", "layer", "--layers", "qwen3", "--tokens", "4096", "--no-transformers"])
+    assert RUN.run_on_gpu(args, gpu) == 0
+    data = results.recorded("08", gpu.slug)
+    layer = [(r["variant"], r["hidden"], r["tokens"], r["median_ms"]) for r in data["records"] if r["part"] == "layer"]
+    assert sorted(layer) == [("layer/ours", 2048, 512, 1.0), ("layer/ours", 2048, 4096, 2.0),
+                             ("layer/ours", 4096, 4096, 1.0), ("layer/transformers", 2048, 512, 1.0),
+                             ("layer/transformers", 4096, 4096, 1.0)]  # qwen3 at 4,096: measured again, without hf
+    assert sorted((s["hidden"], s["router_ms"]) for s in data["steps"]) == [(2048, 0.2), (4096, 0.1)]
+    assert [(f["hidden"], f["tokens"]) for f in data["fused_epilogue"]] == [(2048, 4096)]  # no fused part measured
+    assert [r["tokens"] for r in data["records"] if r["part"] == "scoreboard"] == [512, 65536]
 
 
 def test_rows_alone_times_only_the_model_projections():
@@ -210,33 +237,12 @@ def test_rows_alone_times_only_the_model_projections():
     assert [label for label, _ in RUN.scoreboard_groups([512])] == ["512", RUN.MODELS_GROUP]
 
 
-def test_the_runs_section_names_each_part_once():
-    from moe_gemm.measure.results import part_runs
-
-    earlier = {"layer-qwen3": {"commit": "a"}, "scoreboard-grid": {"commit": "b"}, "scoreboard-models": {"commit": "c"}}
-    now = {"git_commit": "d", "date": "2026-12-02T00:00:00+00:00", "command": "run.py"}
-    args = RUN.parse_args(["--parts", "scoreboard", "--rows", "512"])
-    runs = part_runs(earlier, RUN.measured_parts(args, [], [], ["512"]), now)  # stopped before the model projections
-    assert set(runs) == {"layer-qwen3", "scoreboard-grid", "scoreboard-models"}
-    assert runs["scoreboard-grid"]["commit"] == "d"
-    assert "rows 512" in runs["scoreboard-grid"]["measured"] and runs["scoreboard-models"]["commit"] == "c"
-    runs = part_runs(runs, RUN.measured_parts(args, [], [], ["512", RUN.MODELS_GROUP]), now)
-    assert runs["scoreboard-models"]["commit"] == "d" and runs["layer-qwen3"]["commit"] == "a"
-    args = RUN.parse_args(["--parts", "layer", "--layers", "qwen3", "mixtral"])
-    runs = part_runs(runs, RUN.measured_parts(args, ["qwen3", "mixtral"], ["qwen3"], []), now)
-    assert set(runs) == {"layer-qwen3", "layer-mixtral", "fused-qwen3", "scoreboard-grid", "scoreboard-models"}
-    assert runs["layer-qwen3"]["commit"] == "d" and "interleaved rounds" in runs["fused-qwen3"]["measured"]
-
-
 def test_a_run_writes_after_each_layer_size_and_keeps_what_it_did_not_measure(tmp_path, monkeypatch):
     """run_on_gpu with the GPU work replaced: the file exists after the first size (a run stopped
     part-way keeps it), and a later run of one size keeps the other's records."""
-    import moe_gemm.variants.peer.torch as peer_torch
-    from moe_gemm.cuda.gpu import GpuInfo
     from moe_gemm.measure import results
 
-    monkeypatch.setattr(results, "CHAPTERS_DIR", tmp_path)
-    monkeypatch.setattr(peer_torch, "torch_available", lambda: True)
+    gpu = gpu_for_tests(tmp_path, monkeypatch)
     monkeypatch.setattr(RUN, "compile_check", lambda: {"fullgraph": True, "rel_error": 0.0, "same_output": True})
     files_seen = []
 
@@ -244,8 +250,7 @@ def test_a_run_writes_after_each_layer_size_and_keeps_what_it_did_not_measure(tm
         files_seen.append(len(list(tmp_path.rglob("*.json"))))
         records = [{"variant": way, **shape.fields(t), "median_ms": ms} for t in tokens
                    for way, ms in (("layer/ours", 1.0), ("layer/torch_grouped_mm", 1.3))]
-        steps = [{**shape.fields(t), **{f"{step}_ms": 0.2 for step in RUN.STEPS}} for t in tokens]
-        return records, steps
+        return records, [steps_row(shape, t, 0.2) for t in tokens]
 
     def measure_fused(shape, tokens):
         return [{**shape.fields(t), "fused_ms": 1.05 + shape.hidden / 1e6, "gemm1_ms": 1.0, "swiglu_ms": 0.5,
@@ -253,7 +258,6 @@ def test_a_run_writes_after_each_layer_size_and_keeps_what_it_did_not_measure(tm
 
     monkeypatch.setattr(RUN, "measure_layer", measure_layer)
     monkeypatch.setattr(RUN, "measure_fused", measure_fused)
-    gpu = GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
     args = ["--parts", "layer", "fused", "--tokens", "4096", "--layers"]
     assert RUN.run_on_gpu(RUN.parse_args([*args, "qwen3", "mixtral"]), gpu) == 0
     assert files_seen == [0, 1]
@@ -266,18 +270,20 @@ def test_a_run_writes_after_each_layer_size_and_keeps_what_it_did_not_measure(tm
     assert data["part_runs"]["layer-qwen3"]["measured"] == ("the Qwen3-30B-A3B-like layer at 4,096 tokens, four ways, "
                                                             "and its steps")
     assert set(data["part_runs"]) == {"layer-qwen3", "layer-mixtral", "fused-qwen3", "fused-mixtral"}
+    assert data["part_runs"]["fused-mixtral"]["measured"] == ("GEMM 1 fused, GEMM 1 alone and the SwiGLU pass at the "
+                                                              "Mixtral-8x7B-like layer's shapes, 4,096 tokens, in "
+                                                              "interleaved rounds")
+    assert data["part_runs"]["layer-qwen3"]["commit"] == data["part_runs"]["fused-mixtral"]["commit"]
 
 
 def test_the_scoreboard_saves_after_each_group_and_a_stopped_run_keeps_the_rest(tmp_path, monkeypatch):
     """run_on_gpu's scoreboard with the GPU work replaced: a run stopped in its second group leaves the
     first group's new records, the older records of the groups it did not reach, and a part_runs entry
-    naming only the finished group."""
-    import moe_gemm.variants.peer.torch as peer_torch
-    from moe_gemm.cuda.gpu import GpuInfo
+    naming only the finished group; a section chapter 08 does not write is not carried over."""
     from moe_gemm.measure import results
+    from moe_gemm.measure.scoreboard import OP
 
-    monkeypatch.setattr(results, "CHAPTERS_DIR", tmp_path)
-    monkeypatch.setattr(peer_torch, "torch_available", lambda: True)
+    gpu = gpu_for_tests(tmp_path, monkeypatch)
     monkeypatch.setattr(RUN, "host_probe", lambda: {"tokens": 4096, "host_ms_per_call": 0.1, "eager_ms": 0.1,
                                                     "graph_ms": 0.1})
     run_number = [0]
@@ -285,20 +291,19 @@ def test_the_scoreboard_saves_after_each_group_and_a_stopped_run_keeps_the_rest(
     def scoreboard(cells, timing, with_quack):
         if run_number[0] == 1 and cells[0].tokens == 2048:
             raise KeyboardInterrupt  # the time limit, in the second run's second group
-        return [{"variant": RUN.OP, "tokens": c.tokens, "skew": c.skew, "experts": c.experts, "K": c.K, "N": c.N,
+        return [{"variant": OP, "tokens": c.tokens, "skew": c.skew, "experts": c.experts, "K": c.K, "N": c.N,
                  "median_ms": 1.0, "useful_tflops": 100.0 + run_number[0]} for c in cells]
 
     monkeypatch.setattr(RUN, "scoreboard", scoreboard)
-    gpu = GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
     args = RUN.parse_args(["--parts", "scoreboard", "--rows", "512", "2048"])
     assert RUN.run_on_gpu(args, gpu) == 0
-    path = results.results_path("08", gpu.slug)  # a section no run computes (an earlier run's numbers) stays
+    path = results.results_path("08", gpu.slug)  # a section no run computes (an earlier run's numbers)
     path.write_text(json.dumps({**json.loads(path.read_text()), "layer_before_op_tuning": {"layers": [1]}}))
     run_number[0] = 1
     with pytest.raises(KeyboardInterrupt):
         RUN.run_on_gpu(args, gpu)
     data = results.recorded("08", gpu.slug)
-    assert data["layer_before_op_tuning"] == {"layers": [1]}
+    assert "layer_before_op_tuning" not in data and set(data) <= RUN.SECTIONS
     by_rows = {}
     for r in data["records"]:
         by_rows.setdefault(r["tokens"] if r["experts"] == 64 else "models", set()).add(r["useful_tflops"])

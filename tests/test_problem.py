@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from moe_gemm.core.chapters import CHAPTERS
 from moe_gemm.model.problem import (
     BF16,
     INTEGER_RANGE,
@@ -14,6 +15,7 @@ from moe_gemm.model.problem import (
     useful_flops,
     validate_inputs,
 )
+from moe_gemm.variants import registry
 
 
 def _inputs(tokens: int = 12, experts: int = 3, K: int = 16, N: int = 8):  # noqa: N803
@@ -138,19 +140,33 @@ def test_empty_and_single_expert_problems() -> None:
 
 # ---- K = 0: refused before any launch, by the problem and by every kernel's own check ------------
 
-@pytest.mark.parametrize(("family", "bk"), [("k0", 16), ("k1", 32), ("k2", 64), ("k3", 64), ("k4", 64), ("k5", 64)])
-def test_every_kernel_family_refuses_k_zero(family: str, bk: int) -> None:
-    """K = 0 passes every 'multiple of' rule, but no kernel here has a K step to run: k3 would store
-    the previous tile's accumulators and k5 would wait forever on its ring. A ValueError before any
-    launch names the rule instead."""
+# BK, the K step of each kernel family: k0 stages 16 of K, k1 32, every TMA-fed family one 128-byte
+# swizzle row of bf16, 64.
+K_STEP = {"k0": 16, "k1": 32, "k2": 64, "k3": 64, "k4": 64, "k5": 64, "k6": 64}
+
+
+def _check_inputs(family: str):
+    """The family's check_inputs(K, N); k6's also takes a configuration and the expert count."""
+    import functools
     import importlib
 
     module = importlib.import_module(f"moe_gemm.variants.{family}" + (".maps" if family == "k3" else ""))
+    if family == "k6":
+        return functools.partial(module.check_inputs, module.LADDER["k6/pingpong-bn192"], 64)
+    return module.check_inputs
+
+
+@pytest.mark.parametrize("family", [c.family for c in CHAPTERS if c.family in registry.families()])
+def test_every_kernel_family_refuses_k_zero(family: str) -> None:
+    """K = 0 passes every 'multiple of' rule, but no kernel here has a K step to run: k3 would store
+    the previous tile's accumulators and k5 would wait forever on its ring. A ValueError before any
+    launch names the rule instead."""
+    check, bk = _check_inputs(family), K_STEP[family]
     with pytest.raises(ValueError, match=rf"^{family} needs K to be a positive multiple of BK = {bk}\b.*got K = 0"):
-        module.check_inputs(0, 2688)
-    module.check_inputs(bk, 2688)  # one K step is enough
+        check(0, 2688)
+    check(bk, 2688)  # one K step is enough
     with pytest.raises(ValueError, match=rf"^{family} needs N >= 1"):
-        module.check_inputs(bk, 0)
+        check(bk, 0)
 
 
 def test_a_problem_with_k_zero_cannot_be_made() -> None:

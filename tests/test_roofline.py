@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from moe_gemm.core.chapters import measured_chapters
 from moe_gemm.core.paths import REPO_ROOT
 from moe_gemm.measure.ceilings import ceiling_value, recorded_ceilings, roofline_basis
 from moe_gemm.measure.results import recorded
@@ -13,14 +14,12 @@ from moe_gemm.model.roofline import RooflineBasis, compulsory_bytes
 from moe_gemm.model.workloads import SEED, Workload
 from moe_gemm.site.pages import Pages
 
-CHAPTERS = ("01", "02", "03", "04", "06")
-
 
 def measured_records():
-    for chapter in CHAPTERS:
-        for record in recorded(chapter)["records"]:
+    for chapter in measured_chapters():
+        for record in recorded(chapter.number)["records"]:
             if "useful_tflops" in record and not record["variant"].startswith(("ceiling/", "offline/")):
-                yield chapter, record
+                yield chapter.number, record
 
 
 def test_no_recorded_measurement_exceeds_the_roofline():

@@ -146,13 +146,11 @@ def test_the_fused_layer_equals_the_unfused_one():
 def test_chapter_08s_transformers_block_holds_our_layers_weights():
     """The timed transformers block is built from our layer's weights (the reverse of from_transformers)."""
     pytest.importorskip("transformers")
-    from moe_gemm.chapter import chapter_module
-    from moe_gemm.model.layers import LayerShape
+    from moe_gemm.torch.peer_layers import transformers_forward_of
 
     torch.manual_seed(3)
-    shape = LayerShape("small", 64, 128, 8, 2)
-    layer = MoELayer(shape.hidden, shape.intermediate, shape.experts, shape.top_k)
-    block = chapter_module("08").transformers_block(layer, shape)
+    layer = MoELayer(64, 128, 8, 2)
+    block = transformers_forward_of(layer)
     x = torch.randn(25, 64).to(torch.bfloat16)
     with torch.no_grad():
         torch.testing.assert_close(block(x).float(), layer(x).float(), rtol=3e-2, atol=3e-2)

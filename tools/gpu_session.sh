@@ -6,10 +6,11 @@
 #             synccheck), in parallel; what passes is recorded in kernels/validated.json
 #             (FAMILIES="k3 k5" for some of them; JOBS processes at once, default 8)
 #   tests     the whole GPU-marked pytest suite in one process
-#   01 .. 06  each chapter's run.py, which writes chapters/NN/results/<gpu>.json (05 needs a
-#             compute capability 10.x GPU and is not in the default list)
+#   01 .. 08  each chapter's run.py, which writes chapters/NN/results/<gpu>.json; the default
+#             list is moe_gemm.core.chapters' (01 02 03 04 06: 05 needs a compute capability 10.x
+#             GPU, 07 and 08 run in parts, each named in FLAGS_07 / FLAGS_08)
 #
-#   tools/gpu_session.sh                 # ceilings, validate, then every chapter
+#   tools/gpu_session.sh                 # ceilings, validate, then the default chapters
 #   tools/gpu_session.sh validate 03     # only these stages
 #   FLAGS_02=--profile tools/gpu_session.sh 02   # extra flags for one chapter's run.py
 #
@@ -29,7 +30,10 @@ if compgen -G "$wheels/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 MOE_GEMM_CACHE=${MOE_GEMM_CACHE:-/tmp/moe-gemm-cache}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(ceilings validate 01 02 03 04 06)
+if [ ${#stages[@]} -eq 0 ]; then
+    default=$(python3 -m moe_gemm.core.chapters --default-gpu-stages) || exit 2
+    read -ra stages <<<"ceilings validate $default"
+fi
 status=0
 summary=()
 run_stage() {  # name, timeout seconds, command...

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from moe_gemm.chapter import Workload, chapter_module, figures_main, recorded, run_main
+from moe_gemm.chapter import MODEL_PROJECTIONS, Workload, chapter_module, figures_main, recorded, run_main
 from moe_gemm.site.compile_report import write_compile_report
 from moe_gemm.site.style import COLORS, grid_heatmaps, new_figure, save_figure
 
@@ -35,10 +35,11 @@ def grid_figure(data: dict[str, Any]):
 
 def models_figure(data: dict[str, Any]):
     records = RUN.of_part(data["records"], "models")
-    shapes = [(label, w) for label, w in RUN.MODEL_SHAPES.items() if RUN.find(records, RUN.AUTO, w)]
+    shapes = [(label, w) for label, w in MODEL_PROJECTIONS.items() if RUN.find(records, RUN.AUTO, w)]
     fig, ax = new_figure(9.0, 3.8)
     width = 0.27
-    for k, (names, label, color) in enumerate(((["k6/auto"], "k6/auto", COLORS["k3"]), (RUN.QUACK, "quack (best)", "#2ca02c"),
+    for k, (names, label, color) in enumerate(((["k6/auto"], "k6/auto", COLORS["k3"]),
+                                               (RUN.QUACK, "quack (best)", "#2ca02c"),
                                                (RUN.TORCH, "torch._grouped_mm (faster layout)", "#7f7f7f"))):
         values = [(RUN.best_of(records, names, w) or {"useful_tflops": 0})["useful_tflops"] for _, w in shapes]
         ax.bar([i + (k - 1) * width for i in range(len(shapes))], values, width, color=color, label=label)

@@ -14,9 +14,10 @@ random data (with the ladder part), then checks and times, in interleaved rounds
   grid    k6/auto and the peers on chapter 06's 25 cells (M_tot 512 .. 65,536 x s 0 .. 1.6), at
           2,048 rows and fewer also as CUDA-graph replays;
   models  k6/auto and the peers at four MoE projections of real models (E 8 .. 256).
-It prints each table, the targets, and writes chapters/07/results/<gpu>.json, keeping the records of
-the parts it did not run from the file it finds (so the parts can run as separate processes). quack is optional:
-without it (pip install quack-kernels; see the README) the chapter says so and times the rest.
+It prints each table, the targets, and writes chapters/07/results/<gpu>.json after each part, keeping
+the records of the parts it did not run from the file it finds (so the parts can run as separate
+processes). quack is optional: without it (pip install quack-kernels; see the README) the chapter says
+so and times the rest.
 
 Without a GPU it compiles every rung for sm_90a, prints the compile report and the recorded H200
 results, and exits 0.
@@ -30,6 +31,7 @@ from typing import Any
 from moe_gemm.chapter import (
     GRID_SKEWS,
     GRID_TOKENS,
+    MODEL_PROJECTIONS,
     PEERS,
     SEED_FIVE,
     SM90A,
@@ -37,20 +39,20 @@ from moe_gemm.chapter import (
     Workload,
     add_timing_arguments,
     best_of,
+    best_ratio,
     chapter_main,
     chapter_parser,
     checks_table,
     describe_gpu,
     failed_variants,
     find,
+    grid,
     grouped_mm_peers,
     print_not_run,
     progress,
-    recorded,
     run_checks,
     run_main,
     run_variants,
-    save_results,
     show,
     show_recorded,
     targets_table,
@@ -68,18 +70,11 @@ EARLIER = ("k3/tmastore-bn192", "k5/host", "k5/device")  # chapters 04 and 06 at
 TORCH = PEERS  # torch._grouped_mm in both B layouts: the faster one counts
 QUACK = QUACK_PEERS  # quack's autotuned pick and its three fastest configurations: the fastest counts
 GRAPH_MAX_TOKENS = 2048  # cells this small are also timed as CUDA-graph replays, and judged on them
-# Real MoE projections, none with the seed's K and N: (label, workload). M_tot = tokens x top-k.
-MODEL_SHAPES = {
-    "Mixtral-8x7B w1 (16k tokens, top-2)": Workload(32768, 0.4, 8, 4096, 14336),
-    "Qwen3-30B-A3B gate_up (4k tokens, top-8)": Workload(32768, 0.4, 128, 2048, 1536),
-    "Qwen3-30B-A3B down (4k tokens, top-8)": Workload(32768, 0.4, 128, 768, 2048),
-    "DeepSeek-V3 down (4k tokens, top-8)": Workload(32768, 0.4, 256, 2048, 7168),
-}
 PARTS = ("ladder", "grid", "models")
 OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "STSM", "SYNCS", "USETMAXREG", "UCGABAR")
 COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consumers 232, the producer 40); smem: "
-                  "ring + C staging + barriers (+ the device walk's 2 KB); the rest: static SASS counts (HGMMA = wgmma, "
-                  "UTMALDG / UTMASTG = TMA load / store, multicast loads included, STSM = stmatrix, SYNCS = "
+                  "ring + C staging + barriers (+ the device walk's 2 KB); the rest: static SASS counts (HGMMA = "
+                  "wgmma, UTMALDG / UTMASTG = TMA load / store, multicast loads included, STSM = stmatrix, SYNCS = "
                   "mbarrier, UCGABAR = cluster barrier)")
 # What --profile puts under Nsight Compute, cell by cell: at 65,536 balanced rows one rung per step of
 # the ladder ((a) ping-pong, (b) the N pair, the M pair, (c) 256-row tiles, (d) the raster group, whose
@@ -91,9 +86,8 @@ PROFILED = {
                            "peer/quack"),
     Workload(16384, 0.0): ("k6/auto", "k6/pingpong-mcluster-bn192", "peer/quack"),
 }
-# What a run writes; any other section of the results file (an earlier profile, a kept before/after) stays.
-COMPUTED_SECTIONS = {"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts"}
-SECTIONS = COMPUTED_SECTIONS | {"part_runs", "profile"}  # part_runs: every run; profile: with --profile
+SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
+                      "profile"})
 TARGETS_LEGEND = ("ratios of useful TFLOP/s (graph replays at 2,048 rows and fewer), except the device walk's "
                   "relative extra time over the host list with the same configuration")
 
@@ -121,10 +115,6 @@ def ladder_names() -> list[str]:
     return list(LADDER)
 
 
-def grid(tokens: Sequence[int] = GRID_TOKENS) -> list[Workload]:
-    return [Workload(t, skew) for t in tokens for skew in GRID_SKEWS]
-
-
 # --------------------------------------------------------------------------- lookups
 
 def part_of(workload: Workload) -> str:
@@ -132,7 +122,7 @@ def part_of(workload: Workload) -> str:
     ratio compares records of one part only (one process: the same inputs, the same run, the same
     k6/auto rule), never one part's k6/auto with another part's quack. The seed five are grid cells
     too; the ladder's own tables pass ``part="ladder"``."""
-    return "models" if workload in MODEL_SHAPES.values() else "grid"
+    return "models" if workload in MODEL_PROJECTIONS.values() else "grid"
 
 
 def of_part(records: Sequence[dict[str, Any]], part: str) -> list[dict[str, Any]]:
@@ -150,10 +140,8 @@ def ratio(records: Sequence[dict[str, Any]], name: str, peers: Sequence[str], wo
           part: str | None = None) -> float | None:
     """``name``'s useful TFLOP/s over the best of ``peers`` at ``workload``, both judged the same way and
     both from one part's records (``part``, else :func:`part_of` the workload)."""
-    records = of_part(records, part or part_of(workload))
-    ours = best_of(records, judged([name], workload), workload)
-    theirs = best_of(records, judged(peers, workload), workload)
-    return None if ours is None or theirs is None else ours["useful_tflops"] / theirs["useful_tflops"]
+    return best_ratio(of_part(records, part or part_of(workload)), judged([name], workload), judged(peers, workload),
+                      workload)
 
 
 # --------------------------------------------------------------------------- tables
@@ -194,7 +182,7 @@ def grid_table(records: Sequence[dict[str, Any]], peers: Sequence[str], label: s
 def models_table(records: Sequence[dict[str, Any]]) -> Table:
     rows = []
     records = of_part(records, "models")
-    for label, w in MODEL_SHAPES.items():
+    for label, w in MODEL_PROJECTIONS.items():
         auto, quack, torch = (best_of(records, names, w) for names in ([AUTO], QUACK, TORCH))
         if auto is None:
             continue
@@ -225,13 +213,13 @@ def target_rows(records: Sequence[dict[str, Any]], profile: Sequence[dict[str, A
     def measured(peers: Sequence[str], cells: Sequence[Workload]) -> dict[Workload, float]:
         return {w: v for w in dict.fromkeys(cells) if (v := ratio(records, AUTO, peers, w)) is not None}
 
-    everywhere = measured(QUACK, (*grid(), *MODEL_SHAPES.values()))
+    everywhere = measured(QUACK, (*grid(), *MODEL_PROJECTIONS.values()))
     if everywhere:
         worst = min(everywhere, key=everywhere.get)
         add(f"k6/auto / quack, every cell and model shape (worst: {worst.label})", everywhere[worst], 1.0)
     for w in (Workload(16384, 1.2), Workload(65536, 1.2), *(Workload(512, s) for s in GRID_SKEWS)):
         add(f"k6/auto / quack at {w.label}", ratio(records, AUTO, QUACK, w), 1.10)
-    large = measured(TORCH, [w for w in (*grid(), *MODEL_SHAPES.values()) if w.tokens >= 4096])
+    large = measured(TORCH, [w for w in (*grid(), *MODEL_PROJECTIONS.values()) if w.tokens >= 4096])
     if large:
         worst = min(large, key=large.get)
         add(f"k6/auto / torch, 4,096 rows or more (worst: {worst.label})", large[worst], 1.25)
@@ -308,7 +296,8 @@ def _measure(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
         large = [w for w in grid(args.tokens) if w.tokens > GRAPH_MAX_TOKENS]
         return (run_variants([auto, GraphReplay(auto), *peers(args, graphs=True)], small, rounds=args.rounds, **timing)
                 + run_variants([auto, *peers(args, graphs=False)], large, rounds=args.rounds, **timing))
-    return run_variants([auto, *peers(args, graphs=False)], list(MODEL_SHAPES.values()), rounds=args.rounds, **timing)
+    return run_variants([auto, *peers(args, graphs=False)], list(MODEL_PROJECTIONS.values()), rounds=args.rounds,
+                        **timing)
 
 
 def profile_rows() -> list[dict[str, Any]]:
@@ -346,7 +335,7 @@ def run_on_gpu(args, gpu) -> int:
     import sys
 
     from moe_gemm.measure.ceilings import basis_for
-    from moe_gemm.measure.results import part_runs, provenance, uncomputed_sections
+    from moe_gemm.measure.parts import PartsFile
     from moe_gemm.variants.k6 import ladder
     from moe_gemm.variants.registry import get
 
@@ -357,8 +346,7 @@ def run_on_gpu(args, gpu) -> int:
     # The parts can be run in separate processes (each is minutes): a run keeps the records of the
     # parts it does not measure from the file it finds, from the same GPU. The edge-case checks
     # run with the ladder (every timed measurement is also checked against the reference first).
-    earlier = recorded(CHAPTER, gpu.slug) or {"records": []}
-    checks = earlier.get("checks", [])
+    results = PartsFile(CHAPTER, gpu, SECTIONS)
     if "ladder" in args.parts:
         checks = run_checks([*ladder(), get(AUTO)])
         show(checks_table([c for c in checks if not c["passed"]] or checks[:3]))
@@ -367,32 +355,31 @@ def run_on_gpu(args, gpu) -> int:
             print(f"checks FAILED for {', '.join(failed)}: nothing is timed.", file=sys.stderr)
             return 1
         print(f"all {len(checks)} checks passed\n")
-    basis = basis_for(gpu)
-    records = [r for r in earlier["records"] if r.get("part") not in args.parts]
+        results.put(checks=checks)
+    measured = {"ladder": "every rung and the peers at the seed five", "models": "the model projections",
+                "grid": f"the grid's rows {', '.join(f'{t:,}' for t in args.tokens)}"}
+
+    def targets() -> list[dict[str, Any]]:
+        return target_rows(results.rows("records"), results.rows("profile"), report)
+
+    def save() -> str:  # after each part, and after the profiles (minutes more)
+        parts = sorted({r["part"] for r in results.rows("records")}, key=PARTS.index)
+        return results.save(compile_report=report, targets=targets(), rounds=args.rounds, parts=parts)
+
     for part in args.parts:
-        records += measure_part(part, args, timing)
-    show(ladder_table(records, [*ladder_names(), AUTO, AUTO_HOST, *EARLIER, *TORCH, *QUACK], basis))
+        results.replace("records", measure_part(part, args, timing), key=lambda r: r["part"])
+        results.ran(part, measured[part])  # which commit and command measured it: parts come from several runs
+        path = save()
+    records = results.rows("records")
+    show(ladder_table(records, [*ladder_names(), AUTO, AUTO_HOST, *EARLIER, *TORCH, *QUACK], basis_for(gpu)))
     show(grid_table(records, QUACK, "quack"))
     show(grid_table(records, TORCH, "torch._grouped_mm"))
     show(models_table(records))
-    extra = uncomputed_sections(earlier, COMPUTED_SECTIONS)
-    # Which commit and command measured each part: the parts can come from different runs.
-    measured = {"ladder": "every rung and the peers at the seed five", "models": "the model projections",
-                "grid": f"the grid's rows {', '.join(f'{t:,}' for t in args.tokens)}"}
-    extra["part_runs"] = part_runs(earlier.get("part_runs", {}), {p: measured[p] for p in args.parts}, provenance(gpu))
-    parts = sorted({r["part"] for r in records}, key=PARTS.index)
-
-    def save() -> tuple[str, list[dict[str, Any]]]:  # the timings are saved before the profiles (minutes more)
-        targets = target_rows(records, extra.get("profile", ()), report)
-        return save_results(CHAPTER, records, gpu, checks=checks, compile_report=report, targets=targets,
-                            rounds=args.rounds, parts=parts, **extra), targets
-
-    path, targets = save()
     if args.profile:
-        extra["profile"] = profile_rows()
-        show(profile_table(extra["profile"]))
-        path, targets = save()
-    show(targets_table(targets, TARGETS_LEGEND))
+        results.put(profile=profile_rows())
+        show(profile_table(results.rows("profile")))
+        path = save()
+    show(targets_table(targets(), TARGETS_LEGEND))
     print(f"results written to {path}")
     return 0
 

@@ -37,19 +37,30 @@ from moe_gemm.core.cli import add_timing_arguments, chapter_parser, ignored_flag
 from moe_gemm.core.tables import Table
 from moe_gemm.cuda import gpu as _gpu
 from moe_gemm.measure.check import progress
-from moe_gemm.measure.results import find_measurement, recorded, save_results
+from moe_gemm.measure.results import best_of, best_ratio, find_measurement, recorded, save_results
 from moe_gemm.measure.runs import failed_variants, run_checks, run_variants
-from moe_gemm.model.workloads import GRID_SKEWS, GRID_TOKENS, SEED, SEED_FIVE, SEED_WORKLOADS, Workload
+from moe_gemm.model.workloads import (
+    GRID_SKEWS,
+    GRID_TOKENS,
+    LAYERS,
+    MODEL_PROJECTIONS,
+    SEED,
+    SEED_FIVE,
+    SEED_WORKLOADS,
+    LayerShape,
+    Workload,
+    grid,
+)
 from moe_gemm.site.records import PEER, checks_table, records_table, show_recorded, targets_table
 from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS, TorchGroupedMM, torch_available
 
 __all__ = [
-    "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "NO_GPU", "PEER", "PEERS", "SEED", "SEED_FIVE", "SEED_WORKLOADS",
-    "SM90A", "Requirement", "Table", "Workload", "add_timing_arguments", "best_of", "best_peer", "chapter_main",
-    "chapter_module", "chapter_parser", "checks_table", "describe_gpu", "failed_variants", "figures_main", "find",
-    "grouped_mm_peers", "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded",
-    "records_table", "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded", "targets_table",
-    "timing_options",
+    "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "LAYERS", "MODEL_PROJECTIONS", "NO_GPU", "PEER", "PEERS", "SEED",
+    "SEED_FIVE", "SEED_WORKLOADS", "SM90A", "LayerShape", "Requirement", "Table", "Workload", "add_timing_arguments",
+    "best_of", "best_peer", "best_ratio", "chapter_main", "chapter_module", "chapter_parser", "checks_table",
+    "describe_gpu", "failed_variants", "figures_main", "find", "grid", "grouped_mm_peers", "ignored_flags",
+    "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded", "records_table", "run_checks",
+    "run_main", "run_variants", "save_results", "show", "show_recorded", "targets_table", "timing_options",
 ]
 
 # --------------------------------------------------------------------------- what the kernels need
@@ -129,12 +140,6 @@ def grouped_mm_peers() -> list[TorchGroupedMM]:
 
 
 find = find_measurement  # find(records, variant, workload): the record, or None
-
-
-def best_of(records: Sequence[dict[str, Any]], names: Sequence[str], workload: Workload) -> dict[str, Any] | None:
-    """The fastest of ``names`` at ``workload`` among these records (one run's), or None."""
-    found = [r for name in names if (r := find(records, name, workload)) is not None]
-    return max(found, key=lambda r: r["useful_tflops"]) if found else None
 
 
 def best_peer(records: Sequence[dict[str, Any]], workload: Workload) -> dict[str, Any] | None:

@@ -80,24 +80,6 @@ def save_results(chapter: str, records: list[dict[str, Any]], gpu: GpuInfo, **ex
     return str(path)
 
 
-def uncomputed_sections(earlier: dict[str, Any], computed: set[str]) -> dict[str, Any]:
-    """The sections of an earlier results file that a run does not write (``computed``: the ones it
-    does): an earlier run's profile, a before/after kept for a comparison. A chapter passes them back to
-    :func:`save_results` so that measuring one part again does not drop them."""
-    return {key: value for key, value in earlier.items() if key not in computed}
-
-
-def part_runs(earlier: dict[str, dict[str, str]], measured: dict[str, str],
-              now: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """Which commit and command measured each part of a results file whose parts run as separate
-    processes: ``earlier``'s entries, with each part in ``measured`` (part -> what this run measured of
-    it) replaced by this run's (``now``: its provenance); an earlier entry ``part-...`` (a part once
-    measured in pieces) goes with its part."""
-    kept = {key: run for key, run in earlier.items() if key.split("-")[0] not in measured}
-    return {**kept, **{part: {"commit": now["git_commit"], "date": now["date"], "command": now["command"],
-                              "measured": what} for part, what in measured.items()}}
-
-
 def find_record(records: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     """The first record whose fields equal every keyword given."""
     for record in records:
@@ -114,3 +96,17 @@ def find_measurement(records: Sequence[dict[str, Any]], variant: str,
             return workload.matches(record)
         return Workload.of(record).short_label == workload
     return next((r for r in records if r["variant"] == variant and same(r)), None)
+
+
+def best_of(records: Sequence[dict[str, Any]], names: Sequence[str], workload: Workload) -> dict[str, Any] | None:
+    """The fastest of ``names`` at ``workload`` among these records (one run's), or None."""
+    found = [r for name in names if (r := find_measurement(records, name, workload)) is not None]
+    return max(found, key=lambda r: r["useful_tflops"]) if found else None
+
+
+def best_ratio(records: Sequence[dict[str, Any]], ours: Sequence[str], theirs: Sequence[str],
+               workload: Workload) -> float | None:
+    """The fastest of ``ours`` over the fastest of ``theirs`` at ``workload``, in useful TFLOP/s, among
+    these records (one run's); None if either was not measured."""
+    mine, other = best_of(records, ours, workload), best_of(records, theirs, workload)
+    return None if mine is None or other is None else mine["useful_tflops"] / other["useful_tflops"]

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from moe_gemm.core.chapters import CHAPTERS
 from moe_gemm.core.checks import MAX_JOBS
 from moe_gemm.core.cli import chapter_parser, positive_int, run_main
 from moe_gemm.core.paths import KERNEL_DIR, REPO_ROOT
@@ -41,20 +42,17 @@ from moe_gemm.torch.kernels import COMBINE
 from moe_gemm.variants import registry
 
 RECORD_PATH = KERNEL_DIR / "validated.json"
-# The GPU tests of each family. k4 (tcgen05) is absent: it needs a Blackwell GPU, and none is
-# available to this project, so it is compiled and inspected only (chapter 05).
-GPU_TESTS = {
-    "k0": ("tests/test_k0_gpu.py",), "k1": ("tests/test_k1_gpu.py",), "k2": ("tests/test_k2_gpu.py",),
-    "k3": ("tests/test_k3_gpu.py",), "k5": ("tests/test_k5_gpu.py",), "k6": ("tests/test_k6_gpu.py",),
-    "ceiling": ("tests/test_ceilings.py",), "torch": ("tests/test_torch_op_gpu.py",),
-}
+# The GPU tests of each chapter's family (a family with none, k4, needs a Blackwell GPU, and none is
+# available to this project: chapter 05 compiles and inspects it only), then the ceilings'.
+GPU_TESTS = {**{c.family: c.gpu_tests for c in CHAPTERS if c.gpu_tests}, "ceiling": ("tests/test_ceilings.py",)}
 # Kernels a chapter runs that are not variants: the torch layer's combine (chapter 08), whose GPU tests
 # include compute-sanitizer memcheck on it.
 TORCH_KERNELS = {"torch/combine": COMBINE}
-SANITIZED = ("k1", "k2", "k3", "k5", "k6")  # the CUDA C++ families; k0 is numba and the ceilings touch no memory
+# The CUDA C++ families; k0 is numba and the ceilings touch no memory.
+SANITIZED = tuple(c.family for c in CHAPTERS if c.sanitized)
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
 NOT_SANITIZED = {"torch": "memcheck inside its GPU tests (test_the_combine_kernel_is_clean_under_memcheck)",
-                 "": "not run (compute-sanitizer is run on the CUDA C++ families k1, k2, k3, k5, k6)"}
+                 "": f"not run (compute-sanitizer is run on the CUDA C++ families {', '.join(SANITIZED)})"}
 TEST_TIMEOUT_S = 1200
 
 

@@ -3,11 +3,13 @@
 The seed is the B300 worklog this project grew from: its grouped GEMM has E = 64 experts, K = 1024
 and N = 2688 (one MoE expert projection), with 16,384 routed rows. Chapters sweep the rows and the
 routing skew around that shape; chapter 06 adds a grid from decode-sized 512 rows to 65,536.
+Chapters 07 and 08 add the MoE layers of three real models (:data:`LAYERS`, chapter 08 runs them
+whole) and four of their expert projections as grouped GEMMs (:data:`MODEL_PROJECTIONS`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,11 @@ from moe_gemm.model.routing import expert_counts
 
 SEED_EXPERTS, SEED_K, SEED_N, SEED_TOKENS = 64, 1024, 2688, 16384
 WORKLOAD_KEYS = ("tokens", "skew", "experts", "K", "N")  # the fields of a results record naming its workload
+
+
+def short_count(n: int) -> str:
+    """'16k' for a multiple of 1,024, else '1,000'."""
+    return f"{n // 1024}k" if n % 1024 == 0 else f"{n:,}"
 
 
 @dataclass(frozen=True)
@@ -48,8 +55,7 @@ class Workload:
     @property
     def short_label(self) -> str:
         """As a table column: '16k s=0', '2k s=1.2', '1,000 s=0'."""
-        rows = f"{self.tokens // 1024}k" if self.tokens % 1024 == 0 else f"{self.tokens:,}"
-        return f"{rows} s={self.skew:g}"
+        return f"{short_count(self.tokens)} s={self.skew:g}"
 
     @property
     def counts(self) -> np.ndarray:
@@ -71,3 +77,69 @@ SEED_FIVE = (*SEED_WORKLOADS, Workload(65536, 0.0), Workload(65536, 1.2))
 # Chapter 06's grid: decode-sized to large prefill, balanced to heavily skewed.
 GRID_TOKENS = (512, 2048, 4096, 16384, 65536)
 GRID_SKEWS = (0.0, 0.4, 0.8, 1.2, 1.6)
+
+
+def grid(tokens: Sequence[int] = GRID_TOKENS) -> list[Workload]:
+    """Chapter 06's grid at the seed's shape: every skew at each row count, row by row."""
+    return [Workload(t, skew) for t in tokens for skew in GRID_SKEWS]
+
+
+# --------------------------------------------------------------------------- real models' MoE layers
+
+@dataclass(frozen=True)
+class LayerShape:
+    """An MoE feed-forward layer with the sizes of ``model``'s: ``experts`` SwiGLU experts of width
+    ``intermediate`` on ``hidden``, ``top_k`` per token."""
+
+    model: str
+    hidden: int
+    intermediate: int
+    experts: int
+    top_k: int
+
+    @property
+    def label(self) -> str:
+        """'Mixtral-8x7B-like': the model's sizes, not its weights (chapter 08's are random)."""
+        return f"{self.model}-like"
+
+    def fields(self, tokens: int) -> dict[str, Any]:
+        """What every layer record carries. The routing is the router's own (random weights), not a
+        skew parameter: skew is recorded as NaN."""
+        return {"hidden": self.hidden, "intermediate": self.intermediate, "experts": self.experts,
+                "top_k": self.top_k, "tokens": tokens, "skew": float("nan")}
+
+    def gate(self, rows: int, skew: float) -> Workload:
+        """The gate projection, hidden -> intermediate, over ``rows`` routed rows."""
+        return Workload(rows, skew, self.experts, self.hidden, self.intermediate)
+
+    def gate_up(self, rows: int, skew: float) -> Workload:
+        """The gate and up projections as one GEMM, hidden -> 2 x intermediate (GEMM 1 of a SwiGLU expert)."""
+        return Workload(rows, skew, self.experts, self.hidden, 2 * self.intermediate)
+
+    def down(self, rows: int, skew: float) -> Workload:
+        """The down projection, intermediate -> hidden (GEMM 2)."""
+        return Workload(rows, skew, self.experts, self.intermediate, self.hidden)
+
+    def projection_label(self, name: str, workload: Workload) -> str:
+        """'Mixtral-8x7B w1 (16k tokens, top-2)': the projection as the model names it, and the tokens
+        whose top-k choices make the workload's routed rows."""
+        return f"{self.model} {name} ({short_count(workload.tokens // self.top_k)} tokens, top-{self.top_k})"
+
+
+LAYERS = {
+    "mixtral": LayerShape("Mixtral-8x7B", 4096, 14336, 8, 2),
+    "qwen3": LayerShape("Qwen3-30B-A3B", 2048, 768, 128, 8),
+    "deepseek": LayerShape("DeepSeek-V3", 7168, 2048, 256, 8),
+}
+# Four of their projections, none with the seed's K and N, as grouped GEMMs over 32,768 routed rows
+# (M_tot = tokens x top-k) at a moderate skew from the grid: label -> workload.
+MODEL_ROWS, MODEL_SKEW = 32768, 0.4
+MODEL_PROJECTIONS = {
+    layer.projection_label(name, workload): workload
+    for layer, name, workload in (
+        (LAYERS["mixtral"], "w1", LAYERS["mixtral"].gate(MODEL_ROWS, MODEL_SKEW)),  # Mixtral's name for the gate
+        (LAYERS["qwen3"], "gate_up", LAYERS["qwen3"].gate_up(MODEL_ROWS, MODEL_SKEW)),
+        (LAYERS["qwen3"], "down", LAYERS["qwen3"].down(MODEL_ROWS, MODEL_SKEW)),
+        (LAYERS["deepseek"], "down", LAYERS["deepseek"].down(MODEL_ROWS, MODEL_SKEW)),
+    )
+}

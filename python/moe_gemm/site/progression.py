@@ -13,13 +13,15 @@ from typing import Any
 
 from matplotlib.lines import Line2D
 
+from moe_gemm.core.chapters import CHAPTERS
 from moe_gemm.measure.results import recorded
 from moe_gemm.model.workloads import SEED_WORKLOADS, Workload
 from moe_gemm.site.style import COLORS, new_figure
 from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS as PEERS  # either B layout: the faster counts
+from moe_gemm.variants.registry import family_of
 
-# (step, the chapter whose run measured it, the prefix of its variants' names)
-STEPS = (("k0", "03", "k0"), ("k1", "03", "k1/"), ("k2", "03", "k2/"), ("k3", "04", "k3/"), ("k5", "06", "k5/"))
+# (step, the chapter whose run measured it): the kernel family's bars come from that chapter's recorded run
+STEPS = tuple((step, c.number) for c in CHAPTERS for step in c.progression)
 STEP_COLORS = {**COLORS, "k5": "#8c564b"}
 
 
@@ -33,18 +35,18 @@ class Bar:
     peer_tflops: float
 
 
-def fastest(records: list[dict[str, Any]], prefix: str, workload: Workload) -> dict[str, Any] | None:
-    found = [r for r in records if r["variant"].startswith(prefix) and workload.matches(r)]
+def fastest(records: list[dict[str, Any]], family: str, workload: Workload) -> dict[str, Any] | None:
+    found = [r for r in records if family_of(r["variant"]) == family and workload.matches(r)]
     return max(found, key=lambda r: r["useful_tflops"]) if found else None
 
 
 def progression(workloads: tuple[Workload, ...] = SEED_WORKLOADS) -> list[Bar]:
     """One bar per (step, workload) that its chapter's recorded run measured."""
     bars = []
-    for step, chapter, prefix in STEPS:
+    for step, chapter in STEPS:
         records = recorded(chapter)["records"]
         for workload in workloads:
-            best = fastest(records, prefix, workload)
+            best = fastest(records, step, workload)
             peers = [r["useful_tflops"] for r in records if r["variant"] in PEERS and workload.matches(r)]
             if best is not None and peers:
                 bars.append(Bar(step, chapter, workload, best["variant"], best["useful_tflops"], max(peers)))

@@ -1,0 +1,185 @@
+"""Measuring a whole MoE layer (moe_gemm.torch.MoELayer) on torch tensors, for chapter 08: its forward
+pass four ways on the same tokens, our layer split into its steps, GEMM 1's fused SwiGLU epilogue
+against its unfused parts, the op's host time per call, and torch.compile's graph of the layer.
+
+Every measurement runs on the GPU and imports torch when called, so this module loads where torch
+is not installed (chapter 08 then shows the recorded results).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from moe_gemm.measure.check import progress
+from moe_gemm.model.workloads import LAYERS, SEED_EXPERTS, SEED_K, SEED_N, LayerShape
+
+Row = dict[str, Any]
+WAYS = ("layer/ours", "layer/torch_grouped_mm", "layer/quack", "layer/transformers")
+STEPS = ("router", "permutation", "GEMM 1 + SwiGLU", "GEMM 2", "combine")
+LAYER_KEY = ("hidden", "intermediate", "experts", "top_k", "tokens")  # what names one layer measurement
+
+
+def layer_key(row: Row) -> tuple:
+    """The layer size and token count a record, step split or fused row measured."""
+    return tuple(row.get(k) for k in LAYER_KEY)
+
+
+def seeded_layer(shape: LayerShape) -> Any:
+    """The layer every measurement of ``shape`` runs: random bf16 weights from seed 0, on the GPU."""
+    import torch
+
+    from moe_gemm.torch import MoELayer
+
+    torch.manual_seed(0)
+    return MoELayer(shape.hidden, shape.intermediate, shape.experts, shape.top_k, device="cuda")
+
+
+def ways(layer: Any, with_quack: bool, with_transformers: bool) -> tuple[dict[str, Callable], Row]:
+    """Each way's forward pass over ``layer``, in WAYS' order (quack's where it is installed), and the
+    fields quack's records carry: how its GEMM 1 ran."""
+    from moe_gemm.torch.layer import torch_grouped_mm
+    from moe_gemm.torch.peer_layers import quack_forward, transformers_forward_of
+
+    found: dict[str, Callable] = {"layer/ours": layer,
+                                  "layer/torch_grouped_mm": lambda x: layer(x, gemm=torch_grouped_mm)}
+    quack_fields: Row = {}
+    quack = quack_forward(layer) if with_quack else None
+    if quack is not None:
+        found["layer/quack"], quack_fields = quack
+        if "quack_gemm_act_error" in quack_fields:
+            progress(f"[quack] gemm_act with SwiGLU failed ({quack_fields['quack_gemm_act_error']}); GEMM 1 runs "
+                     "quack's gemm, SwiGLU its own pass")
+    if with_transformers:
+        found["layer/transformers"] = transformers_forward_of(layer)
+    return found, quack_fields
+
+
+def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool,
+                  with_quack: bool) -> tuple[list[Row], list[Row]]:
+    """Each way's forward pass over one seeded_layer at each token count, on the same tokens, with its
+    error against ours: captured whole in a CUDA graph and replayed, but the transformers block, which
+    reads the routing back to the host, timed eagerly. Then our layer's steps (step_times)."""
+    import torch
+
+    from moe_gemm.torch.bench import time_call
+    from moe_gemm.torch.ops import offsets_unchecked
+
+    layer = seeded_layer(shape)
+    forwards, quack_fields = ways(layer, with_quack, with_transformers)
+    records, steps = [], []
+    for tokens in tokens_list:
+        x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
+        reference = None
+        for name, forward in forwards.items():
+            progress(f"[{shape.label}, {tokens:,} tokens] {name}")
+            with torch.no_grad(), offsets_unchecked():
+                out = forward(x)
+                reference = out if reference is None else reference
+                error = ((out.float() - reference.float()).norm() / reference.float().norm()).item()
+                timed = time_call(lambda forward=forward, x=x: forward(x), graph=name != "layer/transformers")
+            records.append({"variant": name, **shape.fields(tokens), "median_ms": timed.median_ms,
+                            "min_ms": timed.min_ms, "max_ms": timed.max_ms, "cuda_graph": timed.graph,
+                            "rel_error_vs_ours": error, **(quack_fields if name == "layer/quack" else {})})
+        with torch.no_grad(), offsets_unchecked():
+            steps.append({**shape.fields(tokens), **step_times(layer, x)})
+    return records, steps
+
+
+def step_times(layer: Any, x: Any) -> dict[str, float]:
+    """Our layer's forward pass split into its STEPS, each captured and replayed on its own inputs."""
+    from moe_gemm.torch.bench import time_call
+    from moe_gemm.torch.layer import combine, permute, route
+    from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
+
+    weights, experts = route(x, layer.gate, layer.top_k, layer.normalize)
+    order, offs = permute(experts, layer.gate.shape[0])
+    rows = x[order // layer.top_k]
+    act = grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs)
+    y = grouped_mm(act, layer.w_down, offs)
+    calls = {
+        "router": lambda: route(x, layer.gate, layer.top_k, layer.normalize),
+        "permutation": lambda: (permute(experts, layer.gate.shape[0]), x[order // layer.top_k]),
+        "GEMM 1 + SwiGLU": lambda: grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs),
+        "GEMM 2": lambda: grouped_mm(act, layer.w_down, offs),
+        "combine": lambda: combine(y, order, weights, layer.top_k),
+    }
+    return {f"{step}_ms": time_call(call, graph=True).median_ms for step, call in calls.items()}
+
+
+def measure_fused(shape: LayerShape, tokens_list: Sequence[int]) -> list[Row]:
+    """The fused epilogue's test at one layer size (on its own seeded_layer), at each token count."""
+    import torch
+
+    from moe_gemm.torch.ops import offsets_unchecked
+
+    layer = seeded_layer(shape)
+    fused = []
+    for tokens in tokens_list:
+        progress(f"[{shape.label}, {tokens:,} tokens] GEMM 1 fused, GEMM 1 alone, SwiGLU pass")
+        x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
+        with torch.no_grad(), offsets_unchecked():
+            fused.append({**shape.fields(tokens), **fused_epilogue(layer, x)})
+    return fused
+
+
+def fused_epilogue(layer: Any, x: Any) -> dict[str, float]:
+    """GEMM 1 with the fused epilogue, GEMM 1 alone (the same columns, C [M, 2I] written), and the
+    SwiGLU pass alone, in interleaved rounds after one eager call of each GEMM (where the op tunes a
+    new shape: a second or more of back-to-back launches that must not fall into any call's timing);
+    the bytes the separate pass moves (C [M, 2I] read, [M, I] written) and the fused one saves (C [M, 2I]
+    written and read back)."""
+    from moe_gemm.torch.bench import time_interleaved
+    from moe_gemm.torch.layer import dispatch, swiglu
+    from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
+
+    _, _, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)
+    grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs)
+    h = grouped_mm(rows, layer.w_gate_up, offs)
+    m, width = h.shape
+    timed = time_interleaved({"fused": lambda: grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs),
+                              "gemm1": lambda: grouped_mm(rows, layer.w_gate_up, offs),
+                              "swiglu": lambda: swiglu(h)})
+    return {**{f"{name}_ms": t.median_ms for name, t in timed.items()},
+            "swiglu_pass_bytes": m * width * 2 + m * width // 2 * 2, "fused_saves_bytes": 2 * m * width * 2}
+
+
+def host_probe(tokens: int = 4096, calls: int = 200) -> dict[str, Any]:
+    """The op's host time per call at the seed shape, balanced rows: ``calls`` eager calls without a
+    sync (the host's cost, as long as the GPU keeps up), beside an eager call and a graph replay timed
+    on the GPU."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from moe_gemm.torch.bench import time_call
+    from moe_gemm.torch.ops import grouped_mm, offsets_unchecked
+
+    a = torch.randn(tokens, SEED_K, device="cuda").to(torch.bfloat16)
+    b = (torch.randn(SEED_EXPERTS, SEED_K, SEED_N, device="cuda") * SEED_K**-0.5).to(torch.bfloat16)
+    offs = torch.tensor(np.cumsum(np.full(SEED_EXPERTS, tokens // SEED_EXPERTS)), dtype=torch.int32, device="cuda")
+    with offsets_unchecked():
+        eager = time_call(lambda: grouped_mm(a, b, offs), graph=False)
+        graph = time_call(lambda: grouped_mm(a, b, offs), graph=True)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            grouped_mm(a, b, offs)
+        host = (time.perf_counter() - start) / calls * 1e3
+        torch.cuda.synchronize()
+    return {"tokens": tokens, "host_ms_per_call": round(host, 4), "eager_ms": round(eager.median_ms, 4),
+            "graph_ms": round(graph.median_ms, 4)}
+
+
+def compile_check(shape: LayerShape = LAYERS["qwen3"], tokens: int = 1024) -> dict[str, Any]:
+    """torch.compile(fullgraph=True) of the layer: same output, no graph break."""
+    import torch
+
+    layer = seeded_layer(shape)
+    x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        eager = layer(x)
+        compiled = torch.compile(layer, fullgraph=True)(x)  # a graph break raises under fullgraph
+    error = ((compiled.float() - eager.float()).norm() / eager.float().norm()).item()
+    return {"fullgraph": True, "rel_error": error, "same_output": error < 1e-2}

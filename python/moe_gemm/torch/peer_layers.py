@@ -1,0 +1,66 @@
+"""Our MoE layer's weights run by the peers, for chapter 08's comparison of whole layers: the same
+layer code on quack's varlen-M GEMMs, and transformers' own sparse MoE block holding the weights.
+
+    forward, how = quack_forward(layer)     # None without quack
+    forward = transformers_forward_of(layer)
+    y = forward(x)                          # x [tokens, hidden] -> [tokens, hidden], as layer(x)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from moe_gemm.torch.layer import MoELayer, combine, dispatch, transformers_block, transformers_forward
+
+Forward = Callable[[torch.Tensor], torch.Tensor]
+
+
+def quack_forward(layer: MoELayer) -> tuple[Forward, dict[str, str]] | None:
+    """The same layer on quack, and how GEMM 1 ran (fields for its records): quack's gemm_act with its
+    fused SwiGLU (gate and up columns interleaved one by one, quack's layout) where that works, else
+    quack's gemm and SwiGLU as its own pass (as the torch way runs it), the fields saying why; GEMM 2
+    through its gemm. None without quack."""
+    from moe_gemm.variants.peer.quack import quack_available
+
+    if quack_available() is not None:
+        return None
+    from quack.gemm_interface import gemm, gemm_act
+
+    def cu_seqlens(offs: torch.Tensor) -> torch.Tensor:  # quack's offsets: [E + 1] from 0, torch's the E row ends
+        return torch.cat([offs.new_zeros(1), offs])
+
+    def quack_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return gemm(a, b, cu_seqlens_m=cu_seqlens(offs), tuned=True)
+
+    gate, up = layer.w_gate_up.detach().chunk(2, dim=2)
+    w_interleaved = torch.stack([gate, up], dim=3).flatten(2).contiguous()  # g0, u0, g1, u1, ...
+
+    def fused(x: torch.Tensor) -> torch.Tensor:
+        weights, order, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)
+        _, act = gemm_act(rows, w_interleaved, activation="swiglu", cu_seqlens_m=cu_seqlens(offs), store_preact=False,
+                          tuned=True)
+        y = quack_grouped_mm(act, layer.w_down, offs)
+        return combine(y, order, weights, layer.top_k).to(x.dtype)
+
+    try:
+        with torch.no_grad():
+            fused(torch.randn(64, layer.gate.shape[1], device=layer.gate.device, dtype=layer.gate.dtype))
+    except Exception as error:  # noqa: BLE001 - any failure inside quack's epilogue compiler: say it, go on unfused
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        return (lambda x: layer(x, gemm=quack_grouped_mm)), {"quack_gemm1": "gemm, then SwiGLU as its own pass",
+                                                             "quack_gemm_act_error": reason}
+    return fused, {"quack_gemm1": "gemm_act with its fused SwiGLU"}
+
+
+def transformers_forward_of(layer: MoELayer) -> Forward:
+    """transformers' MixtralSparseMoeBlock (renormalised top-k, as ours) holding ``layer``'s weights."""
+    experts, hidden = layer.gate.shape
+    block, _ = transformers_block("mixtral", hidden, layer.w_down.shape[1], experts, layer.top_k, device="meta")
+    block = block.to_empty(device=layer.gate.device).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        block.gate.weight.copy_(layer.gate)
+        block.experts.gate_up_proj.copy_(layer.w_gate_up.transpose(1, 2))
+        block.experts.down_proj.copy_(layer.w_down.transpose(1, 2))
+    return lambda x: transformers_forward(block, x)
