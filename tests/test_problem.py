@@ -8,6 +8,7 @@ import pytest
 from moe_gemm.core.chapters import CHAPTERS
 from moe_gemm.model.problem import (
     BF16,
+    BF16_OPERANDS,
     INTEGER_RANGE,
     Problem,
     make_problem,
@@ -75,6 +76,23 @@ def test_make_problem_shapes_and_properties() -> None:
     assert p.useful_flops == useful_flops(500, 64, 48) == 2 * 500 * 64 * 48
 
 
+def test_a_problem_is_the_forward_in_bf16_by_default() -> None:
+    p = make_problem(experts=4, tokens=100, K=32, N=16, seed=1)
+    assert (p.ragged, p.fmt, p.out_dtype, p.scale_a, p.scale_b) == ("M", BF16_OPERANDS, BF16, None, None)
+    assert p.out_shape == (100, 16)
+    explicit = make_problem(experts=4, tokens=100, K=32, N=16, seed=1, ragged="M", fmt=BF16_OPERANDS, out_dtype=BF16)
+    assert p.a.tobytes() == explicit.a.tobytes() and p.b.tobytes() == explicit.b.tobytes()
+
+
+@pytest.mark.parametrize(("values", "digest"), [("random", "30a53953a69cfdab"), ("integer", "9f351d8c2d0b16f5")])
+def test_the_draws_are_the_values_every_result_was_measured_on(values: str, digest: str) -> None:
+    """The seeded inputs behind every results file: a change to how problems are drawn must not move them."""
+    import hashlib
+
+    p = make_problem(6, 300, 64, 40, 1.2, values=values, seed=7)  # type: ignore[arg-type]
+    assert hashlib.sha256(p.a.tobytes() + p.b.tobytes() + p.counts.tobytes()).hexdigest()[:16] == digest
+
+
 def test_random_inputs_are_never_zeros() -> None:
     p = make_problem(experts=4, tokens=256, K=64, N=32, seed=3)
     for array in (p.a, p.b):
@@ -102,8 +120,8 @@ def test_large_random_arrays_are_drawn_in_threads_deterministically(monkeypatch)
     import moe_gemm.model.problem as problem
 
     monkeypatch.setattr(problem, "THREADED_ELEMENTS", 1000)  # 8 x 64 x 32 = 16,384 elements: threaded
-    one = problem.random_bf16(np.random.default_rng(3), (8, 64, 32), "random", 0.5).astype(np.float32)
-    two = problem.random_bf16(np.random.default_rng(3), (8, 64, 32), "random", 0.5).astype(np.float32)
+    one = problem.random_values(np.random.default_rng(3), (8, 64, 32), "random", 0.5).astype(np.float32)
+    two = problem.random_values(np.random.default_rng(3), (8, 64, 32), "random", 0.5).astype(np.float32)
     np.testing.assert_array_equal(one, two)
     assert np.count_nonzero(one) == one.size
     assert float(one.std()) == pytest.approx(0.5, rel=0.05)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moe_gemm.model.problem import BF16, make_problem, problem_from_counts
-from moe_gemm.model.reference import REL_TOLERANCE, check_output, reference_gemm, relative_error
+from moe_gemm.model.reference import REL_TOLERANCES, check_output, reference_gemm, relative_error
 
 
 def _float64_product(problem) -> np.ndarray:
@@ -78,7 +78,7 @@ def test_single_wrong_element_fails_exact(integer_problem) -> None:
     check = check_output(c, integer_problem, exact=True)
     assert not check.passed
     assert check.mismatches == 1
-    assert check.rel_error < REL_TOLERANCE  # the realistic metric alone would have let it through
+    assert check.rel_error < REL_TOLERANCES[BF16]  # the realistic metric alone would have let it through
 
 
 def test_perturbed_output_fails_realistic(random_problem) -> None:
@@ -110,6 +110,25 @@ def test_relative_error_shape_mismatch_raises() -> None:
 def test_check_output_shape_mismatch_raises(random_problem) -> None:
     with pytest.raises(ValueError, match="shape"):
         check_output(np.zeros((random_problem.tokens, random_problem.N + 1), dtype=BF16), random_problem)
+
+
+def test_check_output_dtype_mismatch_raises(random_problem) -> None:
+    """A bf16 problem's output is bf16: an fp32 array is some other kernel's output, not one to round."""
+    with pytest.raises(ValueError, match="dtype float32 differs from the problem's bfloat16"):
+        check_output(reference_gemm(random_problem).copy(), random_problem)
+
+
+def test_fp32_output_of_the_forward(integer_problem) -> None:
+    """fp32 output: exact without the bf16 rounding, and the realistic check at fp32's tolerance."""
+    from moe_gemm.model.problem import FP32, Problem
+
+    problem = Problem(a=integer_problem.a, b=integer_problem.b, counts=integer_problem.counts, out_dtype=FP32)
+    c = _float64_product(problem).astype(np.float32)
+    assert check_output(c, problem, exact=True).passed
+    check = check_output(c, problem)
+    assert check.passed and check.tolerance == REL_TOLERANCES[FP32] < REL_TOLERANCES[BF16]
+    c[1, 2] += 1.0
+    assert check_output(c, problem, exact=True).mismatches == 1
 
 
 def test_empty_problem_checks() -> None:

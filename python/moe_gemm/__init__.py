@@ -18,13 +18,13 @@ lazily, so everything else works on machines with no GPU.
 """
 
 from moe_gemm.model.problem import BF16, Problem, make_problem, problem_from_counts, useful_flops
-from moe_gemm.model.reference import REL_TOLERANCE, Check, check_output, reference_gemm, relative_error
+from moe_gemm.model.reference import REL_TOLERANCES, Check, check_output, reference_gemm, relative_error
 from moe_gemm.model.routing import expert_counts, expert_offsets, routing_summary
 from moe_gemm.model.tiles import eta, eta_estimate, scheduled_flops, tile_count, tile_list
 from moe_gemm.model.workloads import SEED, Workload
 
 __all__ = [
-    "BF16", "SEED", "REL_TOLERANCE", "Check", "Problem", "check_output", "eta", "eta_estimate",
+    "BF16", "SEED", "REL_TOLERANCES", "Check", "Problem", "check_output", "eta", "eta_estimate",
     "expert_counts", "expert_offsets", "make_problem", "problem_from_counts", "reference_gemm",
     "relative_error", "routing_summary", "scheduled_flops", "tile_count", "tile_list", "useful_flops",
     "Workload",

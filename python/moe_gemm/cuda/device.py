@@ -5,21 +5,32 @@ the cuda-python releases this project meets; the stream and events come from cud
 of it lives in the device's primary context, which numba-cuda and torch share, so a numba
 kernel, an NVRTC kernel and torch._grouped_mm can be timed on one stream side by side.
 
-bf16 data is exposed through ``__cuda_array_interface__`` as raw 16-bit words (``<u2``):
-numba has no bf16 type, and torch reinterprets them with ``.view(torch.bfloat16)``.
+bf16 data is exposed through ``__cuda_array_interface__`` as raw 16-bit words (``<u2``) and fp8
+e4m3 data as raw bytes (``|u1``): numba has neither type, and torch reinterprets them with
+``.view(torch.bfloat16)`` or ``.view(torch.float8_e4m3fn)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from moe_gemm.model.problem import BF16, Problem
+from moe_gemm.model.problem import BF16, FP32, Problem
+from moe_gemm.model.quantize import E4M3
 from moe_gemm.model.routing import expert_offsets
 
-BF16_NAN_BITS = 0x7FC0  # the canonical bf16 quiet NaN: poison for outputs a kernel must write
+# The canonical quiet NaNs: poison for outputs a kernel must write, so an element it missed fails the check.
+BF16_NAN_BITS = 0x7FC0
+FP32_NAN_BITS = 0x7FC00000
+NAN_BITS: dict[np.dtype, int] = {BF16: BF16_NAN_BITS, FP32: FP32_NAN_BITS}
+
+# Types numba and torch do not read from __cuda_array_interface__, handed over as raw words of their size.
+RAW_TYPESTRS: dict[np.dtype, str] = {BF16: "<u2", E4M3: "|u1"}
+
+BLayout = Literal["kn", "nk"]
 
 
 def check_driver(result: Any) -> Any:
@@ -62,6 +73,12 @@ def stream_handle(stream=None) -> int:
 
 def synchronize() -> None:
     harness_stream().sync()
+
+
+def interface_typestr(dtype: np.dtype) -> str:
+    """The ``__cuda_array_interface__`` typestr of a dtype: raw words for bf16 and e4m3."""
+    dtype = np.dtype(dtype)
+    return RAW_TYPESTRS.get(dtype, dtype.str)
 
 
 class DeviceArray:
@@ -107,8 +124,7 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        typestr = "<u2" if self.dtype == BF16 else self.dtype.str
-        return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False), "version": 3,
+        return {"shape": self.shape, "typestr": interface_typestr(self.dtype), "data": (self.ptr, False), "version": 3,
                 "strides": None, "stream": None}  # one harness stream: no cross-stream sync needed
 
     def upload(self, host: np.ndarray) -> DeviceArray:
@@ -140,33 +156,80 @@ class DeviceArray:
         if self.nbytes:
             check_driver(driver.cuMemsetD16Async(self._ptr, bits, self.size, stream_handle()))
 
+    def fill_u32(self, bits: int) -> None:
+        """Set every 32-bit word (e.g. to fp32 NaN before a launch), asynchronously on the stream."""
+        from cuda.bindings import driver
+
+        if self.dtype.itemsize != 4:
+            raise ValueError(f"fill_u32 needs a 4-byte dtype, got {self.dtype}")
+        if self.nbytes:
+            check_driver(driver.cuMemsetD32Async(self._ptr, bits, self.size, stream_handle()))
+
+
+def poison(output: Any) -> None:
+    """Fill an output (a DeviceArray, or a peer's output with the same fill methods) with its dtype's NaN."""
+    dtype = np.dtype(output.dtype)
+    if dtype not in NAN_BITS:
+        raise ValueError(f"no NaN poison for a {dtype} output; outputs are {', '.join(map(str, NAN_BITS))}")
+    if dtype.itemsize == 2:
+        output.fill_u16(NAN_BITS[dtype])
+    else:
+        output.fill_u32(NAN_BITS[dtype])
+
 
 def to_device(host: np.ndarray) -> DeviceArray:
     host = np.ascontiguousarray(host)
     return DeviceArray(host.shape, host.dtype).upload(host)
 
 
-class DeviceProblem:
-    """A problem's inputs on the device: A, B and the int32 expert offsets, plus the host copy."""
+def host_b(problem: Problem, layout: BLayout) -> np.ndarray:
+    """B as uploaded: the logical [E, K, N] ("kn"), or B^T [E, N, K] ("nk"), the K-major layout FP8 wgmma
+    reads both operands in. dC of a ragged-K problem has one layout, [M_tot, N]."""
+    if layout == "kn":
+        return problem.b
+    if layout != "nk":
+        raise ValueError(f"B's layout must be 'kn' or 'nk', got {layout!r}")
+    if problem.ragged != "M":
+        raise ValueError("only a ragged-M problem's B [E, K, N] has a K-major layout; dC is [M_tot, N]")
+    return np.ascontiguousarray(problem.b.transpose(0, 2, 1))
 
-    def __init__(self, problem: Problem) -> None:
+
+def output_spec(problem: Problem, columns: int | None = None) -> tuple[tuple[int, ...], np.dtype]:
+    """The output's shape and dtype: C [M_tot, N] or dB [E, K, N] in the problem's output dtype;
+    ``columns`` narrows C's last axis (k6's fused SwiGLU writes N / 2)."""
+    shape = problem.out_shape
+    if columns is not None:
+        if problem.ragged != "M":
+            raise ValueError("only a ragged-M problem's C [M_tot, N] has columns to narrow")
+        shape = (shape[0], columns)
+    return shape, problem.out_dtype
+
+
+class DeviceProblem:
+    """A problem's inputs on the device: A, B (or dC), the int32 expert offsets, for fp8 the scales, plus
+    the host copy. ``b_layout="nk"`` uploads B^T [E, N, K] in place of B (see :func:`host_b`)."""
+
+    def __init__(self, problem: Problem, b_layout: BLayout = "kn") -> None:
         self.problem = problem
+        self.b_layout = b_layout
         self.a = to_device(problem.a)
-        self.b = to_device(problem.b)
+        self.b = to_device(host_b(problem, b_layout))
         self.offsets = to_device(expert_offsets(problem.counts).astype(np.int32))
+        self.scale_a = None if problem.scale_a is None else to_device(problem.scale_a)
+        self.scale_b = None if problem.scale_b is None else to_device(problem.scale_b)
 
     def rerouted(self, counts: np.ndarray) -> DeviceProblem:
-        """The same A and B on the device under another routing of the same M_tot (only the offsets are
+        """The same inputs on the device under another routing of the same M_tot (only the offsets are
         uploaded): for timing a configuration on a routing the inputs were not drawn for."""
         other = object.__new__(DeviceProblem)
-        other.problem = Problem(a=self.problem.a, b=self.problem.b, counts=np.asarray(counts, dtype=np.int64))
-        other.a, other.b = self.a, self.b
+        other.problem = dataclasses.replace(self.problem, counts=np.asarray(counts, dtype=np.int64), skew=float("nan"))
+        other.b_layout, other.a, other.b = self.b_layout, self.a, self.b
+        other.scale_a, other.scale_b = self.scale_a, self.scale_b
         other.offsets = to_device(expert_offsets(other.problem.counts).astype(np.int32))
         return other
 
     def new_output(self, columns: int | None = None) -> DeviceArray:
-        """C [M_tot, N] bf16 (or ``columns`` wide), poisoned with NaN so an unwritten element cannot pass
-        a check."""
-        c = DeviceArray((self.problem.tokens, self.problem.N if columns is None else columns), BF16)
-        c.fill_u16(BF16_NAN_BITS)
-        return c
+        """The output (:func:`output_spec`), poisoned with NaN so an unwritten element cannot pass a check."""
+        out = DeviceArray(*output_spec(self.problem, columns))
+        poison(out)
+        return out

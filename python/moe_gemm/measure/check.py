@@ -14,23 +14,24 @@ from typing import Any
 
 import numpy as np
 
-from moe_gemm.cuda.device import BF16_NAN_BITS, DeviceProblem, synchronize
+from moe_gemm.cuda.device import DeviceProblem, poison, synchronize
 from moe_gemm.cuda.timing import Timing, rotation_sets, time_launches
 from moe_gemm.cuda.variant import Variant
-from moe_gemm.model.problem import BF16, Problem
+from moe_gemm.model.problem import BF16, BF16_OPERANDS, Problem, dtype_name
 from moe_gemm.model.reference import Check, check_output
 from moe_gemm.model.tiles import eta, scheduled_flops, tile_count
 
 
 def run_once(variant: Variant, dev: DeviceProblem) -> np.ndarray:
-    """Poison C, launch once, return C on the host. M_tot = 0 launches nothing."""
+    """Poison the output with NaN of its dtype, launch once, return the output on the host as written.
+    An empty output (ragged M with M_tot = 0) launches nothing; ragged K with M_tot = 0 still launches,
+    since dB [E, K, N] must come back all zeros."""
     prepared = variant.prepare(dev)
-    prepared.output.fill_u16(BF16_NAN_BITS)
-    if dev.problem.tokens:
+    poison(prepared.output)
+    if np.prod(dev.problem.out_shape):
         prepared.launch()
     synchronize()
-    out = prepared.output.download()
-    return out if out.dtype == BF16 else out.astype(BF16)
+    return prepared.output.download()
 
 
 def verify(variant: Variant, problem: Problem | DeviceProblem, *, exact: bool = False) -> Check:
@@ -41,9 +42,18 @@ def verify(variant: Variant, problem: Problem | DeviceProblem, *, exact: bool = 
                         epilogue=getattr(variant, "epilogue", "none"))
 
 
-def _workload(problem: Problem) -> dict[str, Any]:
-    return {"experts": problem.experts, "K": problem.K, "N": problem.N, "tokens": problem.tokens,
-            "skew": float(problem.skew)}
+def workload_fields(problem: Problem) -> dict[str, Any]:
+    """The record's workload fields; the kind of GEMM only where it is not the forward's ragged-M bf16 ->
+    bf16, so that every record before the kind existed reads the same."""
+    workload = {"experts": problem.experts, "K": problem.K, "N": problem.N, "tokens": problem.tokens,
+                "skew": float(problem.skew)}
+    if problem.ragged != "M":
+        workload["ragged"] = problem.ragged
+    if problem.fmt != BF16_OPERANDS:
+        workload["format"] = problem.fmt.name
+    if problem.out_dtype != BF16:
+        workload["out_dtype"] = dtype_name(problem.out_dtype)
+    return workload
 
 
 def measure(variant: Variant, sets: list[DeviceProblem], *, check: Check | None = None, **timing: int) -> dict[str, Any]:
@@ -59,11 +69,11 @@ def measure(variant: Variant, sets: list[DeviceProblem], *, check: Check | None 
     prepared = [variant.prepare(dev) for dev in sets]
     result: Timing = time_launches(lambda i: prepared[i % len(prepared)].launch(), **timing)
     first = prepared[0]
-    record = {"variant": variant.name, **_workload(problem), "median_ms": result.median_ms,
+    record = {"variant": variant.name, **workload_fields(problem), "median_ms": result.median_ms,
               "min_ms": result.min_ms, "max_ms": result.max_ms,
               "useful_tflops": result.tflops(problem.useful_flops), "rel_error": check.rel_error,
               "input_sets": len(sets)}
-    if first.bm is not None and first.bn is not None:
+    if first.bm is not None and first.bn is not None and problem.ragged == "M":  # eta and tiles count M tiles
         record.update({
             "bm": first.bm, "bn": first.bn, "eta": eta(problem.counts, first.bm),
             "tiles": tile_count(problem.counts, problem.N, first.bm, first.bn),
@@ -80,7 +90,9 @@ def measure(variant: Variant, sets: list[DeviceProblem], *, check: Check | None 
 def input_sets(make: Callable[[int], Problem]) -> list[DeviceProblem]:
     """Enough independent input sets (``make(seed)``), uploaded, that rotating them defeats the L2."""
     first = make(0)
-    nbytes = first.a.nbytes + first.b.nbytes + first.tokens * first.N * 2
+    scales = sum(s.nbytes for s in (first.scale_a, first.scale_b) if s is not None)
+    output = int(np.prod(first.out_shape)) * first.out_dtype.itemsize
+    nbytes = first.a.nbytes + first.b.nbytes + scales + output
     problems = [first] + [make(seed) for seed in range(1, rotation_sets(max(nbytes, 1)))]
     return [DeviceProblem(p) for p in problems]
 

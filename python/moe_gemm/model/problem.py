@@ -1,6 +1,7 @@
-"""The ragged-M grouped GEMM problem: inputs, shapes and their checks.
+"""The grouped GEMM problems of a Mixture-of-Experts layer: inputs, shapes and their checks.
 
-Expert ``e`` multiplies its own ``m_e`` rows of ``A`` by its own weight ``B[e]``::
+The forward, ragged along M: expert ``e`` multiplies its own ``m_e`` rows of ``A`` by its own weight
+``B[e]``::
 
         A  [M_tot, K]           B  [E, K, N]              C  [M_tot, N]
       +-------------+        +-----------+             +---------------+
@@ -14,13 +15,22 @@ Expert ``e`` multiplies its own ``m_e`` rows of ``A`` by its own weight ``B[e]``
       |  ...        |        +-----------+             |  ...          |
  M_tot+-------------+                                  +---------------+
 
-Rows are grouped by expert (``off[e] .. off[e] + m_e``); an expert may own no rows at all.
-``A``, ``B`` are bf16; ``C`` is bf16, accumulated in fp32. K and N are the same for every
-expert, only M is ragged, and the ``m_e`` are decided at run time by the router.
+Rows are grouped by expert (``off[e] .. off[e] + m_e``); an expert may own no rows at all. K and N
+are the same for every expert, only M is ragged, and the ``m_e`` are decided at run time by the router.
+
+The weight gradient of the same layer is ragged along K: ``dB[e] = A_e^T dC_e``, the reduction
+running over expert ``e``'s rows of A [M_tot, K] and of the output gradient dC [M_tot, N], both
+row-major as the forward stored them; dB is [E, K, N], and an expert with no rows gets exact zeros.
+It keeps the forward's names: ``a`` is A, ``b`` is dC, K and N are the forward's, and its useful work
+is the forward's 2 M_tot K N.
+
+Operands are bf16 (the default), fp16, or fp8 e4m3 with fp32 scales (rowwise or blockwise, see
+:mod:`moe_gemm.model.quantize`); the output is bf16 (the default) or fp32, accumulated in fp32.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,25 +38,85 @@ import ml_dtypes
 import numpy as np
 
 from moe_gemm.core.checks import require_int
+from moe_gemm.model.quantize import BLOCK, E4M3, SCALINGS, Scaling, groups, quantize, scale_grid
 from moe_gemm.model.routing import expert_counts, expert_offsets
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+FP16 = np.dtype(np.float16)
+FP32 = np.dtype(np.float32)
 Values = Literal["random", "integer"]
+RaggedAxis = Literal["M", "K"]
+RAGGED_AXES: tuple[RaggedAxis, ...] = ("M", "K")
+OUT_DTYPES = (BF16, FP32)  # what a kernel writes: bf16, or fp32 where a weight gradient is kept in full
 
 # Integer-valued inputs stay exact through bf16 (8 significant bits hold |x| <= 256) and
 # through fp32 accumulation (|sum| <= K * 3 * 3 stays far below 2**24), so a kernel's output
 # must equal the float64 product rounded once to bf16, bit for bit.
 INTEGER_RANGE = 3
 
+Element = Literal["bf16", "fp16", "e4m3"]
+ELEMENT_DTYPES: dict[str, np.dtype] = {"bf16": BF16, "fp16": FP16, "e4m3": E4M3}
+
+
+@dataclass(frozen=True)
+class OperandFormat:
+    """What A and B hold: 16-bit floats, or fp8 e4m3 with fp32 scales of one granularity."""
+
+    element: Element = "bf16"
+    scaling: Scaling | None = None  # e4m3 only
+
+    def __post_init__(self) -> None:
+        if self.element not in ELEMENT_DTYPES:
+            raise ValueError(f"operands must be one of {', '.join(ELEMENT_DTYPES)}, got {self.element!r}")
+        if self.element == "e4m3" and self.scaling not in SCALINGS:
+            raise ValueError(f"e4m3 operands need a scale granularity, one of {SCALINGS}, got {self.scaling!r}")
+        if self.element != "e4m3" and self.scaling is not None:
+            raise ValueError(f"{self.element} operands take no scales, got scaling {self.scaling!r}")
+
+    @property
+    def dtype(self) -> np.dtype:
+        return ELEMENT_DTYPES[self.element]
+
+    @property
+    def scaled(self) -> bool:
+        return self.scaling is not None
+
+    @property
+    def name(self) -> str:
+        """``bf16``, ``fp16``, ``e4m3-rowwise`` or ``e4m3-blockwise``: as messages and records spell it."""
+        return self.element if self.scaling is None else f"{self.element}-{self.scaling}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+BF16_OPERANDS = OperandFormat()
+FP16_OPERANDS = OperandFormat("fp16")
+FP8_ROWWISE = OperandFormat("e4m3", "rowwise")
+FP8_BLOCKWISE = OperandFormat("e4m3", "blockwise")
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """bf16, fp16 or fp32, as the GEMM literature writes them (numpy says bfloat16, float32)."""
+    return {BF16: "bf16", FP16: "fp16", FP32: "fp32", E4M3: "e4m3"}.get(np.dtype(dtype), np.dtype(dtype).name)
+
 
 @dataclass(frozen=True)
 class Problem:
-    """One grouped GEMM: host inputs plus the routing that shaped them."""
+    """One grouped GEMM: host inputs plus the routing that shaped them, and what kind of GEMM it is."""
 
-    a: np.ndarray  # [M_tot, K] bf16, rows grouped by expert
-    b: np.ndarray  # [E, K, N] bf16
+    a: np.ndarray  # A [M_tot, K], rows grouped by expert
+    b: np.ndarray  # ragged M: B [E, K, N]; ragged K: dC [M_tot, N], rows grouped as A's
     counts: np.ndarray  # [E] int64, rows per expert
     skew: float = float("nan")  # the routing skew that produced ``counts``, if any
+    ragged: RaggedAxis = "M"  # "M": the forward (and dA); "K": the weight gradient dB
+    fmt: OperandFormat = BF16_OPERANDS
+    out_dtype: np.dtype = BF16
+    # fp8 only, fp32. rowwise: scale_a [M_tot], scale_b [E, N] (one per expert and column of B[e]).
+    # blockwise: scale_a [M_tot, ceil(K / 128)], indexed [row, K block]; scale_b [E, ceil(K / 128),
+    # ceil(N / 128)], indexed [expert, K block, N block] of the logical B [E, K, N].
+    scale_a: np.ndarray | None = None
+    scale_b: np.ndarray | None = None
 
     @property
     def tokens(self) -> int:
@@ -54,7 +124,7 @@ class Problem:
 
     @property
     def experts(self) -> int:
-        return int(self.b.shape[0])
+        return int(np.asarray(self.counts).size)
 
     @property
     def K(self) -> int:  # noqa: N802 - the GEMM's K
@@ -62,7 +132,7 @@ class Problem:
 
     @property
     def N(self) -> int:  # noqa: N802 - the GEMM's N
-        return int(self.b.shape[2])
+        return int(self.b.shape[-1])
 
     @property
     def offsets(self) -> np.ndarray:
@@ -72,37 +142,98 @@ class Problem:
     def useful_flops(self) -> int:
         return useful_flops(self.tokens, self.K, self.N)
 
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """C [M_tot, N] for ragged M; dB [E, K, N] for ragged K."""
+        return output_shape(self.ragged, self.tokens, self.experts, self.K, self.N)
+
     def __post_init__(self) -> None:
-        validate_inputs(self.a, self.b, self.counts)
+        object.__setattr__(self, "out_dtype", np.dtype(self.out_dtype))
+        validate_inputs(self.a, self.b, self.counts, ragged=self.ragged, fmt=self.fmt, out_dtype=self.out_dtype,
+                        scale_a=self.scale_a, scale_b=self.scale_b)
 
 
 def useful_flops(tokens: int, K: int, N: int) -> int:  # noqa: N803
-    """2 * M_tot * K * N: the multiply-adds on real rows, whatever the tiling."""
+    """2 * M_tot * K * N: the multiply-adds on real rows, whatever the tiling (and whichever axis is ragged)."""
     return 2 * tokens * K * N
 
 
-def validate_inputs(a: np.ndarray, b: np.ndarray, counts: np.ndarray) -> None:
+def output_shape(ragged: RaggedAxis, tokens: int, experts: int, K: int, N: int) -> tuple[int, ...]:
+    return (tokens, N) if ragged == "M" else (experts, K, N)
+
+
+def scale_shapes(scaling: Scaling, tokens: int, experts: int, K: int, N: int) -> tuple[tuple[int, ...], ...]:
+    """The shapes of scale_a and scale_b (see :class:`Problem`): a partial last block along K or N
+    has a scale of its own."""
+    if scaling == "rowwise":
+        return (tokens,), (experts, N)
+    return (tokens, math.ceil(K / BLOCK)), (experts, math.ceil(K / BLOCK), math.ceil(N / BLOCK))
+
+
+def _validate_kind(ragged: RaggedAxis, fmt: OperandFormat, out_dtype: np.dtype) -> None:
+    """The ragged axis, operand format and output dtype, and the one combination not defined here."""
+    if ragged not in RAGGED_AXES:
+        raise ValueError(f"the ragged axis must be one of {RAGGED_AXES}, got {ragged!r}")
+    if not isinstance(fmt, OperandFormat):
+        raise ValueError(f"the operand format must be an OperandFormat, got {type(fmt).__name__}")
+    if ragged == "K" and fmt.scaled:
+        raise ValueError(f"{fmt} operands are defined for ragged-M problems only (their scale groups run along "
+                         f"K, which the weight gradient reduces per expert); ragged K takes bf16 or fp16")
+    if np.dtype(out_dtype) not in OUT_DTYPES:
+        raise ValueError(f"the output must be bf16 or fp32, got {np.dtype(out_dtype)}")
+
+
+def _require_array(name: str, array: object, dtype: np.dtype, ndim: int) -> None:
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(array).__name__}")
+    if array.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype.name}, got {array.dtype}")
+    if array.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {array.shape}")
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (row-major)")
+
+
+def validate_inputs(
+    a: np.ndarray, b: np.ndarray, counts: np.ndarray, *, ragged: RaggedAxis = "M",
+    fmt: OperandFormat = BF16_OPERANDS, out_dtype: np.dtype = BF16, scale_a: np.ndarray | None = None,
+    scale_b: np.ndarray | None = None,
+) -> None:
     """Raise ValueError naming the first constraint the inputs break."""
-    for name, array, ndim in (("A", a, 2), ("B", b, 3)):
-        if not isinstance(array, np.ndarray):
-            raise ValueError(f"{name} must be a numpy array, got {type(array).__name__}")
-        if array.dtype != BF16:
-            raise ValueError(f"{name} must be bfloat16, got {array.dtype}")
-        if array.ndim != ndim:
-            raise ValueError(f"{name} must be {ndim}-D, got shape {array.shape}")
-        if not array.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous (row-major)")
+    _validate_kind(ragged, fmt, out_dtype)
+    b_name = "B" if ragged == "M" else "dC"
+    for name, array, ndim in (("A", a, 2), (b_name, b, 3 if ragged == "M" else 2)):
+        _require_array(name, array, fmt.dtype, ndim)
     counts = np.asarray(counts)
-    if counts.ndim != 1 or counts.size != b.shape[0]:
-        raise ValueError(f"counts must list one row count per expert ({b.shape[0]}), got shape {counts.shape}")
+    if counts.ndim != 1 or (ragged == "M" and counts.size != b.shape[0]):
+        experts = f" ({b.shape[0]})" if ragged == "M" else ""
+        raise ValueError(f"counts must list one row count per expert{experts}, got shape {counts.shape}")
     if not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any():
         raise ValueError("counts must be non-negative integers")
     if int(counts.sum()) != a.shape[0]:
         raise ValueError(f"counts sum to {int(counts.sum())} but A has M_tot = {a.shape[0]} rows")
-    if a.shape[1] != b.shape[1]:
+    if ragged == "M" and a.shape[1] != b.shape[1]:
         raise ValueError(f"A has K = {a.shape[1]} but B has K = {b.shape[1]}")
-    if a.shape[1] < 1 or b.shape[2] < 1:
-        raise ValueError(f"K and N must be >= 1, got K = {a.shape[1]}, N = {b.shape[2]}")
+    if ragged == "K" and a.shape[0] != b.shape[0]:
+        raise ValueError(f"A has M_tot = {a.shape[0]} rows but dC has {b.shape[0]}")
+    if a.shape[1] < 1 or b.shape[-1] < 1:
+        raise ValueError(f"K and N must be >= 1, got K = {a.shape[1]}, N = {b.shape[-1]}")
+    _validate_scales(fmt, scale_a, scale_b, scale_shapes(fmt.scaling, a.shape[0], counts.size, a.shape[1],
+                                                         b.shape[-1]) if fmt.scaled else ())
+
+
+def _validate_scales(fmt: OperandFormat, scale_a: np.ndarray | None, scale_b: np.ndarray | None,
+                     shapes: tuple[tuple[int, ...], ...]) -> None:
+    if not fmt.scaled:
+        if scale_a is not None or scale_b is not None:
+            raise ValueError(f"{fmt} operands take no scales")
+        return
+    for name, scale, shape in (("scale_a", scale_a, shapes[0]), ("scale_b", scale_b, shapes[1])):
+        if isinstance(scale, np.ndarray) and scale.shape != shape:
+            raise ValueError(f"{name} of {fmt} operands must be {list(shape)}, got {list(scale.shape)}")
+        _require_array(name, scale, FP32, len(shape))
+        if not (np.isfinite(scale) & (scale > 0)).all():
+            raise ValueError(f"{name} must be finite and > 0 (an all-zero group has scale 1)")
 
 
 # Above this many elements random values are drawn in threads, one child generator per slab: numpy's
@@ -112,25 +243,27 @@ THREADED_ELEMENTS = 1 << 28
 SLABS = 32
 
 
-def random_bf16(rng: np.random.Generator, shape: tuple[int, ...], values: Values, scale: float) -> np.ndarray:
-    """Never zeros: zeros hide unwritten outputs and can run faster than real data."""
+def random_values(rng: np.random.Generator, shape: tuple[int, ...], values: Values, scale: float,
+                  dtype: np.dtype = BF16) -> np.ndarray:
+    """``values`` drawn as ``dtype`` (bf16, fp16 or fp32). Random ones are never zeros: zeros hide
+    unwritten outputs and can run faster than real data."""
     if values == "random" and len(shape) > 1 and shape[0] > 1 and int(np.prod(shape)) >= THREADED_ELEMENTS:
-        return _random_bf16_threaded(rng, shape, scale)
+        return _random_threaded(rng, shape, scale, dtype)
     if values == "integer":
         data = rng.integers(-INTEGER_RANGE, INTEGER_RANGE + 1, size=shape)
     elif values == "random":
         data = rng.standard_normal(size=shape, dtype=np.float32) * np.float32(scale)
     else:
         raise ValueError(f"values must be 'random' or 'integer', got {values!r}")
-    return np.ascontiguousarray(data.astype(np.float32).astype(BF16))
+    return np.ascontiguousarray(data.astype(np.float32).astype(dtype))
 
 
-def _random_bf16_threaded(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
+def _random_threaded(rng: np.random.Generator, shape: tuple[int, ...], scale: float, dtype: np.dtype) -> np.ndarray:
     """Standard normal times ``scale``, drawn slab by slab along the first axis in a thread pool
     (numpy releases the GIL while it fills and casts); deterministic for a given ``rng``."""
     from concurrent.futures import ThreadPoolExecutor
 
-    out = np.empty(shape, dtype=BF16)
+    out = np.empty(shape, dtype=dtype)
     bounds = np.linspace(0, shape[0], min(SLABS, shape[0]) + 1).astype(int)
     children = rng.spawn(len(bounds) - 1)
 
@@ -138,33 +271,75 @@ def _random_bf16_threaded(rng: np.random.Generator, shape: tuple[int, ...], scal
         lo, hi = bounds[i], bounds[i + 1]
         slab = children[i].standard_normal(size=(hi - lo, *shape[1:]), dtype=np.float32)
         slab *= np.float32(scale)
-        out[lo:hi] = slab.astype(BF16)
+        out[lo:hi] = slab.astype(dtype)
 
     with ThreadPoolExecutor() as pool:
         list(pool.map(fill, range(len(bounds) - 1)))
     return out
 
 
+def draw_operands(
+    counts: np.ndarray, K: int, N: int, *, values: Values = "random", seed: int | None = None,
+    ragged: RaggedAxis = "M", dtype: np.dtype = BF16,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A, then B [E, K, N] (ragged M) or dC [M_tot, N] (ragged K), drawn as ``dtype`` from one seeded
+    stream. Random values give the forward unit-variance outputs (B scaled by K**-0.5); dC is
+    unit-variance, so dB[e] has variance m_e."""
+    rng = np.random.default_rng(seed)
+    counts = np.asarray(counts)
+    tokens, experts = int(counts.sum()), int(counts.size)
+    a = random_values(rng, (tokens, K), values, 1.0, dtype)
+    if ragged == "M":
+        return a, random_values(rng, (experts, K, N), values, K**-0.5, dtype)
+    return a, random_values(rng, (tokens, N), values, 1.0, dtype)
+
+
+def problem_from_values(
+    a: np.ndarray, b: np.ndarray, counts: np.ndarray, *, skew: float = float("nan"), ragged: RaggedAxis = "M",
+    fmt: OperandFormat = BF16_OPERANDS, out_dtype: np.dtype = BF16, power_of_two_scales: bool = False,
+) -> Problem:
+    """A problem from real-valued operands: cast to the format's 16-bit type, or quantized to e4m3 with
+    scales of its granularity (:func:`~moe_gemm.model.quantize.quantize`; ``power_of_two_scales`` keeps
+    integer-valued inputs exact)."""
+    _validate_kind(ragged, fmt, out_dtype)
+    counts = np.asarray(counts, dtype=np.int64)
+    kind = {"counts": counts, "skew": skew, "ragged": ragged, "fmt": fmt, "out_dtype": out_dtype}
+    if not fmt.scaled:
+        return Problem(a=np.ascontiguousarray(a, dtype=fmt.dtype), b=np.ascontiguousarray(b, dtype=fmt.dtype), **kind)
+    if b.ndim != 3:
+        raise ValueError(f"B must be 3-D, got shape {b.shape}")
+    group_a, group_b = groups(fmt.scaling, a.shape[1])
+    q_a, scale_a = quantize(a, group_a, power_of_two=power_of_two_scales)
+    q_b, scale_b = np.empty(b.shape, dtype=E4M3), np.empty((b.shape[0], *scale_grid(b.shape[1:], group_b)), FP32)
+    for e in range(b.shape[0]):  # an expert at a time: an fp32 copy of all of B can be tens of GB
+        q_b[e], scale_b[e] = quantize(b[e], group_b, power_of_two=power_of_two_scales)
+    shape_a, shape_b = scale_shapes(fmt.scaling, a.shape[0], counts.size, a.shape[1], b.shape[2])
+    return Problem(a=q_a, b=q_b, scale_a=scale_a.reshape(shape_a), scale_b=scale_b.reshape(shape_b), **kind)
+
+
 def problem_from_counts(
     counts: np.ndarray, K: int, N: int, *, values: Values = "random", seed: int | None = None,  # noqa: N803
-    skew: float = float("nan"),
+    skew: float = float("nan"), ragged: RaggedAxis = "M", fmt: OperandFormat = BF16_OPERANDS,
+    out_dtype: np.dtype = BF16,
 ) -> Problem:
-    """Inputs for a given routing. Random values have unit-variance outputs (B scaled by K**-0.5)."""
+    """Inputs for a given routing (:func:`draw_operands`). fp8 operands are drawn as fp32 and quantized;
+    integer-valued ones with power-of-two scales, so that they stay integers and the product exact."""
     require_int("K", K, minimum=1)
     require_int("N", N, minimum=1)
+    _validate_kind(ragged, fmt, out_dtype)
     counts = np.asarray(counts, dtype=np.int64)
     expert_offsets(counts)  # validates the counts
-    rng = np.random.default_rng(seed)
-    tokens, experts = int(counts.sum()), int(counts.size)
-    a = random_bf16(rng, (tokens, K), values, 1.0)
-    b = random_bf16(rng, (experts, K, N), values, K**-0.5)
-    return Problem(a=a, b=b, counts=counts, skew=skew)
+    a, b = draw_operands(counts, K, N, values=values, seed=seed, ragged=ragged, dtype=FP32 if fmt.scaled else fmt.dtype)
+    return problem_from_values(a, b, counts, skew=skew, ragged=ragged, fmt=fmt, out_dtype=out_dtype,
+                               power_of_two_scales=values == "integer")
 
 
 def make_problem(
     experts: int, tokens: int, K: int, N: int, skew: float = 0.0, *,  # noqa: N803
-    values: Values = "random", seed: int | None = None,
+    values: Values = "random", seed: int | None = None, ragged: RaggedAxis = "M",
+    fmt: OperandFormat = BF16_OPERANDS, out_dtype: np.dtype = BF16,
 ) -> Problem:
     """A problem routed with :func:`~moe_gemm.model.routing.expert_counts`."""
     counts = expert_counts(experts, tokens, skew)
-    return problem_from_counts(counts, K, N, values=values, seed=seed, skew=skew)
+    return problem_from_counts(counts, K, N, values=values, seed=seed, skew=skew, ragged=ragged, fmt=fmt,
+                               out_dtype=out_dtype)

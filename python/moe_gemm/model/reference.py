@@ -1,11 +1,19 @@
 """The numpy reference and the checks every kernel's output goes through.
 
+The reference is the product of the operands' real values in fp32 (or float64): A_e @ B[e] per
+expert for ragged M, A_e^T dC_e per expert for ragged K (zeros for an expert with no rows), and for
+fp8 operands the product of the dequantized values (e4m3 times their scales), which is what an FP8
+GEMM must reproduce up to its output rounding.
+
 Two checks, as CUTLASS's examples do them:
 
 * exact, on integer-valued inputs: fp32 accumulation of small integers is exact, so the
-  kernel's bf16 output must equal the float64 product rounded once to bf16, bit for bit;
-* realistic, on random inputs: ``||C - C_ref||_F / ||C_ref||_F <= 1e-2`` for bf16 output,
-  with every element finite (an unwritten, NaN-poisoned tile fails here).
+  kernel's output must equal the float64 product rounded once to the output dtype, bit for bit;
+* realistic, on random inputs: ``||C - C_ref||_F / ||C_ref||_F`` within :data:`REL_TOLERANCES` for
+  the output dtype, with every element finite (an unwritten, NaN-poisoned tile fails here).
+
+For ragged K both also count every element of an expert with no rows that is not exactly zero: the
+kernel must write those zeros, and a relative error over all of dB would hide a few stale ones.
 """
 
 from __future__ import annotations
@@ -14,9 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moe_gemm.model.problem import BF16, Problem
+from moe_gemm.model.problem import BF16, FP32, Problem
+from moe_gemm.model.quantize import dequantize, groups
 
-REL_TOLERANCE = 1e-2
+# The realistic check's bound on ||C - C_ref||_F / ||C_ref||_F, by output dtype. bf16: its rounding
+# alone is about 2**-9 (2e-3). fp32: no output rounding to speak of; what remains is the accumulation
+# order, and FP8 tensor cores keep about 14 bits within each 128-deep block before a kernel promotes
+# the sum to fp32 (DeepSeek-V3 technical report, section 3.3.2), 6e-5; 1e-3 still fails a missing K
+# block or a wrong expert, errors of order 0.1 to 1.
+REL_TOLERANCES: dict[np.dtype, float] = {BF16: 1e-2, FP32: 1e-3}
 
 
 # The last reference computed: a chapter checks many variants on one problem in a row, and at
@@ -25,7 +39,8 @@ _last_reference: tuple[Problem, np.dtype, np.ndarray] | None = None
 
 
 def reference_gemm(problem: Problem, dtype: type = np.float32) -> np.ndarray:
-    """C = A_e @ B[e] per expert, accumulated in ``dtype`` (fp32 or float64), shape [M_tot, N].
+    """The problem's product accumulated in ``dtype`` (fp32 or float64), shape ``problem.out_shape``:
+    C = A_e @ B[e] per expert for ragged M, dB[e] = A_e^T dC_e for ragged K.
 
     The result is read-only and remembered for the next call on the same problem object."""
     global _last_reference
@@ -37,13 +52,33 @@ def reference_gemm(problem: Problem, dtype: type = np.float32) -> np.ndarray:
     return c
 
 
+def _rows_of_a(problem: Problem, lo: int, hi: int, dtype: type) -> np.ndarray:
+    """A's rows lo:hi as real values: dequantized for fp8 (A's scales run along its rows too)."""
+    if not problem.fmt.scaled:
+        return problem.a[lo:hi].astype(dtype)
+    group_a, _ = groups(problem.fmt.scaling, problem.K)
+    return dequantize(problem.a[lo:hi], problem.scale_a[lo:hi], group_a, dtype)
+
+
+def _weights(problem: Problem, e: int, dtype: type) -> np.ndarray:
+    """B[e] [K, N] as real values: dequantized for fp8."""
+    if not problem.fmt.scaled:
+        return problem.b[e].astype(dtype)
+    _, group_b = groups(problem.fmt.scaling, problem.K)
+    return dequantize(problem.b[e], problem.scale_b[e], group_b, dtype)
+
+
 def _compute_reference(problem: Problem, dtype: type) -> np.ndarray:
-    c = np.zeros((problem.tokens, problem.N), dtype=dtype)
+    c = np.zeros(problem.out_shape, dtype=dtype)
     offsets = problem.offsets
     for e in range(problem.experts):
         lo, hi = int(offsets[e]), int(offsets[e + 1])
-        if hi > lo:
-            c[lo:hi] = problem.a[lo:hi].astype(dtype) @ problem.b[e].astype(dtype)
+        if hi == lo:
+            continue  # ragged M: no rows of C; ragged K: dB[e] stays zero
+        if problem.ragged == "M":
+            c[lo:hi] = _rows_of_a(problem, lo, hi, dtype) @ _weights(problem, e, dtype)
+        else:
+            c[e] = _rows_of_a(problem, lo, hi, dtype).T @ problem.b[lo:hi].astype(dtype)
     return c
 
 
@@ -64,17 +99,23 @@ class Check:
 
     rel_error: float
     nonfinite: int  # elements that are NaN or inf (an unwritten tile shows up here)
-    mismatches: int  # elements differing from the exact answer (exact checks only)
+    # elements differing from the exact answer (exact checks), and for ragged K the elements of
+    # experts with no rows that are not exactly zero (both checks)
+    mismatches: int
     exact: bool
+    tolerance: float = REL_TOLERANCES[BF16]  # the realistic check's bound, by output dtype
 
     @property
     def passed(self) -> bool:
         if self.exact:
             return self.mismatches == 0 and self.nonfinite == 0
-        return self.nonfinite == 0 and self.rel_error <= REL_TOLERANCE
+        return self.nonfinite == 0 and self.mismatches == 0 and self.rel_error <= self.tolerance
 
     def describe(self) -> str:
-        kind = f"exact, {self.mismatches} mismatches" if self.exact else f"rel. error {self.rel_error:.2e}"
+        if self.exact:
+            kind = f"exact, {self.mismatches} mismatches"
+        else:
+            kind = f"rel. error {self.rel_error:.2e}" + (f", {self.mismatches} mismatches" if self.mismatches else "")
         return f"{'ok' if self.passed else 'FAILED'} ({kind}, {self.nonfinite} non-finite)"
 
 
@@ -84,6 +125,8 @@ SWIGLU_BLOCK = 64  # columns per gate or up block of an interleaved W_gate_up (m
 def swiglu_reference(problem: Problem) -> np.ndarray:
     """silu(gate) * up from the fp32 product, for B's columns in interleaved 64-column gate / up
     blocks: [M_tot, N / 2], what k6's fused SwiGLU epilogue writes (kernels/k6_persistent.cu)."""
+    if problem.ragged != "M":
+        raise ValueError("the SwiGLU reference is the forward's epilogue: it needs a ragged-M problem")
     if problem.N % (2 * SWIGLU_BLOCK):
         raise ValueError(f"the SwiGLU reference needs N a multiple of {2 * SWIGLU_BLOCK}, got {problem.N}")
     c = reference_gemm(problem).reshape(problem.tokens, problem.N // (2 * SWIGLU_BLOCK), 2, SWIGLU_BLOCK)
@@ -92,9 +135,9 @@ def swiglu_reference(problem: Problem) -> np.ndarray:
 
 
 def check_output(c: np.ndarray, problem: Problem, *, exact: bool = False, epilogue: str = "none") -> Check:
-    """Compare a kernel's bf16 output with the reference; ``exact`` for integer-valued inputs.
-    ``epilogue="swiglu"`` compares with :func:`swiglu_reference`, always within the tolerance (silu
-    of integers is no integer)."""
+    """Compare a kernel's output (the problem's ``out_shape`` and ``out_dtype``) with the reference;
+    ``exact`` for integer-valued inputs. ``epilogue="swiglu"`` compares with :func:`swiglu_reference`,
+    always within the tolerance (silu of integers is no integer)."""
     c = np.asarray(c)
     if epilogue == "swiglu":
         c32 = c.astype(np.float32)
@@ -102,13 +145,24 @@ def check_output(c: np.ndarray, problem: Problem, *, exact: bool = False, epilog
         if c.shape != expected.shape:
             raise ValueError(f"output shape {c.shape} differs from the expected {expected.shape}")
         return Check(relative_error(c32, expected), int((~np.isfinite(c32)).sum()), 0, exact=False)
-    expected_shape = (problem.tokens, problem.N)
-    if c.shape != expected_shape:
-        raise ValueError(f"output shape {c.shape} differs from the expected {expected_shape}")
+    if c.shape != problem.out_shape:
+        raise ValueError(f"output shape {c.shape} differs from the expected {problem.out_shape}")
+    if c.dtype != problem.out_dtype:
+        raise ValueError(f"output dtype {c.dtype} differs from the problem's {problem.out_dtype}")
     c32 = c.astype(np.float32)
     nonfinite = int((~np.isfinite(c32)).sum())
+    unwritten_zeros = _nonzero_empty_experts(c32, problem)
+    tolerance = REL_TOLERANCES[problem.out_dtype]
     if exact:
-        expected = reference_gemm(problem, np.float64).astype(np.float32).astype(BF16).astype(np.float32)
+        expected = reference_gemm(problem, np.float64).astype(np.float32).astype(problem.out_dtype).astype(np.float32)
         mismatches = int((c32 != expected).sum())
-        return Check(relative_error(c32, expected), nonfinite, mismatches, exact=True)
-    return Check(relative_error(c32, reference_gemm(problem)), nonfinite, 0, exact=False)
+        return Check(relative_error(c32, expected), nonfinite, mismatches, exact=True, tolerance=tolerance)
+    return Check(relative_error(c32, reference_gemm(problem)), nonfinite, unwritten_zeros, exact=False,
+                 tolerance=tolerance)
+
+
+def _nonzero_empty_experts(c: np.ndarray, problem: Problem) -> int:
+    """Ragged K: the elements of dB[e] for experts with no rows that are not exactly 0 (NaN included)."""
+    if problem.ragged != "K":
+        return 0
+    return int((c[np.asarray(problem.counts) == 0] != 0).sum())

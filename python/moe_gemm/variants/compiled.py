@@ -1,14 +1,42 @@
-"""What every NVRTC-compiled variant (k1, k2, ...) shares: compiling, resources, input checks."""
+"""What every NVRTC-compiled variant (k1, k2, ...) shares: compiling, resources, input checks.
+
+A variant declares the kind of problem it takes (its ragged axes, operand formats and output dtypes)
+and :func:`require_takes` refuses any other before a launch, so a forward kernel handed a weight
+gradient or FP8 operands says so instead of reading them as bf16 [E, K, N].
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from moe_gemm.cuda.device import DeviceProblem
 from moe_gemm.cuda.nvrtc import CompiledKernel, compile_kernel
 from moe_gemm.cuda.variant import Resources
-from moe_gemm.model.problem import BF16
+from moe_gemm.model.problem import BF16, BF16_OPERANDS, OperandFormat, Problem, RaggedAxis, dtype_name
+
+# What every variant up to chapter 08 takes: the forward, ragged along M, bf16 operands, bf16 output.
+FORWARD_RAGGED_AXES: tuple[RaggedAxis, ...] = ("M",)
+FORWARD_FORMATS: tuple[OperandFormat, ...] = (BF16_OPERANDS,)
+FORWARD_OUT_DTYPES: tuple[np.dtype, ...] = (BF16,)
+
+
+def require_takes(
+    variant: str, problem: Problem, ragged_axes: Sequence[RaggedAxis] = FORWARD_RAGGED_AXES,
+    formats: Sequence[OperandFormat] = FORWARD_FORMATS, out_dtypes: Sequence[np.dtype] = FORWARD_OUT_DTYPES,
+) -> None:
+    """ValueError naming what ``variant`` takes unless the problem's ragged axis, operand format and
+    output dtype are among ``ragged_axes``, ``formats`` and ``out_dtypes``. Needs no GPU."""
+    takes = (f"{variant} takes {' or '.join(f'ragged-{axis}' for axis in ragged_axes)} "
+             f"{' or '.join(map(str, formats))} problems with {' or '.join(map(dtype_name, out_dtypes))} output")
+    if problem.ragged not in ragged_axes:
+        raise ValueError(f"{takes}; this one is ragged along {problem.ragged}")
+    if problem.fmt not in formats:
+        raise ValueError(f"{takes}; this one has {problem.fmt} operands")
+    if problem.out_dtype not in out_dtypes:
+        raise ValueError(f"{takes}; this one wants {dtype_name(problem.out_dtype)} output")
 
 
 class CompiledVariant:
@@ -21,6 +49,10 @@ class CompiledVariant:
     source: str
     warps_per_block: int
     name: str
+    # the kind of problem it takes (require_takes); a weight-gradient or FP8 kernel overrides them
+    ragged_axes: tuple[RaggedAxis, ...] = FORWARD_RAGGED_AXES
+    formats: tuple[OperandFormat, ...] = FORWARD_FORMATS
+    out_dtypes: tuple[np.dtype, ...] = FORWARD_OUT_DTYPES
 
     @property
     def kernel_name(self) -> str:
@@ -48,12 +80,17 @@ class CompiledVariant:
                          smem_bytes=report.static_smem_bytes + self.dynamic_smem_bytes,
                          spill_bytes=report.spill_bytes, warps_per_block=self.warps_per_block)
 
-    def require_bf16_inputs(self, dev: DeviceProblem) -> None:
-        """ValueError unless A and B are on the device as bf16 in the problem's shapes."""
+    def require_inputs(self, dev: DeviceProblem) -> None:
+        """ValueError unless this variant takes the problem (:func:`require_takes`) and its inputs are on the
+        device as the problem holds them (type and shape)."""
         problem = dev.problem
-        for label, array, shape in (("A", dev.a, problem.a.shape), ("B", dev.b, problem.b.shape)):
-            if array.dtype != BF16 or array.shape != shape:
-                raise ValueError(f"{self.name} needs {label} as bf16 {shape} on the device, "
+        require_takes(self.name, problem, self.ragged_axes, self.formats, self.out_dtypes)
+        inputs = [("A", dev.a, problem.a), ("B" if problem.ragged == "M" else "dC", dev.b, problem.b)]
+        if problem.fmt.scaled:
+            inputs += [("scale_a", dev.scale_a, problem.scale_a), ("scale_b", dev.scale_b, problem.scale_b)]
+        for label, array, host in inputs:
+            if array.dtype != host.dtype or array.shape != host.shape:
+                raise ValueError(f"{self.name} needs {label} as {dtype_name(host.dtype)} {host.shape} on the device, "
                                  f"got {array.dtype} {array.shape}")
 
 

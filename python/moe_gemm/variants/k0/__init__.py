@@ -22,6 +22,7 @@ from moe_gemm.cuda.gpu import detect_gpu, require_capability
 from moe_gemm.cuda.variant import Prepared, Resources
 from moe_gemm.model.problem import BF16
 from moe_gemm.model.tiles import tile_list
+from moe_gemm.variants.compiled import require_takes
 from moe_gemm.variants.k0.numba_loader import (
     as_numba_array,
     kernel_resources,
@@ -117,6 +118,7 @@ class K0Fp32:
     def prepare(self, dev: DeviceProblem) -> Prepared:
         require_numba_cuda()
         problem = dev.problem
+        require_takes(self.name, problem)
         for name, array, shape in (("A", dev.a, problem.a.shape), ("B", dev.b, problem.b.shape)):
             if array.dtype != BF16 or tuple(array.shape) != tuple(shape):
                 raise ValueError(f"k0 needs {name} as bf16 {shape} on the device, got {array.dtype} {array.shape}")

@@ -83,7 +83,7 @@ class K2TmaWs(CompiledVariant):
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem
-        self.require_bf16_inputs(dev)
+        self.require_inputs(dev)
         check_inputs(problem.K, problem.N, dev.a.ptr, dev.b.ptr)
         gpu = require_capability(detect_gpu(), MIN_CAPABILITY,
                                  f"{self.name} (TMA and mbarrier transaction counts)")

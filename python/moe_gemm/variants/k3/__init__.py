@@ -81,7 +81,7 @@ class K3Wgmma(NamedConfigVariant):
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem
-        self.require_bf16_inputs(dev)
+        self.require_inputs(dev)
         b = transposed_b(dev) if self.config.b_layout == "nk" and problem.tokens else dev.b
         check_inputs(problem.K, problem.N, dev.a.ptr, b.ptr)
         gpu = require_sm90a(self.name)

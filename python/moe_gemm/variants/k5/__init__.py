@@ -94,7 +94,7 @@ class K5Adaptive(NamedConfigVariant):
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem
-        self.require_bf16_inputs(dev)
+        self.require_inputs(dev)
         check_inputs(problem.K, problem.N, dev.a.ptr, dev.b.ptr)
         if self.config.schedule == "device" and problem.experts > MAX_EXPERTS:
             raise ValueError(f"{self.name}: the device schedule takes at most {MAX_EXPERTS} experts "

@@ -90,7 +90,7 @@ class K6Persistent(NamedConfigVariant):
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem, config = dev.problem, self.config
-        self.require_bf16_inputs(dev)
+        self.require_inputs(dev)
         b = transposed_b(dev) if config.b_layout == "nk" and problem.tokens else dev.b
         check_inputs(config, problem.experts, problem.K, problem.N, dev.a.ptr, b.ptr, self.name)
         if config.epilogue == "swiglu" and problem.N % (2 * BOX):

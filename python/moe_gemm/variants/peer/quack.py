@@ -71,6 +71,7 @@ from moe_gemm.cuda.device import DeviceProblem, synchronize
 from moe_gemm.cuda.gpu import detect_gpu
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.problem import BF16
+from moe_gemm.variants.compiled import require_takes
 from moe_gemm.variants.peer.torch import _torch, torch_stream, torch_view
 
 PEER_QUACK = "peer/quack"
@@ -269,6 +270,7 @@ class QuackVarlenM:
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem
+        require_takes(self.name, problem)
         check_device_problem(self.name, dev)  # quack's rules first: no import, no GPU needed
         require_quack_gpu(self.name)
         iface = _quack(self.name)

@@ -27,6 +27,7 @@ from moe_gemm.cuda.device import BF16_NAN_BITS, DeviceArray, DeviceProblem, stre
 from moe_gemm.cuda.gpu import detect_gpu, require_capability
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.problem import BF16
+from moe_gemm.variants.compiled import require_takes
 
 PEER_GROUPED_MM = "peer/torch_grouped_mm"
 PEER_GROUPED_MM_KMAJOR = "peer/torch_grouped_mm-kmajor"  # the same call, B column-major (K contiguous)
@@ -147,6 +148,7 @@ class TorchGroupedMM:
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem
+        require_takes(self.name, problem)
         torch = _torch(self.name)
         require_capability(detect_gpu(), GROUPED_MM_MIN_CAPABILITY, f"{self.name} (CUTLASS grouped GEMM)")
         if not hasattr(torch, "_grouped_mm"):
@@ -184,6 +186,7 @@ class TorchLoop:
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem
+        require_takes(self.name, problem)
         torch = _torch(self.name)
         require_capability(detect_gpu(), LOOP_MIN_CAPABILITY, f"{self.name} (cuBLAS bf16 GEMM)")
         output = dev.new_output()
