@@ -167,7 +167,7 @@ def test_the_row_bound_is_16x_the_largest_measured_m_tot() -> None:
 
 
 def test_a_layers_tokens_stay_within_the_row_bound() -> None:
-    from moe_gemm.model.layers import LAYERS
+    from moe_gemm.model.workloads import LAYERS
 
     top_k = max(shape.top_k for shape in LAYERS.values())
     assert top_k == 8 and MAX_LAYER_TOKENS.value * top_k == MAX_ROWS.value
@@ -175,7 +175,7 @@ def test_a_layers_tokens_stay_within_the_row_bound() -> None:
 
 
 def test_the_expert_bound_is_the_first_e_no_grouped_gemm_here_runs() -> None:
-    from moe_gemm.model.layers import LAYERS
+    from moe_gemm.model.workloads import LAYERS
     from moe_gemm.variants.k6.config import MAX_EXPERTS as WALK_MAX_EXPERTS
     from moe_gemm.variants.peer.torch import GROUPED_MM_MAX_GROUPS
 
@@ -193,7 +193,7 @@ def test_at_the_skew_bound_the_heaviest_expert_holds_92_percent() -> None:
 
 
 def test_the_dimension_bound_is_above_every_layers_projection() -> None:
-    from moe_gemm.model.layers import LAYERS
+    from moe_gemm.model.workloads import LAYERS
 
     widest = max(max(2 * s.intermediate, s.hidden) for s in LAYERS.values())
     assert widest == 28672 < MAX_DIMENSION.value

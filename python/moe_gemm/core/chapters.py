@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
+from moe_gemm.core.cli import run_main
 from moe_gemm.core.paths import CHAPTERS_DIR
 
 ANY_CAPABILITY = (0, 0)  # k0: numba-cuda compiles it for whatever GPU is here
@@ -103,4 +103,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

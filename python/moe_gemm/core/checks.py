@@ -25,7 +25,7 @@ class Limit:
 # 2**20 rows, and whose relative error makes two float64 copies of it (45 GB more).
 MAX_ROWS = Limit(2**20, "16x the largest M_tot measured; the numpy reference's C is 11 GB there")
 # Tokens of a whole MoE layer (chapter 08): each token is routed to top_k experts, at most 8 in
-# model.layers.LAYERS, so the layer's routed rows stay within MAX_ROWS.
+# model.workloads.LAYERS, so the layer's routed rows stay within MAX_ROWS.
 MAX_LAYER_TOKENS = Limit(MAX_ROWS.value // 8, "at top_k = 8 experts per token, the 2**20 routed rows M_tot takes")
 # E: the largest layer here has 256 experts (DeepSeek-V3-like), as many as k6's device walk holds
 # (walk::MAX_EXPERTS in kernels/tile_walk.cuh), and torch._grouped_mm takes fewer than 1,024 groups:
