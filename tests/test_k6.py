@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from moe_gemm.variants.k6 import K6Persistent, ladder
-from moe_gemm.variants.k6.config import AUTO_CANDIDATES, FUSED, LADDER, SMEM_LIMIT, K6Config
+from moe_gemm.variants.k6.config import AUTO_CANDIDATES, FUSED, LADDER, K6Config
 from moe_gemm.variants.k6.walk import expert_units, unit_list
+from moe_gemm.variants.sm90.config import SMEM_LIMIT
 
 
 @pytest.mark.parametrize("name", list(LADDER))

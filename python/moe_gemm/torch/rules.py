@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from moe_gemm.cuda.tensormap import GLOBAL_ALIGN as TMA_ALIGN
 from moe_gemm.model.reference import SWIGLU_BLOCK
-from moe_gemm.variants.k3.config import BK
-from moe_gemm.variants.k3.config import REQUIRED_CAPABILITY as SM90A
 from moe_gemm.variants.k6.config import MAX_EXPERTS
+from moe_gemm.variants.sm90.config import BK
+from moe_gemm.variants.sm90.config import REQUIRED_CAPABILITY as SM90A
 
 
 @dataclass(frozen=True)

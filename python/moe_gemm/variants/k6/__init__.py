@@ -30,30 +30,28 @@ from moe_gemm.cuda.tensormap import matrix_map
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.edge_cases import EdgeCase
 from moe_gemm.variants.compiled import NamedConfigVariant
-from moe_gemm.variants.k3 import transposed_b
-from moe_gemm.variants.k3.config import BK, BOX
-from moe_gemm.variants.k3.maps import check_inputs as k3_check_inputs
-from moe_gemm.variants.k3.maps import output_map, plan_argument, plans, require_sm90a, weight_map
 from moe_gemm.variants.k6.config import (
     FUSED,
     KERNEL_FUNCTION,
     LADDER,
     MAX_EXPERTS,
     SANITIZED,
-    SMEM_LIMIT,
     SOURCE,
     STATIC_SMEM_ALLOWANCE,
     THREADS,
     K6Config,
 )
 from moe_gemm.variants.k6.walk import unit_list
+from moe_gemm.variants.sm90.config import BK, BOX, SMEM_LIMIT
+from moe_gemm.variants.sm90.maps import check_inputs as sm90_check_inputs
+from moe_gemm.variants.sm90.maps import output_map, plan_argument, plans, require_sm90a, transposed_b, weight_map
 
 
 def check_inputs(config: K6Config, experts: int, K: int, N: int, a_address: int = 0, b_address: int = 0,  # noqa: N803
                  name: str = "k6") -> None:
-    """ValueError naming the first rule these inputs break: k3's TMA rules, then the device walk's
+    """ValueError naming the first rule these inputs break: chapter 04's TMA rules, then the device walk's
     256 experts (its prefix sums live in shared memory)."""
-    k3_check_inputs(K, N, a_address, b_address, kernel=name)
+    sm90_check_inputs(name, K, N, a_address, b_address)
     if config.schedule == "device" and experts > MAX_EXPERTS:
         raise ValueError(f"{name}: the device walk takes at most {MAX_EXPERTS} experts (its prefix sums live in "
                          f"shared memory), got {experts}")
@@ -150,7 +148,7 @@ class K6Persistent(NamedConfigVariant):
         config = self.config
         maps = tuple(TensorMapArg(m.encode()) for m in self.tensor_maps(a_address, b_address, c_address, tokens,
                                                                           experts, K, N))
-        plan_a, plan_b = plans(config)
+        plan_a, plan_b = plans(config.b_layout)
         return (*maps, c_address, units_address, np.int32(units), ends_address, np.int32(experts),
                 np.int32(config.group), np.int32(K), np.int32(N), plan_argument(plan_a), plan_argument(plan_b))
 

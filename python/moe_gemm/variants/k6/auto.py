@@ -111,7 +111,7 @@ class K6Auto:
 
     def choose(self, dev: DeviceProblem) -> dict[str, Any]:
         """The cached choice for this shape, or a fresh tuning (kept on disk)."""
-        from moe_gemm.variants.k3.maps import require_sm90a
+        from moe_gemm.variants.sm90.maps import require_sm90a
 
         problem = dev.problem
         gpu = require_sm90a(self.name)
