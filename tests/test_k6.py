@@ -104,3 +104,44 @@ def test_the_robust_rule_picks_the_rung_closest_to_the_best_on_both_routings():
     assert robust_choice([{"a": 1.0, "b": 2.0}, {"b": 1.0}]) == "b"  # only candidates timed on both count
     with pytest.raises(ValueError, match="every routing"):
         robust_choice([{"a": 1.0}, {"b": 1.0}])
+
+def test_k6_auto_tunes_through_the_shared_loop(monkeypatch, tmp_path):
+    """K6Auto with the GPU replaced: each candidate timed on the routing at hand and on the skewed one
+    (the problem rerouted once per routing), one that refuses the shape left out, the robust choice kept
+    in the cache file and read back without timing."""
+    from types import SimpleNamespace
+
+    from moe_gemm.cuda.gpu import GpuInfo
+    from moe_gemm.model.problem import problem_from_counts
+    from moe_gemm.variants.k6 import auto
+
+    problem = problem_from_counts(np.array([100, 28, 0, 128]), 64, 256)
+    rerouted = []
+    dev = SimpleNamespace(problem=problem, rerouted=lambda counts: rerouted.append(counts.tolist()) or "skewed")
+    made_up = {"k6/pingpong-bn192": (1.0, 3.0), "k6/coop256-cluster-bn192": (1.1, 1.2)}
+    timed = []
+
+    def prepare(variant, routed):
+        if variant.name == "k6/pingpong-bn128":
+            raise ValueError("k6/pingpong-bn128 cannot take these inputs")
+        return SimpleNamespace(launch=lambda: timed.append((variant.name, routed)))
+
+    def median_ms(run):
+        run()
+        name, routed = timed[-1]
+        return made_up.get(name, (9.0, 9.0))[1 if routed == "skewed" else 0]
+
+    monkeypatch.setattr(auto, "require_sm90a", lambda name: GpuInfo("Test GPU", (9, 0), 132, 13000))
+    monkeypatch.setattr(K6Persistent, "prepare", prepare)
+    monkeypatch.setattr(auto, "median_ms", median_ms)
+    chooser = auto.K6Auto(cache_file=tmp_path / "auto.json")
+    chosen = chooser.choose(dev)
+    assert chosen["choice"] == "k6/coop256-cluster-bn192" and chosen["tuning"] == "tuned"
+    assert len(rerouted) == 1 and sum(rerouted[0]) == problem.tokens
+    others = [name for name in AUTO_CANDIDATES if name != "k6/pingpong-bn128"]
+    assert timed == [(name, dev) for name in others] + [(name, "skewed") for name in others]
+    assert set(chosen["timings_ms"]) == set(others) and chosen["robust_skew"] == auto.ROBUST_SKEW
+    assert chooser.choose(dev)["tuning"] == "cached" and len(timed) == 2 * len(others)
+    key = auto.shape_key(problem.tokens, 4, 64, 256, "kn", "Test GPU")
+    assert auto.recall(key, tmp_path / "auto.json")["choice"] == "k6/coop256-cluster-bn192"
+
