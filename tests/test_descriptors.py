@@ -20,8 +20,8 @@ from moe_gemm.cuda.descriptors import (
 )
 from moe_gemm.model.problem import BF16
 from moe_gemm.variants.k3.config import LADDER, K3Config
-from moe_gemm.variants.k3.maps import plans
 from moe_gemm.variants.k3.mirror import stage_image, warpgroup_descriptors
+from moe_gemm.variants.sm90.maps import plans
 
 
 def integer_tile(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -170,7 +170,7 @@ def test_every_k3_descriptor_reads_its_logical_sub_tile(name):
     b = integer_tile(rng, (64, config.bn))  # logical [K, N] whatever the layout in memory
     stage = 2  # not stage 0: the ring offset must be part of what is checked
     smem, ring = stage_image(config, a, b, stage)
-    plan_a, plan_b = plans(config)
+    plan_a, plan_b = plans(config.b_layout)
     seen = 0
     for wg, i, kk, rows, cols, desc_a, desc_b in warpgroup_descriptors(config, ring, stage):
         got_a = read_operand(smem, decode_wgmma(desc_a), plan_a.major, 64)
@@ -192,7 +192,7 @@ def test_interpreted_wgmma_products_give_the_tile(name):
     a = integer_tile(rng, (config.bm, 64))
     b = integer_tile(rng, (64, config.bn))
     smem, ring = stage_image(config, a, b, 1)
-    plan_a, plan_b = plans(config)
+    plan_a, plan_b = plans(config.b_layout)
     expected = a.astype(np.float64) @ b.astype(np.float64)
     out = np.zeros_like(expected)
     for _, _, kk, rows, cols, desc_a, desc_b in warpgroup_descriptors(config, ring, 1):

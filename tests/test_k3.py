@@ -11,10 +11,9 @@ from moe_gemm.cuda.sass import opcode_counts
 from moe_gemm.model.occupancy import residency
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import tile_list
-from moe_gemm.variants.k3 import K3Wgmma
+from moe_gemm.variants.k3 import K3Wgmma, check_inputs
 from moe_gemm.variants.k3.clusters import cluster_pairs
 from moe_gemm.variants.k3.config import LADDER
-from moe_gemm.variants.k3.maps import check_inputs
 from moe_gemm.variants.k3.mirror import warpgroup_split
 
 OPCODES = ("HGMMA", "UTMALDG", "SYNCS", "USETMAXREG", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "UCGABAR",

@@ -176,12 +176,12 @@ def test_figures_are_generated_without_a_gpu(tmp_path):
     assert all(r["estimate"] >= 2 * r["seed_k2"] for r in rows)
 
 
-def test_k4_loads_its_operands_through_k3s_tensor_maps():
-    """k4's prepare() builds A and B maps with k3.operand_maps; on the CPU the maps' own rules are checked."""
-    from moe_gemm.variants.k3.maps import operand_maps
+def test_k4_loads_its_operands_through_chapter_04s_tensor_maps():
+    """k4's prepare() builds A and B maps with sm90.maps.operand_maps; on the CPU the maps' own rules are checked."""
+    from moe_gemm.variants.sm90.maps import operand_maps
 
     for name, config in k4.CONFIGS.items():
-        a_map, b_map = operand_maps(config, 0x10000, 0x20000, 1000, 8, 1024, 2688)
+        a_map, b_map = operand_maps(config.bm, config.b_layout, 0x10000, 0x20000, 1000, 8, 1024, 2688)
         assert a_map.box == (64, 128), name  # 64 of K x BM = 128 rows
         assert b_map.box == (64, 64, 1), name
         assert b_map.name == ("B" if config.b_layout == "kn" else "B^T"), name

@@ -1,15 +1,34 @@
 """k6 without a GPU: every rung compiles for sm_90a without spills and within 227 KB, its SASS has the
-instructions each rung is about, the host walk visits every tile once in the grouped order, and
-the chooser's cache and the refusals behave."""
+instructions each rung is about, the host walk visits every tile once in the grouped order, the
+chooser's cache and the refusals behave, and the kernel and the Python agree on what they share: the
+shared-memory budget, the device walk's experts, the block size, the template parameters each
+configuration instantiates and the parameters each launch passes."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from moe_gemm.cuda.tensormap import TiledMap
 from moe_gemm.variants.k6 import K6Persistent, ladder
-from moe_gemm.variants.k6.config import AUTO_CANDIDATES, FUSED, LADDER, SMEM_LIMIT, K6Config
+from moe_gemm.variants.k6.config import (
+    AUTO_CANDIDATES,
+    FUSED,
+    LADDER,
+    MAX_EXPERTS,
+    STATIC_SMEM_ALLOWANCE,
+    THREADS,
+    K6Config,
+)
+from moe_gemm.variants.k6.launch import arguments
 from moe_gemm.variants.k6.walk import expert_units, unit_list
+from moe_gemm.variants.sm90.config import PLAN_DTYPE, SMEM_LIMIT
+
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+SOURCE = (KERNELS / "k6_persistent.cu").read_text()
 
 
 @pytest.mark.parametrize("name", list(LADDER))
@@ -107,3 +126,119 @@ def test_the_robust_rule_picks_the_rung_closest_to_the_best_on_both_routings():
     assert robust_choice([{"a": 1.0, "b": 2.0}, {"b": 1.0}]) == "b"  # only candidates timed on both count
     with pytest.raises(ValueError, match="every routing"):
         robust_choice([{"a": 1.0}, {"b": 1.0}])
+
+
+def test_k6_auto_tunes_through_the_shared_loop(monkeypatch, tmp_path):
+    """K6Auto with the GPU replaced: each candidate timed on the routing at hand and on the skewed one
+    (the problem rerouted once per routing), one that refuses the shape left out, the robust choice kept
+    in the cache file and read back without timing."""
+    from types import SimpleNamespace
+
+    from moe_gemm.cuda.gpu import GpuInfo
+    from moe_gemm.model.problem import problem_from_counts
+    from moe_gemm.variants.k6 import auto
+
+    problem = problem_from_counts(np.array([100, 28, 0, 128]), 64, 256)
+    rerouted = []
+    dev = SimpleNamespace(problem=problem, rerouted=lambda counts: rerouted.append(counts.tolist()) or "skewed")
+    made_up = {"k6/pingpong-bn192": (1.0, 3.0), "k6/coop256-cluster-bn192": (1.1, 1.2)}
+    timed = []
+
+    def prepare(variant, routed):
+        if variant.name == "k6/pingpong-bn128":
+            raise ValueError("k6/pingpong-bn128 cannot take these inputs")
+        return SimpleNamespace(launch=lambda: timed.append((variant.name, routed)))
+
+    def median_ms(run):
+        run()
+        name, routed = timed[-1]
+        return made_up.get(name, (9.0, 9.0))[1 if routed == "skewed" else 0]
+
+    monkeypatch.setattr(auto, "require_sm90a", lambda name: GpuInfo("Test GPU", (9, 0), 132, 13000))
+    monkeypatch.setattr(K6Persistent, "prepare", prepare)
+    monkeypatch.setattr(auto, "median_ms", median_ms)
+    chooser = auto.K6Auto(cache_file=tmp_path / "auto.json")
+    chosen = chooser.choose(dev)
+    assert chosen["choice"] == "k6/coop256-cluster-bn192" and chosen["tuning"] == "tuned"
+    assert len(rerouted) == 1 and sum(rerouted[0]) == problem.tokens
+    others = [name for name in AUTO_CANDIDATES if name != "k6/pingpong-bn128"]
+    assert timed == [(name, dev) for name in others] + [(name, "skewed") for name in others]
+    assert set(chosen["timings_ms"]) == set(others) and chosen["robust_skew"] == auto.ROBUST_SKEW
+    assert chooser.choose(dev)["tuning"] == "cached" and len(timed) == 2 * len(others)
+    key = auto.shape_key(problem.tokens, 4, 64, 256, "kn", "Test GPU")
+    assert auto.recall(key, tmp_path / "auto.json")["choice"] == "k6/coop256-cluster-bn192"
+
+
+# ---- what the kernel and the Python share -------------------------------------------------------
+
+def entry_points() -> dict[str, tuple[list[tuple[str, str]], str]]:
+    """The __global__ templates of kernels/k6_persistent.cu: name -> ([(kind, parameter)], attributes)."""
+    found = re.findall(r"template <([^>]*)>\s*__global__ void (.*?)(\w+)\(K6_PARAMS\)", SOURCE)
+    return {name: ([tuple(p.split()) for p in params.split(",")], attributes) for params, attributes, name in found}
+
+
+def test_the_shared_memory_budget_is_the_kernels():
+    """The kernel asserts ring + staging + alignment <= the block's limit less the static allowance."""
+    budget = re.search(r"SWIZZLE_ALIGN <= (\d+) - (\d+),", SOURCE)
+    assert (int(budget.group(1)), int(budget.group(2))) == (SMEM_LIMIT, STATIC_SMEM_ALLOWANCE)
+
+
+def test_the_static_allowance_is_the_largest_static_shared_memory_rounded_up():
+    static = [K6Persistent(name).compile("sm_90a").report.static_smem_bytes for name in {**LADDER, **FUSED}]
+    assert max(static) <= STATIC_SMEM_ALLOWANCE < max(static) + 256
+
+
+def test_the_device_walk_and_the_block_are_the_kernels():
+    walk = (KERNELS / "tile_walk.cuh").read_text()
+    assert int(re.search(r"\bMAX_EXPERTS = (\d+)", walk).group(1)) == MAX_EXPERTS
+    warpgroup = int(re.search(r"constexpr int WARPGROUP = (\d+);", (KERNELS / "wgmma_config.cuh").read_text()).group(1))
+    entries = entry_points()
+    assert sorted(entries) == ["k6_persistent", "k6_persistent_cluster2", "k6_persistent_swiglu",
+                               "k6_persistent_swiglu_cluster2"]
+    for name, (_, attributes) in entries.items():
+        warpgroups = re.search(r"__launch_bounds__\((\d+) \* sm90::WARPGROUP, 1\)", attributes)
+        assert warpgroups and int(warpgroups.group(1)) * warpgroup == THREADS, name
+        assert ("__cluster_dims__(2, 1, 1)" in attributes) == name.endswith("_cluster2"), name
+
+
+def test_every_kernel_name_fills_its_template_in_order():
+    """Each configuration's kernel_name against the C++ template it instantiates: as many arguments as
+    the template has parameters, each of the parameter's kind and holding the configuration's value."""
+    entries = entry_points()
+    used = set()
+    for name, config in {**LADDER, **FUSED}.items():
+        entry, values = re.fullmatch(r"(\w+)<(.*)>", config.kernel_name).groups()
+        parameters, _ = entries[entry]
+        values = [v.strip() for v in values.split(",")]
+        assert len(values) == len(parameters), name
+        wanted = {"MODE": 0 if config.mode == "pingpong" else 1, "BN": config.bn, "STAGES": config.stages,
+                  "B_K_MAJOR": config.b_layout == "nk", "STAGING_BOXES": config.staging_boxes,
+                  "DEVICE_SCHEDULE": config.schedule == "device", "ALONG_M": config.cluster_along == "m"}
+        for (kind, parameter), value in zip(parameters, values):
+            given = {"true": True, "false": False}[value] if kind == "bool" else int(value)
+            assert given == wanted[parameter] and type(given) is type(wanted[parameter]), (name, parameter, value)
+        used.add(entry)
+    assert used == set(entries)  # every entry point is some configuration's
+
+
+def test_the_arguments_are_k6_params_in_number_kind_and_order():
+    macro = re.search(r"#define K6_PARAMS(.*?)\n\n", SOURCE, re.S).group(1)
+    parameters = [p.split() for p in re.sub(r"/\*.*?\*/|\\", " ", macro).split(",")]
+
+    def kind(declaration: list[str]) -> str:
+        text = " ".join(declaration[:-1])
+        if "CUtensorMap" in text:
+            return "tensor map"
+        if "OperandPlan" in text:
+            return "plan"
+        return "pointer" if "*" in text else text  # 'int'
+
+    config = LADDER["k6/pingpong-cluster-bn192-host"]
+    args = arguments(config, 0x10000, 0x20000, 0x30000, 0x40004, 1000, 64, 1024, 2688, 0x50000, 37)
+    kinds = ["tensor map" if isinstance(arg, TiledMap) else "plan" if getattr(arg, "dtype", None) == PLAN_DTYPE
+             else "int" if isinstance(arg, np.int32) else "pointer" if type(arg) is int else repr(arg) for arg in args]
+    assert kinds == [kind(p) for p in parameters]
+    by_name = dict(zip((p[-1] for p in parameters), args))
+    assert {name: by_name[name] for name in ("C", "units_list", "num_units", "ends", "experts", "group", "K", "N")} \
+        == {"C": 0x30000, "units_list": 0x50000, "num_units": 37, "ends": 0x40004, "experts": 64, "group": 1,
+            "K": 1024, "N": 2688}

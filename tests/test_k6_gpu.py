@@ -130,9 +130,9 @@ def test_one_graph_replayed_with_changing_routings(sm90a):
 def test_refusals_before_any_launch(sm90a):
     from moe_gemm.cuda.device import DeviceProblem
 
-    with pytest.raises(ValueError, match="at most 256 experts"):
+    with pytest.raises(ValueError, match="the device walk holds at most 256"):
         K6Persistent("k6/pingpong-bn128").prepare(DeviceProblem(problem_from_counts(np.ones(257, dtype=int), 64, 64)))
-    with pytest.raises(ValueError, match="multiple of BK = 64"):
+    with pytest.raises(ValueError, match="K = 96 is not a multiple of 64"):
         K6Persistent("k6/pingpong-bn128").prepare(DeviceProblem(problem_from_counts(np.array([5]), 96, 64)))
 
 

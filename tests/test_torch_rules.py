@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm.torch.rules import Operands, b_layout, check, check_offsets, route
+from moe_gemm.torch.rules import Operands, check, check_offsets, route
 
 
 def operands(M=1000, K=1024, N=2688, E=64, **changes):  # noqa: N803
@@ -55,13 +55,6 @@ def test_what_k6_cannot_take_goes_to_torch_with_the_reason(changes, reason):
     chosen = route(operands(**changes))
     assert chosen.kernel == "torch"
     assert reason in chosen.reason
-
-
-def test_b_layouts():
-    assert b_layout((4, 64, 128), (64 * 128, 128, 1)) == "kn"
-    assert b_layout((4, 64, 128), (64 * 128, 1, 64)) == "nk"
-    assert b_layout((1, 64, 128), (0, 128, 1)) == "kn"  # one expert: its stride does not matter
-    assert b_layout((4, 64, 128), (64 * 128, 256, 2)) is None
 
 
 def test_offsets_must_rise_and_end_at_m_tot():

@@ -103,16 +103,6 @@ def _k6(name: str, layout: str) -> Any:
     return K6Persistent(name, FUSED[name] if name in FUSED else LADDER[name].replace(b_layout=layout))
 
 
-@functools.lru_cache(maxsize=256)
-def _arguments(variant: Any, *key: int) -> Any:
-    """The launch's arguments, packed: encoding the three TMA descriptors and packing the parameter
-    array is tens of microseconds of host time, more than a small launch takes on the GPU, so the same
-    pointers and shape (torch's caching allocator hands the same blocks out again) reuse them."""
-    from moe_gemm.cuda.launch import PackedArguments
-
-    return PackedArguments(variant.arguments(*key))
-
-
 @functools.cache
 def _gpu(index: int) -> tuple[str, int]:
     properties = torch.cuda.get_device_properties(index)
@@ -121,15 +111,14 @@ def _gpu(index: int) -> tuple[str, int]:
 
 def _launcher(variant: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor,
               sm_count: int) -> Callable[[], None]:
-    """One launch of ``variant`` on these tensors, ready to repeat."""
-    from moe_gemm.cuda.launch import launch
-    from moe_gemm.variants.k6.config import THREADS
+    """One launch of ``variant`` on these tensors, on torch's current stream, ready to repeat (k6's one
+    launch path, moe_gemm.variants.k6.launch, which the harness's variants take too)."""
+    from moe_gemm.variants.k6.launch import launcher
 
     (tokens, K), (experts, _, N) = a.shape, b.shape  # noqa: N806
-    kernel, grid = variant.compile(), variant.slots(sm_count) * variant.config.cluster
-    args = _arguments(variant, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), tokens, experts, K, N)
-    stream = torch.cuda.current_stream(a.device).cuda_stream
-    return lambda: launch(kernel, grid, THREADS, variant.config.dynamic_smem_bytes, args, stream=stream)
+    return launcher(variant.compile(), variant.config, variant.slots(sm_count), a.data_ptr(), b.data_ptr(),
+                    out.data_ptr(), offs.data_ptr(), tokens, experts, K, N,
+                    stream=torch.cuda.current_stream(a.device).cuda_stream)
 
 
 def _median_ms(run: Callable[[], None], iterations: int) -> float:
@@ -164,20 +153,13 @@ def _choice(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Ten
                 return FUSED_CONFIG if epilogue == "swiglu" else DEFAULT_CONFIG
             candidates = tuple(FUSED) if epilogue == "swiglu" else AUTO_CANDIDATES
 
-            def time_on(counts: Any) -> dict[str, float]:
-                ends = offs if counts is None else torch.as_tensor(counts.cumsum(), dtype=torch.int32,
+            def routed(counts: Any) -> torch.Tensor:  # the expert ends: offs, or the skewed routing's
+                return offs if counts is None else torch.as_tensor(counts.cumsum(), dtype=torch.int32,
                                                                    device=offs.device)
-                timings = {}
-                for name in candidates:
-                    try:
-                        run = _launcher(_k6(name, layout), a, b, ends, out, sm_count)
-                    except ValueError:  # a configuration this shape does not fit
-                        continue
-                    timings[name] = _median_ms(run, auto.TUNE_LAUNCHES)
-                return timings
 
-            entry = auto.robust_timings(time_on, experts, tokens, None)
-            auto.remember(key, entry)
+            entry = auto.tune(key, candidates, experts, tokens, routed=routed,
+                              launcher=lambda ends, name: _launcher(_k6(name, layout), a, b, ends, out, sm_count),
+                              median_ms=lambda run: _median_ms(run, auto.TUNE_LAUNCHES))
         _chosen[key] = entry["choice"]
     return _chosen[key]
 

@@ -8,7 +8,8 @@ Two kinds of answer:
   torch._grouped_mm's own checks would;
 * a :class:`Route`: our kernel (k6, device-walked, B in either layout), or torch._grouped_mm with the
   reason ours cannot take the inputs (a dtype other than bf16, K not a multiple of 64, a GPU other
-  than sm_90a, ...). The op warns once per reason.
+  than sm_90a, ...). The op warns once per reason. What k6 itself takes (shapes, strides, addresses)
+  is k6's to say: moe_gemm.variants.k6.rules, which the harness's variants ask too.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from moe_gemm.cuda.tensormap import GLOBAL_ALIGN as TMA_ALIGN
 from moe_gemm.model.reference import SWIGLU_BLOCK
-from moe_gemm.variants.k3.config import BK
-from moe_gemm.variants.k3.config import REQUIRED_CAPABILITY as SM90A
-from moe_gemm.variants.k6.config import MAX_EXPERTS
+from moe_gemm.variants.k6.rules import b_layout, refusals
+from moe_gemm.variants.sm90.config import REQUIRED_CAPABILITY as SM90A
+from moe_gemm.variants.sm90.maps import other_target
 
 
 @dataclass(frozen=True)
@@ -83,17 +83,6 @@ def check_offsets(ends: Sequence[int], tokens: int) -> None:
         raise ValueError(f"grouped_mm: offs must end at M_tot = {tokens} (a's rows), ends at {previous}")
 
 
-def b_layout(shape: Sequence[int], strides: Sequence[int]) -> str | None:
-    """'kn' for B [E, K, N] row-major per expert, 'nk' for each B[e] column-major (B^T [E, N, K] in
-    memory, torch's other layout), None for anything else."""
-    experts, K, N = shape  # noqa: N806
-    if tuple(strides[1:]) == (N, 1) and (experts == 1 or strides[0] == K * N):
-        return "kn"
-    if tuple(strides[1:]) == (1, K) and (experts == 1 or strides[0] == K * N):
-        return "nk"
-    return None
-
-
 SWIGLU_COLUMNS = 2 * SWIGLU_BLOCK  # one 64-column gate block and its up block: k6's fused epilogue's BN
 
 
@@ -111,24 +100,11 @@ def route(op: Operands, epilogue: str = "none") -> Route:
             reasons.append("the fused SwiGLU epilogue reads B [E, K, N] row-major only")
     if op.device != "cuda":
         reasons.append(f"the tensors are on {op.device}, not a CUDA GPU")
-    elif op.capability != SM90A:
-        have = "no GPU" if op.capability is None else f"sm_{op.capability[0]}{op.capability[1]}"
+    elif (have := other_target(op.capability)) is not None:
         reasons.append(f"our kernels need an sm_90a GPU (wgmma); this is {have}")
     if op.a_dtype != "bfloat16" or op.out_dtype != "bfloat16":
         reasons.append(f"our kernels take bf16 in and out, got {op.a_dtype} in, {op.out_dtype} out")
-    if K % BK:
-        reasons.append(f"K = {K} is not a multiple of {BK} (k6's K step)")
-    if N % 8:
-        reasons.append(f"N = {N} is not a multiple of 8 (TMA's 16-byte rows)")
-    if experts > MAX_EXPERTS:
-        reasons.append(f"E = {experts} experts: the device walk holds at most {MAX_EXPERTS}")
-    if tuple(op.a_strides) != (K, 1):
-        reasons.append(f"a must be row-major [M_tot, K] (strides ({K}, 1)), got {tuple(op.a_strides)}")
-    layout = b_layout(op.b_shape, op.b_strides)
-    if layout is None:
-        reasons.append(f"b must be row- or column-major per expert, got strides {tuple(op.b_strides)}")
-    if op.a_address % TMA_ALIGN or op.b_address % TMA_ALIGN:
-        reasons.append("a and b must start on 16-byte boundaries (TMA)")
+    reasons += refusals(experts, K, N, op.a_strides, op.b_strides, op.a_address, op.b_address)
     if reasons:
         return Route("torch", reason="; ".join(reasons))
-    return Route("k6", b_layout=layout)
+    return Route("k6", b_layout=b_layout(op.b_shape, op.b_strides))

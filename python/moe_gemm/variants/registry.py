@@ -21,8 +21,8 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any
 
-# Modules of this package that are not kernel families.
-NOT_FAMILIES = {"registry", "compiled", "peer"}
+# Modules of this package that are not kernel families (sm90: what the Hopper steps share).
+NOT_FAMILIES = {"registry", "compiled", "peer", "sm90"}
 
 
 def family_of(name: str) -> str:

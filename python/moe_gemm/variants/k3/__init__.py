@@ -28,24 +28,22 @@ from typing import Any
 
 import numpy as np
 
-from moe_gemm.cuda.device import DeviceArray, DeviceProblem, to_device
+from moe_gemm.cuda.device import DeviceProblem, to_device
 from moe_gemm.cuda.launch import TensorMapArg, launch, max_active_clusters, prefer_shared_memory
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.occupancy import residency
 from moe_gemm.model.tiles import tile_list
 from moe_gemm.variants.compiled import NamedConfigVariant
 from moe_gemm.variants.k3.clusters import cluster_pairs
-from moe_gemm.variants.k3.config import BK, KERNEL_FUNCTION, LADDER, SANITIZED, SOURCE
-from moe_gemm.variants.k3.maps import check_inputs, operand_maps, output_map, plan_argument, plans, require_sm90a
+from moe_gemm.variants.k3.config import KERNEL_FUNCTION, LADDER, SANITIZED, SOURCE
+from moe_gemm.variants.sm90.config import BK
+from moe_gemm.variants.sm90.maps import check_inputs as sm90_check_inputs
+from moe_gemm.variants.sm90.maps import operand_maps, output_map, plan_argument, plans, require_sm90a, transposed_b
 
 
-def transposed_b(dev: DeviceProblem) -> DeviceArray:
-    """B^T [E, N, K] on the device, made once per uploaded problem (the offline layout step)."""
-    cached = getattr(dev, "_b_transposed", None)
-    if cached is None:
-        cached = to_device(np.ascontiguousarray(dev.problem.b.transpose(0, 2, 1)))
-        dev._b_transposed = cached  # noqa: SLF001 - a cache on the harness's upload object
-    return cached
+def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:
+    """ValueError naming the first rule of TMA or of the kernel that these inputs break."""
+    sm90_check_inputs("k3", K, N, a_address, b_address)
 
 
 class K3Wgmma(NamedConfigVariant):
@@ -94,11 +92,11 @@ class K3Wgmma(NamedConfigVariant):
         prefer_shared_memory(kernel)  # 130-206 KB of ring per block: the carveout must lean fully to shared
         tiles_host = self.tiles(problem.counts, problem.N)
         tiles = to_device(tiles_host)
-        a_map, b_map = operand_maps(self.config, dev.a.ptr, b.ptr, problem.tokens, problem.experts, problem.K,
-                                    problem.N)
+        a_map, b_map = operand_maps(self.bm, self.config.b_layout, dev.a.ptr, b.ptr, problem.tokens,
+                                    problem.experts, problem.K, problem.N)
         maps = tuple(TensorMapArg(m.encode()) for m in (a_map, b_map, output_map(output.ptr, problem.tokens,
                                                                                    problem.N)))
-        plan_a, plan_b = plans(self.config)
+        plan_a, plan_b = plans(self.config.b_layout)
         args: tuple[Any, ...] = (*maps, output.ptr, tiles.ptr, np.int32(tiles_host.shape[0]), np.int32(problem.K),
                                  np.int32(problem.N), plan_argument(plan_a), plan_argument(plan_b))
         fit = residency(resources.registers, resources.warps_per_block, resources.smem_bytes)

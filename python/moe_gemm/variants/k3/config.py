@@ -6,20 +6,11 @@ Each rung of chapter 04's ladder is one :class:`K3Config` in :data:`LADDER`, nam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-import numpy as np
+from moe_gemm.variants.sm90.config import BK, SWIZZLE_ALIGN, WARPGROUP, BLayout
 
 SOURCE = "k3_wgmma.cu"
 KERNEL_FUNCTION = "k3_wgmma"  # the __global__ templates' common prefix (for profiler filters)
-BK = 64  # one 128-byte swizzle row of bf16 per stage
-BOX = 64  # B arrives in 64 x 64 boxes
-SWIZZLE_ALIGN = 1024  # the kernel aligns its ring to 1 KB by hand, which may cost up to 1 KB
-REQUIRED_CAPABILITY = (9, 0)
-BLayout = Literal["kn", "nk"]  # B [E, K, N] as given (MN-major for the MMA), or B^T [E, N, K]
-
-# The accumulator-free part of the kernel's OperandPlan struct, as the launch passes it by value.
-PLAN_DTYPE = np.dtype([("bits", "<u8"), ("k16_bytes", "<u4"), ("mn64_bytes", "<u4")], align=True)
 
 
 @dataclass(frozen=True)
@@ -37,7 +28,7 @@ class K3Config:
 
     @property
     def threads(self) -> int:
-        return 128 * self.consumers + (128 if self.consumers == 2 else 32)
+        return WARPGROUP * self.consumers + (WARPGROUP if self.consumers == 2 else 32)  # a producer warpgroup or warp
 
     @property
     def stage_bytes(self) -> int:

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_gemm.cuda.descriptors import tma_write_box
-from moe_gemm.variants.k3.config import BK, BOX, SWIZZLE_ALIGN, K3Config
-from moe_gemm.variants.k3.maps import plans
+from moe_gemm.variants.k3.config import K3Config
+from moe_gemm.variants.sm90.config import BK, BOX, SWIZZLE_ALIGN
+from moe_gemm.variants.sm90.maps import plans
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def warpgroup_descriptors(config: K3Config, ring: int, stage: int):
     with the rows and columns of the tile it must cover. Mirrors kernels/k3_wgmma.cu,
     multiply_tile(): A slice (wg_m * m_iters + i), B from 64-column block wg_n * cols / 64."""
     split = warpgroup_split(config)
-    plan_a, plan_b = plans(config)
+    plan_a, plan_b = plans(config.b_layout)
     a_tile = ring + stage * config.stage_bytes
     b_tile = a_tile + config.bm * BK * 2
     for wg in range(config.consumers):

@@ -3,9 +3,9 @@
 One persistent 192-thread block per SM: a TMA producer warp fills chapter 04's 128-byte-swizzled
 ring, one thread issues ``tcgen05.mma`` (M = 128, N = BN, K = 16) from shared-memory descriptors
 into a double-buffered fp32 accumulator in tensor memory, and four epilogue warps read it back
-with ``tcgen05.ld`` and store bf16. The host side is chapter 04's: the flat tile list, k3's tensor
-maps, and descriptor constants built on the host (:func:`moe_gemm.variants.k4.tcgen05.smem_plan`) and
-interpreted in CI.
+with ``tcgen05.ld`` and store bf16. The host side is chapter 04's: the flat tile list, its tensor
+maps (moe_gemm.variants.sm90.maps), and descriptor constants built on the host
+(:func:`moe_gemm.variants.k4.tcgen05.smem_plan`) and interpreted in CI.
 
 ==================  ======================================================================
 ``k4/bn128``        128 x 128 tiles, 6 stages of 32 KB, 256 TMEM columns (two 128-column accumulators)
@@ -36,9 +36,6 @@ from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.occupancy import residency
 from moe_gemm.model.tiles import tile_list
 from moe_gemm.variants.compiled import NamedConfigVariant
-from moe_gemm.variants.k3 import transposed_b
-from moe_gemm.variants.k3.config import BLayout
-from moe_gemm.variants.k3.maps import operand_maps, plan_argument
 from moe_gemm.variants.k4.tcgen05 import (
     TMEM_COLUMNS,
     InstrDescriptor,
@@ -47,6 +44,8 @@ from moe_gemm.variants.k4.tcgen05 import (
     smem_plan,
     tmem_allocation,
 )
+from moe_gemm.variants.sm90.config import BLayout
+from moe_gemm.variants.sm90.maps import operand_maps, plan_argument, transposed_b
 
 SOURCE = "k4_tcgen05.cu"
 KERNEL_FUNCTION = "k4_tcgen05"
@@ -62,7 +61,8 @@ SUPPORTED_CAPABILITIES = ((10, 0), (10, 3))  # the GPUs whose code those targets
 
 @dataclass(frozen=True)
 class K4Config:
-    """One instantiation of the kernel template. ``bm`` and ``b_layout`` are what k3's tensor maps read."""
+    """One instantiation of the kernel template. ``bm`` and ``b_layout`` are what chapter 04's tensor maps
+    read (moe_gemm.variants.sm90.maps)."""
 
     bn: int
     stages: int
@@ -171,8 +171,8 @@ class K4Tcgen05(NamedConfigVariant):
         prefer_shared_memory(kernel)  # 193-201 KB of ring per block: the carveout must lean fully to shared
         tiles_host = tile_list(problem.counts, problem.N, BM, self.bn)
         tiles = to_device(tiles_host)
-        a_map, b_map = operand_maps(self.config, dev.a.ptr, b.ptr, problem.tokens, problem.experts, problem.K,
-                                       problem.N)
+        a_map, b_map = operand_maps(self.config.bm, self.config.b_layout, dev.a.ptr, b.ptr, problem.tokens,
+                                    problem.experts, problem.K, problem.N)
         maps = (TensorMapArg(a_map.encode()), TensorMapArg(b_map.encode()))
         plan_a, plan_b = plans(self.config)
         args: tuple[Any, ...] = (*maps, output.ptr, tiles.ptr, np.int32(tiles_host.shape[0]), np.int32(problem.K),

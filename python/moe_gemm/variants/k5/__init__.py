@@ -29,11 +29,9 @@ from moe_gemm.cuda.graph import Graph
 from moe_gemm.cuda.launch import TensorMapArg, launch, prefer_shared_memory
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.variants.compiled import NamedConfigVariant
-from moe_gemm.variants.k3.maps import check_inputs as k3_check_inputs
-from moe_gemm.variants.k3.maps import plan_argument, plans, require_sm90a
 from moe_gemm.variants.k5.config import (
+    B_LAYOUT,
     KERNEL_FUNCTION,
-    MAPS,
     MAX_EXPERTS,
     SANITIZED,
     SOURCE,
@@ -50,12 +48,14 @@ from moe_gemm.variants.k5.cost_model import (
 )
 from moe_gemm.variants.k5.maps import tensor_maps
 from moe_gemm.variants.k5.mixed_tiles import Policy, kind_counts, mixed_eta, mixed_tile_list
+from moe_gemm.variants.sm90.maps import check_inputs as sm90_check_inputs
+from moe_gemm.variants.sm90.maps import plan_argument, plans, require_sm90a
 
 
 def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
-    """ValueError naming the first rule these inputs break: k3's, whose TMA maps and BK = 64 k5 loads
-    through. K = 0 above all: the consumers would wait forever on a full barrier no copy arrives at."""
-    k3_check_inputs(K, N, a_address, b_address, kernel="k5")
+    """ValueError naming the first rule these inputs break: chapter 04's, whose TMA maps and BK = 64 k5
+    loads through. K = 0 above all: the consumers would wait forever on a full barrier no copy arrives at."""
+    sm90_check_inputs("k5", K, N, a_address, b_address)
 
 
 class K5Adaptive(NamedConfigVariant):
@@ -119,7 +119,7 @@ class K5Adaptive(NamedConfigVariant):
         prefer_shared_memory(kernel)
         maps = tuple(TensorMapArg(m.encode()) for m in tensor_maps(dev.a.ptr, dev.b.ptr, output.ptr, problem.tokens,
                                                                    problem.experts, problem.K, problem.N))
-        plan_k, plan_mn = plans(MAPS)
+        plan_k, plan_mn = plans(B_LAYOUT)
         if tiles_host is None:
             tiles_host = mixed_tile_list(problem.counts, problem.N, policy, self.config.order)
         if self.config.schedule == "host":

@@ -9,16 +9,15 @@ from typing import Literal
 
 import numpy as np
 
-from moe_gemm.variants.k3.config import BK, SWIZZLE_ALIGN, K3Config
 from moe_gemm.variants.k5.mixed_tiles import BM, BN, FIXED_128, Order, Policy
+from moe_gemm.variants.sm90.config import BK, SWIZZLE_ALIGN, BLayout
 
 SOURCE = "k5_adaptive.cu"
 KERNEL_FUNCTION = "k5_adaptive"
 MAX_EXPERTS = 256  # kernels/k5_adaptive.cu, k5::MAX_EXPERTS
 STAGES = 4  # 4 x 40 KB of ring + 48 KB of C staging: k3/tmastore-bn192's budget
 TOKEN_BOX_ROWS = 16  # the A boxes of M64 and SWAP tiles
-# The TMA boxes and descriptor plans: A in 128-row boxes as k3/tmastore-bn192 loads it, B as given.
-MAPS = K3Config(bm=BM, bn=BN, consumers=2, stages=STAGES, b_layout="kn", tma_store=True)
+B_LAYOUT: BLayout = "kn"  # B [E, K, N] as given: its TMA map and descriptor plan are k3/tmastore-bn192's
 POLICY_DTYPE = np.dtype([("swap_max", "<i4"), ("m64_max", "<i4")])
 Schedule = Literal["host", "device"]
 PolicyChoice = Literal["model", "greedy"] | Policy

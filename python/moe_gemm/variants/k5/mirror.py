@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from moe_gemm.cuda.descriptors import tma_write_box
-from moe_gemm.variants.k3.config import BK, SWIZZLE_ALIGN
-from moe_gemm.variants.k3.maps import plans
-from moe_gemm.variants.k5.config import MAPS, TOKEN_BOX_ROWS
+from moe_gemm.variants.k5.config import B_LAYOUT, TOKEN_BOX_ROWS
 from moe_gemm.variants.k5.mixed_tiles import BM, BN
+from moe_gemm.variants.sm90.config import BK, SWIZZLE_ALIGN
+from moe_gemm.variants.sm90.maps import plans
 
 
 # --8<-- [start:mirror]
@@ -32,7 +32,7 @@ def swap_descriptors(base: int):
     """(warpgroup, k16 step, weight-operand descriptor, token-operand descriptor) of a SWAP stage at
     ``base``. Mirrors swap_tile(): the weights, read MN-major as the wgmma's A, start at warpgroup
     w's 64-column box; the tokens, read K-major as its B, start at the stage."""
-    plan_k, plan_mn = plans(MAPS)
+    plan_k, plan_mn = plans(B_LAYOUT)
     for warpgroup in range(2):
         weights = base + BM * BK * 2 + warpgroup * 64 * BK * 2
         for kk in range(BK // 16):

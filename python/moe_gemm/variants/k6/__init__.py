@@ -12,9 +12,10 @@
 
 Every rung but ``-host`` takes only the expert ends on the device (``offs``, as torch._grouped_mm):
 a launch needs no host copy of the counts, so it can be captured in a CUDA graph once and replayed
-for any routing. Refused before any launch, with a ValueError naming the rule: what k3 refuses (K,
-N multiples of 8, K of 64, 16-byte alignment, a GPU other than sm_90a) and, for the device walk,
-more than 256 experts.
+for any routing. Refused before any launch, with a ValueError naming the rules
+(moe_gemm.variants.k6.rules, which the torch op asks too): what chapter 04's k3 refuses (K a multiple
+of 64, N of 8, 16-byte alignment, a GPU other than sm_90a) and, for the device walk, more than 256
+experts.
 """
 
 from __future__ import annotations
@@ -25,38 +26,25 @@ from typing import Any
 import numpy as np
 
 from moe_gemm.cuda.device import DeviceArray, DeviceProblem, to_device
-from moe_gemm.cuda.launch import PackedArguments, TensorMapArg, launch, max_active_clusters, prefer_shared_memory
-from moe_gemm.cuda.tensormap import matrix_map
+from moe_gemm.cuda.launch import max_active_clusters, prefer_shared_memory
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.edge_cases import EdgeCase
 from moe_gemm.variants.compiled import NamedConfigVariant
-from moe_gemm.variants.k3 import transposed_b
-from moe_gemm.variants.k3.config import BK, BOX
-from moe_gemm.variants.k3.maps import check_inputs as k3_check_inputs
-from moe_gemm.variants.k3.maps import output_map, plan_argument, plans, require_sm90a, weight_map
+from moe_gemm.variants.k6 import launch
 from moe_gemm.variants.k6.config import (
     FUSED,
     KERNEL_FUNCTION,
     LADDER,
-    MAX_EXPERTS,
     SANITIZED,
-    SMEM_LIMIT,
     SOURCE,
     STATIC_SMEM_ALLOWANCE,
     THREADS,
     K6Config,
 )
+from moe_gemm.variants.k6.rules import check_inputs
 from moe_gemm.variants.k6.walk import unit_list
-
-
-def check_inputs(config: K6Config, experts: int, K: int, N: int, a_address: int = 0, b_address: int = 0,  # noqa: N803
-                 name: str = "k6") -> None:
-    """ValueError naming the first rule these inputs break: k3's TMA rules, then the device walk's
-    256 experts (its prefix sums live in shared memory)."""
-    k3_check_inputs(K, N, a_address, b_address, kernel=name)
-    if config.schedule == "device" and experts > MAX_EXPERTS:
-        raise ValueError(f"{name}: the device walk takes at most {MAX_EXPERTS} experts (its prefix sums live in "
-                         f"shared memory), got {experts}")
+from moe_gemm.variants.sm90.config import BOX, SMEM_LIMIT
+from moe_gemm.variants.sm90.maps import require_sm90a, transposed_b
 
 
 class K6Persistent(NamedConfigVariant):
@@ -112,21 +100,15 @@ class K6Persistent(NamedConfigVariant):
         kernel = self.compile()
         slots = self.slots(sm_count)
         units_host = unit_list(problem.counts, problem.N, config.unit_rows, config.unit_cols, config.group)
+        units, units_address, count = None, 0, 0  # the device walk finds its units itself
         if config.schedule == "host":
             units = to_device(units_host if len(units_host) else np.zeros((1, 4), dtype=np.int32))
-            units_ptr, count, grid = units.ptr, len(units_host), max(1, min(len(units_host), slots)) * config.cluster
-        else:  # the kernel finds its units: one block (cluster) per slot whatever the routing
-            units, units_ptr, count, grid = None, 0, 0, slots * config.cluster
+            units_address, count = units.ptr, len(units_host)
         ends = dev.offsets.ptr + 4  # offsets [E + 1] from 0: the ends are offsets[1:], torch's offs
-        args = PackedArguments(self.arguments(dev.a.ptr, b.ptr, output.ptr, ends, problem.tokens, problem.experts,
-                                              problem.K, problem.N, units_ptr, count))
-        smem = config.dynamic_smem_bytes
-
-        def run() -> None:
-            launch(kernel, grid, THREADS, smem, args)
-
-        keep: list[Any] = [units, args, dev, b, output]
-        info = {"grid": grid, "units": len(units_host), "schedule": config.schedule, "config": config.label}
+        run = launch.launcher(kernel, config, slots, dev.a.ptr, b.ptr, output.ptr, ends, problem.tokens,
+                              problem.experts, problem.K, problem.N, units_address=units_address, units=count)
+        keep: list[Any] = [units, dev, b, output]
+        info = {"grid": run.grid, "units": len(units_host), "schedule": config.schedule, "config": config.label}
         return run, keep, info
 
     def slots(self, sm_count: int) -> int:
@@ -141,28 +123,6 @@ class K6Persistent(NamedConfigVariant):
                 slots = min(slots, resident or slots)
             self._slots = slots
         return self._slots
-
-    def arguments(self, a_address: int, b_address: int, c_address: int, ends_address: int, tokens: int,
-                  experts: int, K: int, N: int, units_address: int = 0, units: int = 0) -> tuple[Any, ...]:  # noqa: N803
-        """The kernel's arguments in order (kernels/k6_persistent.cu, K6_PARAMS): the three tensor maps,
-        C, the host unit list (0 and 0 for the device walk), the expert ends, E, the raster group, K, N
-        and the two descriptor plans."""
-        config = self.config
-        maps = tuple(TensorMapArg(m.encode()) for m in self.tensor_maps(a_address, b_address, c_address, tokens,
-                                                                          experts, K, N))
-        plan_a, plan_b = plans(config)
-        return (*maps, c_address, units_address, np.int32(units), ends_address, np.int32(experts),
-                np.int32(config.group), np.int32(K), np.int32(N), plan_argument(plan_a), plan_argument(plan_b))
-
-    def tensor_maps(self, a_address: int, b_address: int, c_address: int, tokens: int, experts: int, K: int,  # noqa: N803
-                    N: int) -> tuple:  # noqa: N803
-        """A in boxes of BM / CLUSTER rows (each block of a cluster loads its share), B in 64 x 64 boxes
-        of one expert (B [E, K, N] or B^T [E, N, K]), C in 64 x 64 boxes."""
-        config = self.config
-        a_rows = config.bm // config.cluster if config.cluster_along == "n" else config.bm
-        a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=a_rows, box_cols=BK)
-        return (a_map, weight_map(config.b_layout, b_address, experts, K, N),
-                output_map(c_address, tokens, N // config.out_columns_divisor))
 
 
 def ladder() -> list[K6Persistent]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.variants.k6 import K6Persistent
 from moe_gemm.variants.k6.config import AUTO_CANDIDATES, KERNEL_FUNCTION, LADDER, Schedule
+from moe_gemm.variants.sm90.maps import require_sm90a
 
 TUNE_LAUNCHES = 10
 # The second routing the candidates are timed on. Chapter 07 measured why one is needed: tuned on
@@ -73,24 +74,51 @@ def remember(key: str, entry: dict[str, Any], path: Path | None = None) -> None:
     path.write_text(json.dumps(table, indent=1, sort_keys=True))
 
 
-def robust_timings(time_on: Callable[[np.ndarray | None], dict[str, float]], experts: int, tokens: int,
-                   tune_skew: float | None) -> dict[str, Any]:
-    """Time the candidates on the routing at hand (``time_on(None)``) and, with more than one expert, on a
-    skewed one of the same shape (``time_on(counts)``), and choose by :func:`robust_choice`: the cache
-    entry, with the tuning's own time (never timed as the kernel's)."""
+Operands = TypeVar("Operands")  # what a caller launches on: a DeviceProblem, torch's offs, ...
+
+
+def tune(key: str, candidates: Sequence[str], experts: int, tokens: int, *,
+         routed: Callable[[np.ndarray | None], Operands], launcher: Callable[[Operands, str], Callable[[], None]],
+         median_ms: Callable[[Callable[[], None]], float], tune_skew: float | None = None,
+         path: Path | None = None) -> dict[str, Any]:
+    """Time every candidate on the routing at hand and, with more than one expert, on a skewed one of the
+    same shape; choose by :func:`robust_choice` and remember the choice under ``key``: the cache entry,
+    with the tuning's own time (never timed as the kernel's).
+
+    The caller says how: ``routed(counts)`` is the operands under a routing (None: the one at hand),
+    ``launcher(operands, name)`` candidate ``name``'s launch on them (a ValueError leaves out a
+    candidate that does not take this shape), ``median_ms(launch)`` its time over a few launches."""
     start = time.perf_counter()
-    timings = [time_on(None)]
-    if experts > 1:
-        timings.append(time_on(expert_counts(experts, tokens, ROBUST_SKEW)))
+    timings = []
+    for counts in [None, *([expert_counts(experts, tokens, ROBUST_SKEW)] if experts > 1 else [])]:
+        operands = routed(counts)
+        timed: dict[str, float] = {}
+        for name in candidates:
+            try:
+                run = launcher(operands, name)
+            except ValueError:  # e.g. more experts than the device walk holds: not a candidate here
+                continue
+            timed[name] = median_ms(run)
+        timings.append(timed)
     if not timings[0]:
         raise ValueError("no candidate configuration takes this problem")
 
     def ranked(t: dict[str, float]) -> dict[str, float]:
         return {name: round(ms, 5) for name, ms in sorted(t.items(), key=lambda kv: kv[1])}
 
-    return {"choice": robust_choice(timings), "tune_s": round(time.perf_counter() - start, 3), "tune_skew": tune_skew,
-            "timings_ms": ranked(timings[0]), "robust_skew": ROBUST_SKEW if len(timings) > 1 else None,
-            "robust_timings_ms": ranked(timings[-1])}
+    entry = {"choice": robust_choice(timings), "tune_s": round(time.perf_counter() - start, 3),
+             "tune_skew": tune_skew, "timings_ms": ranked(timings[0]),
+             "robust_skew": ROBUST_SKEW if len(timings) > 1 else None, "robust_timings_ms": ranked(timings[-1])}
+    remember(key, entry, path)
+    return entry
+
+
+def median_ms(run: Callable[[], None]) -> float:
+    """A candidate's median time on the harness stream: one launch (loading the kernel), two warm-up
+    launches, then TUNE_LAUNCHES timed ones."""
+    run()
+    synchronize()
+    return time_launches(lambda _i: run(), warmup=2, iterations=TUNE_LAUNCHES).median_ms
 
 
 class K6Auto:
@@ -111,39 +139,25 @@ class K6Auto:
 
     def choose(self, dev: DeviceProblem) -> dict[str, Any]:
         """The cached choice for this shape, or a fresh tuning (kept on disk)."""
-        from moe_gemm.variants.k3.maps import require_sm90a
-
         problem = dev.problem
         gpu = require_sm90a(self.name)
         key = shape_key(problem.tokens, problem.experts, problem.K, problem.N, self.b_layout, gpu.name)
         entry = recall(key, self.cache_file)
         if entry is not None:
             return {**entry, "tuning": "cached"}
-
-        def time_on(counts: np.ndarray | None) -> dict[str, float]:
-            return self._time_candidates(dev if counts is None else dev.rerouted(counts))
-
         try:
-            entry = robust_timings(time_on, problem.experts, problem.tokens, float(problem.skew))
+            entry = tune(key, self.candidates, problem.experts, problem.tokens,
+                         routed=lambda counts: dev if counts is None else dev.rerouted(counts),
+                         launcher=self._candidate, median_ms=median_ms, tune_skew=float(problem.skew),
+                         path=self.cache_file)
         except ValueError as error:
             raise ValueError(f"{self.name}: {error}") from None
-        remember(key, entry, self.cache_file)
         return {**entry, "tuning": "tuned"}
 
-    def _time_candidates(self, dev: DeviceProblem) -> dict[str, float]:
-        """Median milliseconds of every candidate that takes ``dev`` (a few launches each)."""
-        timings: dict[str, float] = {}
-        for name in self.candidates:
-            variant = K6Persistent(name, LADDER[name].replace(b_layout=self.b_layout))
-            try:
-                prepared = variant.prepare(dev)
-            except ValueError:  # e.g. more experts than the device walk holds: not a candidate here
-                continue
-            prepared.launch()
-            synchronize()
-            timings[name] = time_launches(lambda _i, p=prepared: p.launch(), warmup=2,
-                                          iterations=TUNE_LAUNCHES).median_ms
-        return timings
+    def _candidate(self, dev: DeviceProblem, name: str) -> Callable[[], None]:
+        """Candidate ``name``'s launch on ``dev``, B in this chooser's layout; ValueError if it does not take it."""
+        prepared = K6Persistent(name, LADDER[name].replace(b_layout=self.b_layout)).prepare(dev)
+        return lambda: prepared.launch()  # holds the Prepared, and with it what the launch reads, alive
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem

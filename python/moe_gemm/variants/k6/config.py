@@ -10,15 +10,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from moe_gemm.variants.k3.config import BK, BOX, SWIZZLE_ALIGN, BLayout
+from moe_gemm.variants.sm90.config import BK, BOX, SWIZZLE_ALIGN, WARPGROUP, BLayout
 
 SOURCE = "k6_persistent.cu"
 KERNEL_FUNCTION = "k6_persistent"  # the __global__ templates' common prefix (for profiler filters)
 MAX_EXPERTS = 256  # kernels/tile_walk.cuh, walk::MAX_EXPERTS: the device walk's prefix sums in shared memory
-SMEM_LIMIT = 232_448  # 227 KB: the most dynamic + static shared memory one block may have on sm_90
-STATIC_SMEM_ALLOWANCE = 2_304  # barriers, the device walk (2 KB) and the tile slots, rounded up
+# The static shared memory beside the ring and the staging, within sm90.config.SMEM_LIMIT: barriers, the
+# device walk (2 KB) and the tile slots, rounded up (kernels/k6_persistent.cu asserts the same budget).
+STATIC_SMEM_ALLOWANCE = 2_304
 WG_ROWS = 128  # every consumer warpgroup owns 128 rows
-THREADS = 384  # two consumer warpgroups and a producer warpgroup
+THREADS = 3 * WARPGROUP  # two consumer warpgroups and a producer warpgroup (the kernels' __launch_bounds__)
 Mode = Literal["pingpong", "cooperative"]
 Schedule = Literal["device", "host"]
 

@@ -1,0 +1,87 @@
+"""k6's launch, one path for the harness's variants (K6Persistent, and k6/auto through it) and the torch
+op (moe_gemm.torch.ops): the kernel's arguments in the order of K6_PARAMS (kernels/k6_persistent.cu),
+packed once per configuration, pointers and shape, and a grid of the device's slots, on the stream the
+caller names.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from moe_gemm.cuda.launch import PackedArguments, TensorMapArg, launch
+from moe_gemm.cuda.nvrtc import CompiledKernel
+from moe_gemm.cuda.tensormap import TiledMap, matrix_map
+from moe_gemm.variants.k6.config import THREADS, K6Config
+from moe_gemm.variants.sm90.config import BK
+from moe_gemm.variants.sm90.maps import output_map, plan_argument, plans, weight_map
+
+
+def tensor_maps(config: K6Config, a_address: int, b_address: int, c_address: int, tokens: int, experts: int,
+                K: int, N: int) -> tuple[TiledMap, TiledMap, TiledMap]:
+    """A in boxes of BM / CLUSTER rows (each block of a cluster along N loads its share), B in 64 x 64
+    boxes of one expert (B [E, K, N] or B^T [E, N, K]), C in 64 x 64 boxes (N / 2 columns wide after
+    the SwiGLU epilogue)."""
+    a_rows = config.bm // config.cluster if config.cluster_along == "n" else config.bm
+    a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=a_rows, box_cols=BK)
+    return (a_map, weight_map(config.b_layout, b_address, experts, K, N),
+            output_map(c_address, tokens, N // config.out_columns_divisor))
+
+
+def arguments(config: K6Config, a_address: int, b_address: int, c_address: int, ends_address: int, tokens: int,
+              experts: int, K: int, N: int, units_address: int = 0, units: int = 0) -> tuple[Any, ...]:
+    """The kernel's arguments in K6_PARAMS order: the three tensor maps (not yet encoded: that needs the
+    driver), C, the host walk's unit list and its length (0 and 0 for the device walk), the expert
+    ends, E, the raster group, K, N and the two descriptor plans."""
+    plan_a, plan_b = plans(config.b_layout)
+    return (*tensor_maps(config, a_address, b_address, c_address, tokens, experts, K, N), c_address, units_address,
+            np.int32(units), ends_address, np.int32(experts), np.int32(config.group), np.int32(K), np.int32(N),
+            plan_argument(plan_a), plan_argument(plan_b))
+
+
+@functools.lru_cache(maxsize=256)
+def packed_arguments(config: K6Config, a_address: int, b_address: int, c_address: int, ends_address: int,
+                     tokens: int, experts: int, K: int, N: int, units_address: int, units: int) -> PackedArguments:
+    """:func:`arguments` with the maps encoded, packed for cuLaunchKernel. Encoding the three TMA
+    descriptors and packing the parameter array is tens of microseconds of host time, more than a small
+    launch takes on the GPU, so the same configuration, pointers and shape (torch's caching allocator
+    hands the same blocks out again) reuse them."""
+    args = arguments(config, a_address, b_address, c_address, ends_address, tokens, experts, K, N, units_address,
+                     units)
+    return PackedArguments(tuple(TensorMapArg(arg.encode()) if isinstance(arg, TiledMap) else arg for arg in args))
+
+
+def grid(config: K6Config, slots: int, units: int = 0) -> int:
+    """Blocks to launch: every slot for the device walk, which finds its units whatever the routing; for
+    the host walk, no more slots than it has units (and at least one)."""
+    blocks = slots if config.schedule == "device" else max(1, min(units, slots))
+    return blocks * config.cluster
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One k6 launch, ready to repeat: calling it enqueues the kernel on ``stream`` (a CUstream handle;
+    None: the harness stream)."""
+
+    kernel: CompiledKernel
+    grid: int
+    smem: int
+    args: PackedArguments
+    stream: int | None = None
+
+    def __call__(self) -> None:
+        launch(self.kernel, self.grid, THREADS, self.smem, self.args, stream=self.stream)
+
+
+def launcher(kernel: CompiledKernel, config: K6Config, slots: int, a_address: int, b_address: int, c_address: int,
+             ends_address: int, tokens: int, experts: int, K: int, N: int, *, stream: int | None = None,
+             units_address: int = 0, units: int = 0) -> Launch:
+    """k6 built as ``config`` (``kernel``) on these operands: ``slots`` is how many blocks (clusters)
+    the device holds at once (K6Persistent.slots), ``ends_address`` the expert ends (torch's offs),
+    ``units_address`` and ``units`` the host walk's unit list (the -host rungs)."""
+    args = packed_arguments(config, a_address, b_address, c_address, ends_address, tokens, experts, K, N,
+                            units_address, units)
+    return Launch(kernel, grid(config, slots, units), config.dynamic_smem_bytes, args, stream)
