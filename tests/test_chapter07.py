@@ -121,8 +121,8 @@ def test_the_shared_staging_ring_reads_what_the_page_says():
     data = recorded("07")
     if data is None:
         pytest.skip("no recorded results")
-    from moe_gemm.variants.k3.config import BOX, SWIZZLE_ALIGN
-    from moe_gemm.variants.k6.config import LADDER, SMEM_LIMIT, STATIC_SMEM_ALLOWANCE
+    from moe_gemm.variants.k6.config import LADDER, STATIC_SMEM_ALLOWANCE
+    from moe_gemm.variants.sm90.config import BOX, SMEM_LIMIT, SWIZZLE_ALIGN
 
     shared, box1 = LADDER["k6/pingpong-bn192"], LADDER["k6/pingpong-bn192-box1"]
     assert (shared.stages, shared.staging_boxes, box1.stages, box1.staging_boxes) == (5, 2, 5, 1)
