@@ -281,8 +281,8 @@ template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_M
           bool DEVICE_SCHEDULE, bool SWIGLU = false>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, unsigned short* C, const int4* units_list,
-                                        int num_units, const int* ends, int experts, int group, int K, int N,
-                                        const OperandPlan& plan_a, const OperandPlan& plan_b) {
+                                        int num_units, const int* ends, int tokens, int experts, int group, int K,
+                                        int N, const OperandPlan& plan_a, const OperandPlan& plan_b) {
     using Cfg = Config<MODE, BN, STAGES, CLUSTER_M, CLUSTER_N, B_K_MAJOR, STAGING_BOXES>;
     constexpr int CLUSTER = Cfg::CLUSTER;
     __shared__ alignas(8) unsigned long long full[STAGES];
@@ -296,7 +296,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     const int k_steps = K / sm90::BK;  // the host checked K % 64 == 0 and K > 0
 
     if constexpr (DEVICE_SCHEDULE) {
-        order.build(ends, experts, N, group);
+        order.build(ends, experts, tokens, N, group);
         num_units = order.total();
     }
     if (threadIdx.x == 0) {
@@ -343,7 +343,10 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             mbarrier_wait_parity(smem_u32(&full[stage]), phase);  // the unit's first stage, and its slot
             const int4 tile = slots.tile[ordinal % Slots<STAGES>::COUNT];
             const int row_offset = MODE == PINGPONG ? 0 : warpgroup * Cfg::WG_ROWS;
-            const int rows = tile.w < N ? min(tile.z - row_offset, Cfg::WG_ROWS) : 0;  // none past N
+            // None past N; none past M_tot either (the device walk's units end there already; the
+            // host list is taken on trust), since the register stores of a partial slice write C directly.
+            const int rows =
+                tile.w < N ? min(min(tile.z - row_offset, Cfg::WG_ROWS), tokens - tile.y - row_offset) : 0;
             const int slices = rows <= 0 ? 0 : rows <= 64 ? 1 : 2;
             auto hand_over = [&] {
                 if (MODE == PINGPONG && ordinal + 1 < mine)
@@ -401,12 +404,13 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     const int4* __restrict__ units_list,         /* host walk: (expert, row0, rows, col0) per unit          */ \
     int num_units,                               /* host walk: the list's length                            */ \
     const int* __restrict__ ends,                /* device walk: [E] cumulative row ends (torch's offs)     */ \
+    int tokens,                                  /* M_tot: the rows of A and C; every end is clamped to it  */ \
     int experts, int group, int K, int N, const OperandPlan plan_a, const OperandPlan plan_b
 
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE>(
-        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
 }
 
 // ALONG_M: the cluster's two blocks take two M tiles of one N column (B shared), else two N tiles
@@ -414,7 +418,7 @@ __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAM
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_cluster2(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE>(
-        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
 }
 
 // An MoE layer's first GEMM with the SwiGLU epilogue: C is [M_tot, N / 2] and B's columns are
@@ -424,12 +428,12 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP,
 template <int MODE, int STAGES, int STAGING_BOXES>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_swiglu(K6_PARAMS) {
     k6::k6_body<MODE, 128, STAGES, 1, 1, false, STAGING_BOXES, true, true>(
-        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
 }
 
 template <int MODE, int STAGES, int STAGING_BOXES>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_swiglu_cluster2(K6_PARAMS) {
     k6::k6_body<MODE, 128, STAGES, 1, 2, false, STAGING_BOXES, true, true>(
-        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, experts, group, K, N, plan_a, plan_b);
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
 }
 // --8<-- [end:kernels]

@@ -13,7 +13,12 @@
 // "rasterization"; python/moe_gemm/variants/k6/walk.py is its mirror (the host-built unit list).
 //
 // The launch reads only the expert ends (int32, the cumulative row counts torch._grouped_mm takes as
-// `offs`), so a CUDA graph captured once replays correctly for any routing of the same M_tot.
+// `offs`), so a CUDA graph captured once replays correctly for any routing of the same M_tot. Nothing
+// checks those ends on the host (reading them back would cost a synchronisation per launch), so the
+// walk trusts none of them: each is clamped to [0, M_tot] and the ends are made non-decreasing (a
+// running maximum) before any unit is counted. Whatever `offs` holds, every unit then lies inside A
+// and C; rows past the last end, which no expert owns, are neither read nor written (as
+// torch._grouped_mm leaves them).
 #pragma once
 
 namespace walk {
@@ -31,10 +36,11 @@ struct Walk {
 
     __device__ int total() const { return starts[experts]; }
 
-    // Every thread of the block takes part: the ends go to shared memory, one warp scans the
-    // per-expert unit counts 32 experts at a time with shuffles, and everyone waits for the result.
-    __device__ void build(const int* __restrict__ ends, int num_experts, int N, int raster_group) {
-        for (int e = threadIdx.x; e < num_experts; e += blockDim.x) offsets[e + 1] = ends[e];
+    // Every thread of the block takes part: the ends go to shared memory, clamped to [0, tokens];
+    // one warp makes them non-decreasing (a running maximum, 32 experts at a time with shuffles),
+    // then scans the per-expert unit counts the same way, and everyone waits for the result.
+    __device__ void build(const int* __restrict__ ends, int num_experts, int tokens, int N, int raster_group) {
+        for (int e = threadIdx.x; e < num_experts; e += blockDim.x) offsets[e + 1] = min(max(ends[e], 0), tokens);
         if (threadIdx.x == 0) {
             offsets[0] = 0;
             starts[0] = 0;
@@ -45,6 +51,19 @@ struct Walk {
         __syncthreads();
         if (threadIdx.x < 32) {
             const int lane = threadIdx.x;
+            int high = 0;  // the largest end so far
+            for (int base = 0; base < num_experts; base += 32) {
+                const int e = base + lane;
+                int end = e < num_experts ? max(offsets[e + 1], high) : high;
+#pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    const int up = __shfl_up_sync(0xFFFFFFFFu, end, d);
+                    if (lane >= d) end = max(end, up);
+                }
+                if (e < num_experts) offsets[e + 1] = end;
+                high = __shfl_sync(0xFFFFFFFFu, end, 31);
+            }
+            __syncwarp();
             int carry = 0;
             for (int base = 0; base < num_experts; base += 32) {
                 const int e = base + lane;
