@@ -89,8 +89,11 @@ struct Slots {
 // One thread issues every copy. Unit j's tile for this block is (expert, row0, rows, col0 + rank
 // x BN) along N, (expert, row0 + rank x BM, rows - rank x BM, col0) along M; its stages carry all
 // of A's box and the B boxes that start before column N (none for a partner past N: it multiplies
-// nothing), each shared box loaded half by each block of the cluster.
-template <class Cfg, int STAGES, int CLUSTER, bool B_K_MAJOR, class UnitAt>
+// nothing), each shared box loaded half by each block of the cluster. SWIGLU: B is [W_gate | W_up]
+// [E, K, N] as a transformers checkpoint stores it, and the tile at columns col0 .. col0 + 127 of
+// the fused walk loads gate columns col0 / 2 .. + 63 and the up columns N / 2 further: the pair
+// the epilogue multiplies, with no interleaved copy of the weights.
+template <class Cfg, int STAGES, int CLUSTER, bool B_K_MAJOR, bool SWIGLU, class UnitAt>
 __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, UnitAt&& unit_at,
                                         int units, int first, int stride, unsigned rank, int k_steps, int N,
                                         unsigned ring, Slots<STAGES>& slots, unsigned long long* full,
@@ -119,7 +122,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
             else
                 tma_load_2d(a_dst, tmap_a, k, tile.y, bar);
             for (int box = 0; box < boxes; ++box) {
-                const int n = tile.w + box * sm90::BOX;
+                const int n = SWIGLU ? box * (N / 2) + tile.w / 2 : tile.w + box * sm90::BOX;
                 const int c0 = B_K_MAJOR ? k : n, c1 = B_K_MAJOR ? n : k;  // B: (n, k, e); B^T: (k, n, e)
                 const unsigned b_dst = a_dst + Cfg::A_BYTES + box * sm90::BOX_BYTES;
                 if constexpr (Cfg::ALONG_M == 2) {
@@ -246,11 +249,11 @@ __device__ __forceinline__ void store(const float (&acc)[Cfg::M_ITERS][COLS / 2]
 // --8<-- [end:epilogue]
 
 // --8<-- [start:swiglu]
-// The fused SwiGLU epilogue of an MoE layer's first GEMM: B's columns come in pairs of 64-column
-// blocks, gate then up (moe_gemm.torch.layer interleaves W_gate_up so), so with BN = 128 a
-// thread holds gate column c in acc[4j + 2h + c'] and the matching up column in the element 32
-// further (j + 8): act = silu(gate) * up is computed in fp32 from the accumulators, and the tile's
-// 64 output columns go to C [M_tot, N / 2] by the same store. The [M_tot, N] intermediate is never
+// The fused SwiGLU epilogue of an MoE layer's first GEMM: each 128-column tile holds a 64-column
+// gate block and its up block (the producer loads them from the two halves of [W_gate | W_up]), so
+// with BN = 128 a thread holds gate column c in acc[4j + 2h + c'] and the matching up column in the
+// element 32 further (j + 8): act = silu(gate) * up is computed in fp32 from the accumulators, and
+// the tile's 64 output columns go to C [M_tot, N / 2] by the same store. The [M_tot, N] intermediate is never
 // written: 2 bytes per element of it read and written by a separate pass, saved.
 template <class Cfg>
 __device__ __forceinline__ void swiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2],
@@ -319,8 +322,8 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
                 if constexpr (DEVICE_SCHEDULE) return order.unit(unit);
                 else return units_list[unit];
             };
-            produce<Cfg, STAGES, CLUSTER, B_K_MAJOR>(tmap_a, tmap_b, unit_at, num_units, first, stride, rank,
-                                                     k_steps, N, ring, slots, full, empty);
+            produce<Cfg, STAGES, CLUSTER, B_K_MAJOR, SWIGLU>(tmap_a, tmap_b, unit_at, num_units, first, stride,
+                                                             rank, k_steps, N, ring, slots, full, empty);
         }
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
@@ -421,8 +424,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP,
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
 }
 
-// An MoE layer's first GEMM with the SwiGLU epilogue: C is [M_tot, N / 2] and B's columns are
-// interleaved gate / up blocks of 64, so a 128-column tile holds one gate block and its up block;
+// An MoE layer's first GEMM with the SwiGLU epilogue: B is [W_gate | W_up] and C = silu(A W_gate) *
+// (A W_up) [M_tot, N / 2]; a 128-column tile holds one 64-column gate block and its up block;
 // BN = 128, the device walk; alone, or in a cluster of two along N (A multicast: each block's tile is
 // its own pair, and the partner of an odd last tile, past N, multiplies and stores nothing).
 template <int MODE, int STAGES, int STAGING_BOXES>
