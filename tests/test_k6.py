@@ -92,13 +92,13 @@ def test_the_swiglu_epilogue_builds_with_its_exponentials(name):
     assert (counts["UCGABAR"] > 0) == (variant.config.cluster == 2)  # the cluster rungs sync their pair
 
 
-def test_the_swiglu_reference_pairs_gate_and_up_blocks():
+def test_the_swiglu_reference_pairs_each_gate_column_with_the_up_column_n_over_2_further():
     from moe_gemm.model.problem import problem_from_counts
     from moe_gemm.model.reference import reference_gemm, swiglu_reference
 
     problem = problem_from_counts(np.array([3, 2]), 64, 256, seed=1)
     full, act = reference_gemm(problem), swiglu_reference(problem)
-    gate, up = full[:, 128:192], full[:, 192:256]  # the second pair of blocks
+    gate, up = full[:, 64:128], full[:, 192:256]  # the second 64-column gate block and its up block
     np.testing.assert_allclose(act[:, 64:128], gate / (1 + np.exp(-gate)) * up, rtol=1e-6)
     with pytest.raises(ValueError, match="multiple of 128"):
         swiglu_reference(problem_from_counts(np.array([3]), 64, 192))
@@ -242,3 +242,24 @@ def test_the_arguments_are_k6_params_in_number_kind_and_order():
     assert {name: by_name[name] for name in ("C", "units_list", "num_units", "ends", "experts", "group", "K", "N")} \
         == {"C": 0x30000, "units_list": 0x50000, "num_units": 37, "ends": 0x40004, "experts": 64, "group": 1,
             "K": 1024, "N": 2688}
+
+
+@pytest.mark.parametrize(("ends", "tokens", "offsets"), [
+    ((3, 7, 10), 10, (0, 3, 7, 10)),  # well formed: unchanged
+    ((3, 7, 8), 10, (0, 3, 7, 8)),  # the last end short of M_tot: rows 8, 9 belong to no expert
+    ((7, 3, 10), 10, (0, 7, 7, 10)),  # decreasing: expert 1 gets no rows
+    ((-5, 4, 99), 10, (0, 0, 4, 10)),  # negative and beyond M_tot: clamped
+    ((50, 2, -1), 10, (0, 10, 10, 10)),
+])
+def test_the_device_walk_clamps_any_ends_into_the_tensors(ends, tokens, offsets):
+    from moe_gemm.variants.k6.walk import walked_offsets
+
+    assert walked_offsets(np.array(ends), tokens).tolist() == list(offsets)
+
+
+def test_the_device_walk_clamps_in_the_kernel_as_its_mirror_does():
+    """kernels/tile_walk.cuh clamps each end to [0, tokens] and takes the running maximum before it counts
+    a unit: the mirror above is only right while the kernel does both."""
+    walk = (KERNELS / "tile_walk.cuh").read_text()
+    assert "min(max(ends[e], 0), tokens)" in walk
+    assert "max(offsets[e + 1], high)" in walk and "end = max(end, up)" in walk

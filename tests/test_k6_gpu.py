@@ -136,6 +136,46 @@ def test_refusals_before_any_launch(sm90a):
         K6Persistent("k6/pingpong-bn128").prepare(DeviceProblem(problem_from_counts(np.array([5]), 96, 64)))
 
 
+# Expert ends a model could pass by mistake (nothing checks them on the host): each rung's device walk
+# must keep inside A and C, compute exactly the rows its clamped offsets give each expert, and leave
+# the rows past the last clamped end unwritten (NaN-poisoned), as torch._grouped_mm leaves them.
+ADVERSARIAL_ENDS = {
+    "decreasing": (300, 120, 500, 640),
+    "beyond M_tot": (100, 5000, 9000, 10**9),
+    "negative": (-7, -1, 200, 640),
+    "the last end short of M_tot": (64, 128, 129, 130),
+    "every end zero": (0, 0, 0, 0),
+}
+
+
+@pytest.mark.parametrize("ends", list(ADVERSARIAL_ENDS))
+@pytest.mark.parametrize("name", ["k6/pingpong-bn128", "k6/pingpong-cluster-bn192-g8", "k6/coop256-bn128",
+                                  "k6/swiglu-coop256-cluster"])
+def test_any_expert_ends_stay_inside_the_tensors(name, ends, sm90a):
+    from moe_gemm.cuda.device import DeviceProblem
+    from moe_gemm.measure.check import run_once
+    from moe_gemm.variants.k6.walk import walked_offsets
+
+    tokens, K, N = 640, 128, 256  # noqa: N806
+    problem = problem_from_counts(np.array([160, 160, 160, 160]), K, N, values="integer", seed=11)
+    dev = DeviceProblem(problem)
+    given = np.array(ADVERSARIAL_ENDS[ends], dtype=np.int64).clip(-(2**31), 2**31 - 1)
+    dev.offsets.upload(np.r_[0, given].astype(np.int32))  # the walk reads offsets[1:], torch's offs
+    variant = K6Persistent(name)
+    out = run_once(variant, dev).astype(np.float32)
+    offsets = walked_offsets(given, tokens)
+    want = np.full((tokens, N), np.nan, dtype=np.float64)
+    for e in range(4):
+        lo, hi = int(offsets[e]), int(offsets[e + 1])
+        want[lo:hi] = problem.a[lo:hi].astype(np.float64) @ problem.b[e].astype(np.float64)
+    if variant.config.epilogue == "swiglu":
+        gate, up = want[:, : N // 2], want[:, N // 2:]
+        want = gate / (1 + np.exp(-gate)) * up
+        np.testing.assert_allclose(out, want, rtol=1e-2, atol=1e-2, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(out, want.astype(np.float32).astype(problem.a.dtype).astype(np.float32))
+
+
 # The fused SwiGLU epilogue (C = silu(gate) * up, [M_tot, N / 2]): compared with the fp32 product's
 # SwiGLU within the tolerance (silu of integer-valued inputs is no integer).
 SWIGLU_CASES = {

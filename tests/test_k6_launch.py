@@ -40,9 +40,9 @@ def test_the_arguments_in_the_kernels_order(name, a_box_rows, group, units, c_co
         TiledMap("B", B, (N, K, E), (N * 2, K * N * 2), (64, 64, 1)) if kn else
         TiledMap("B^T", B, (K, N, E), (K * 2, N * K * 2), (64, 64, 1)),
         TiledMap("C", C, (c_columns, TOKENS), (c_columns * 2,), (64, 64)))
-    assert args[3:11] == (C, units_address, units, ENDS, E, group, K, N)
+    assert args[3:12] == (C, units_address, units, ENDS, TOKENS, E, group, K, N)
     assert [type(arg) for arg in args[3:11]] == [int, int, np.int32, int, np.int32, np.int32, np.int32, np.int32]
-    assert [plan.tolist() for plan in args[11:]] == [tuple(plan_values("K")), tuple(plan_values("MN" if kn else "K"))]
+    assert [plan.tolist() for plan in args[12:]] == [tuple(plan_values("K")), tuple(plan_values("MN" if kn else "K"))]
 
 
 class Encoded:
@@ -65,7 +65,7 @@ def test_a_launch_takes_the_devices_slots_and_the_callers_stream(stand_in_maps):
     kernel = object()  # compiled on the GPU machine; only handed through here
     run = launcher(kernel, config, 66, A, B, C, ENDS, TOKENS, E, K, N, stream=1234)
     assert (run.kernel, run.grid, run.smem, run.stream) == (kernel, 132, config.dynamic_smem_bytes, 1234)
-    assert len(run.args.pointers) == 13  # K6_PARAMS' 13 parameters
+    assert len(run.args.pointers) == 14  # K6_PARAMS' 14 parameters
     again = launcher(kernel, config, 66, A, B, C, ENDS, TOKENS, E, K, N)
     assert again.args is run.args and again.stream is None  # packed once; None: the harness stream
     assert launcher(kernel, config, 66, A, B, C, ENDS + 4, TOKENS, E, K, N).args is not run.args

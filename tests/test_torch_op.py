@@ -107,24 +107,12 @@ def test_the_layer_matches_the_transformers_block(family):
     torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
 
 
-def test_interleaving_pairs_gate_and_up_blocks():
-    from moe_gemm.torch.layer import interleave_gate_up
-
-    w = torch.arange(2 * 256, dtype=torch.float32).reshape(1, 2, 256)  # gate columns 0..127, up 128..255
-    fused = interleave_gate_up(w)
-    assert fused[0, 0, :64].tolist() == list(range(64))  # gate block 0
-    assert fused[0, 0, 64:128].tolist() == list(range(128, 192))  # up block 0
-    assert fused[0, 0, 128:192].tolist() == list(range(64, 128))  # gate block 1
-    with pytest.raises(ValueError, match="multiple of 64"):
-        interleave_gate_up(torch.zeros(1, 2, 96))
-
-
 def test_the_fused_path_equals_gemm_then_swiglu():
-    from moe_gemm.torch.layer import interleave_gate_up, swiglu
+    from moe_gemm.torch.layer import swiglu
 
     a, _, offs = problem([9, 0, 4], K=64, N=256)
     w = (torch.randn(3, 64, 256, generator=torch.Generator().manual_seed(4)) * 0.2).to(torch.bfloat16)
-    fused = ops.grouped_mm_swiglu(a, interleave_gate_up(w), offs)
+    fused = ops.grouped_mm_swiglu(a, w, offs)  # w = [W_gate | W_up], as the layer stores it
     plain = swiglu(ops.grouped_mm(a, w, offs).float())
     assert fused.shape == (13, 128)
     torch.testing.assert_close(fused.float(), plain, rtol=2e-2, atol=2e-2)
@@ -138,9 +126,25 @@ def test_the_fused_layer_equals_the_unfused_one():
     x = torch.randn(30, 64).to(torch.bfloat16)
     with torch.no_grad():
         fused = layer(x)
-        layer.fused, layer.w_gate_up_fused = False, None
+        layer.fused = False
         plain = layer(x)
     torch.testing.assert_close(fused.float(), plain.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_the_fused_layer_reads_the_weights_it_holds_now():
+    """No copy of W_gate_up can go stale: after load_state_dict or an in-place edit the fused layer
+    still equals the unfused one on the new weights."""
+    torch.manual_seed(2)
+    layer, other = MoELayer(64, 128, 8, 2), MoELayer(64, 128, 8, 2)
+    x = torch.randn(30, 64).to(torch.bfloat16)
+    layer.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        layer.w_gate_up.mul_(-1.5)
+        fused = layer(x)
+        layer.fused = False
+        plain = layer(x)
+    torch.testing.assert_close(fused.float(), plain.float(), rtol=3e-2, atol=3e-2)
+    assert not any(name.endswith("fused") for name, _ in layer.named_buffers())
 
 
 def test_chapter_08s_transformers_block_holds_our_layers_weights():

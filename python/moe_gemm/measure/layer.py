@@ -95,12 +95,12 @@ def step_times(layer: Any, x: Any) -> dict[str, float]:
     weights, experts = route(x, layer.gate, layer.top_k, layer.normalize)
     order, offs = permute(experts, layer.gate.shape[0])
     rows = x[order // layer.top_k]
-    act = grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs)
+    act = grouped_mm_swiglu(rows, layer.w_gate_up, offs)
     y = grouped_mm(act, layer.w_down, offs)
     calls = {
         "router": lambda: route(x, layer.gate, layer.top_k, layer.normalize),
         "permutation": lambda: (permute(experts, layer.gate.shape[0]), x[order // layer.top_k]),
-        "GEMM 1 + SwiGLU": lambda: grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs),
+        "GEMM 1 + SwiGLU": lambda: grouped_mm_swiglu(rows, layer.w_gate_up, offs),
         "GEMM 2": lambda: grouped_mm(act, layer.w_down, offs),
         "combine": lambda: combine(y, order, weights, layer.top_k),
     }
@@ -134,10 +134,10 @@ def fused_epilogue(layer: Any, x: Any) -> dict[str, float]:
     from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
 
     _, _, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)
-    grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs)
+    grouped_mm_swiglu(rows, layer.w_gate_up, offs)
     h = grouped_mm(rows, layer.w_gate_up, offs)
     m, width = h.shape
-    timed = time_interleaved({"fused": lambda: grouped_mm_swiglu(rows, layer.w_gate_up_fused, offs),
+    timed = time_interleaved({"fused": lambda: grouped_mm_swiglu(rows, layer.w_gate_up, offs),
                               "gemm1": lambda: grouped_mm(rows, layer.w_gate_up, offs),
                               "swiglu": lambda: swiglu(h)})
     return {**{f"{name}_ms": t.median_ms for name, t in timed.items()},

@@ -119,19 +119,20 @@ class Check:
         return f"{'ok' if self.passed else 'FAILED'} ({kind}, {self.nonfinite} non-finite)"
 
 
-SWIGLU_BLOCK = 64  # columns per gate or up block of an interleaved W_gate_up (moe_gemm.torch.layer)
+SWIGLU_BLOCK = 64  # columns of gate (and of up) that k6's fused SwiGLU epilogue pairs in one 128-wide tile
 
 
 def swiglu_reference(problem: Problem) -> np.ndarray:
-    """silu(gate) * up from the fp32 product, for B's columns in interleaved 64-column gate / up
-    blocks: [M_tot, N / 2], what k6's fused SwiGLU epilogue writes (kernels/k6_persistent.cu)."""
+    """silu(gate) * up from the fp32 product, for B = [W_gate | W_up] (gate columns, then as many up
+    columns, as a checkpoint stores them): [M_tot, N / 2], what k6's fused SwiGLU epilogue writes
+    (kernels/k6_persistent.cu), whose 128-wide tiles pair 64 gate columns with their 64 up columns."""
     if problem.ragged != "M":
         raise ValueError("the SwiGLU reference is the forward's epilogue: it needs a ragged-M problem")
     if problem.N % (2 * SWIGLU_BLOCK):
         raise ValueError(f"the SwiGLU reference needs N a multiple of {2 * SWIGLU_BLOCK}, got {problem.N}")
-    c = reference_gemm(problem).reshape(problem.tokens, problem.N // (2 * SWIGLU_BLOCK), 2, SWIGLU_BLOCK)
-    gate, up = c[:, :, 0, :], c[:, :, 1, :]
-    return (gate / (1.0 + np.exp(-gate)) * up).reshape(problem.tokens, problem.N // 2).astype(np.float32)
+    c = reference_gemm(problem)
+    gate, up = c[:, : problem.N // 2], c[:, problem.N // 2:]
+    return (gate / (1.0 + np.exp(-gate)) * up).astype(np.float32)
 
 
 def check_output(c: np.ndarray, problem: Problem, *, exact: bool = False, epilogue: str = "none") -> Check:

@@ -65,17 +65,6 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def interleave_gate_up(w_gate_up: torch.Tensor, block: int = SWIGLU_BLOCK) -> torch.Tensor:
-    """[E, H, 2I] with gate columns then up columns -> the same columns as 64-wide gate / up pairs
-    (g0, u0, g1, u1, ...): the layout k6's fused SwiGLU epilogue reads, made once per weight."""
-    experts, hidden, width = w_gate_up.shape
-    if width % (2 * block):
-        raise ValueError(f"the fused SwiGLU epilogue needs the intermediate size a multiple of {block}, got "
-                         f"{width // 2}")
-    gate, up = w_gate_up.unflatten(2, (2, width // (2 * block), block)).unbind(2)
-    return torch.stack([gate, up], dim=3).flatten(2).contiguous()
-
-
 def combine(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
     """Back to token order: out[t] = sum over t's top_k choices of weight x the expert's output row.
 
@@ -107,13 +96,12 @@ def dispatch(x: torch.Tensor, gate: torch.Tensor, top_k: int, normalize: bool) -
 
 
 def moe_forward(x: torch.Tensor, gate: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
-                normalize: bool = True, gemm: GroupedMM = grouped_mm,
-                w_gate_up_fused: torch.Tensor | None = None) -> torch.Tensor:
-    """The layer's forward pass, step by step (see the module docstring). With ``w_gate_up_fused``
-    (interleave_gate_up's layout) GEMM 1 and SwiGLU are one launch of k6's fused epilogue."""
+                normalize: bool = True, gemm: GroupedMM = grouped_mm, fused: bool = False) -> torch.Tensor:
+    """The layer's forward pass, step by step (see the module docstring). ``fused``: GEMM 1 and SwiGLU
+    are one launch of k6's fused epilogue, reading W_gate_up as it is stored."""
     weights, order, offs, rows = dispatch(x, gate, top_k, normalize)
-    if w_gate_up_fused is not None:
-        act = grouped_mm_swiglu(rows, w_gate_up_fused, offs)
+    if fused:
+        act = grouped_mm_swiglu(rows, w_gate_up, offs)
     else:
         act = swiglu(gemm(rows, w_gate_up, offs)).contiguous()
     y = gemm(act, w_down, offs)
@@ -122,9 +110,9 @@ def moe_forward(x: torch.Tensor, gate: torch.Tensor, w_gate_up: torch.Tensor, w_
 
 class MoELayer(torch.nn.Module):
     """An MoE feed-forward layer: ``hidden`` -> ``experts`` SwiGLU experts of width ``intermediate``, top_k of
-    them per token -> ``hidden``. ``fused`` (when the intermediate size is a multiple of 64) keeps
-    W_gate_up also in interleave_gate_up's layout, so that the forward pass on our op runs GEMM 1 with
-    the SwiGLU epilogue; call :meth:`fuse_weights` after changing the weights."""
+    them per token -> ``hidden``. ``fused`` (when the intermediate size is a multiple of 64): the forward
+    pass on our op runs GEMM 1 with the SwiGLU epilogue, which reads W_gate_up itself (no copy of it
+    that could go stale after load_state_dict or an edit of the weights)."""
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, normalize: bool = True,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
@@ -138,17 +126,9 @@ class MoELayer(torch.nn.Module):
         self.w_gate_up = torch.nn.Parameter(torch.randn(experts, hidden, 2 * intermediate, **factory) * hidden**-0.5)
         self.w_down = torch.nn.Parameter(torch.randn(experts, intermediate, hidden, **factory) * intermediate**-0.5)
         self.fused = fused and intermediate % SWIGLU_BLOCK == 0
-        self.register_buffer("w_gate_up_fused", None, persistent=False)
-        self.fuse_weights()
-
-    def fuse_weights(self) -> None:
-        """Remake the interleaved copy of W_gate_up the fused epilogue reads (after the weights change)."""
-        if self.fused:
-            with torch.no_grad():
-                self.w_gate_up_fused = interleave_gate_up(self.w_gate_up.detach())
 
     def forward(self, x: torch.Tensor, gemm: GroupedMM = grouped_mm) -> torch.Tensor:
-        fused = self.w_gate_up_fused if gemm is grouped_mm else None  # other GEMMs run SwiGLU as its own pass
+        fused = self.fused and gemm is grouped_mm  # other GEMMs run SwiGLU as its own pass
         return moe_forward(x, self.gate, self.w_gate_up, self.w_down, self.top_k, self.normalize, gemm, fused)
 
     @classmethod
@@ -161,7 +141,6 @@ class MoELayer(torch.nn.Module):
             layer.gate.copy_(gate)
             layer.w_gate_up.copy_(gate_up)
             layer.w_down.copy_(down)
-        layer.fuse_weights()
         return layer
 
 

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from moe_gemm.model.reference import SWIGLU_BLOCK
 from moe_gemm.torch import rules
 
 DEFAULT_CONFIG = "k6/pingpong-bn192"  # the rung closest to k6/auto's choices across chapter 07's shapes
@@ -233,18 +232,17 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
 
 
 # --8<-- [start:swiglu]
-def swiglu_interleaved(h: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of a [M, N] product whose columns are interleaved 64-column gate / up blocks."""
-    blocks = h.float().unflatten(-1, (h.shape[-1] // (2 * SWIGLU_BLOCK), 2, SWIGLU_BLOCK))
-    gate, up = blocks[..., 0, :], blocks[..., 1, :]
-    return (torch.nn.functional.silu(gate) * up).flatten(-2)
+def swiglu_halves(h: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in fp32 of h = [gate | up] [M, 2I], the product with B = [W_gate | W_up]."""
+    gate, up = h.float().chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
 
 
 @torch.library.custom_op("moe_gemm::grouped_mm_swiglu", mutates_args=())
 def _grouped_mm_swiglu(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     chosen = rules.route(operands(a, b, offs, torch.bfloat16), epilogue="swiglu")
     if chosen.kernel == "torch":
-        return swiglu_interleaved(_fallback(a, b, offs, torch.bfloat16, chosen.reason)).to(torch.bfloat16)
+        return swiglu_halves(_fallback(a, b, offs, torch.bfloat16, chosen.reason)).to(torch.bfloat16)
     if _check_offsets[-1] and not _capturing_or_compiling():
         rules.check_offsets(offs.tolist(), a.shape[0])
     out = torch.empty((a.shape[0], b.shape[2] // 2), dtype=torch.bfloat16, device=a.device)
@@ -261,7 +259,8 @@ def _(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
 
 
 def grouped_mm_swiglu(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of the grouped product a @ b, b's columns interleaved 64-column gate / up blocks
-    (moe_gemm.torch.layer.interleave_gate_up): [M_tot, N / 2], in one launch with k6's fused epilogue.
-    Forward only (no autograd)."""
+    """silu(gate) * up of the grouped product a @ b for b = [W_gate | W_up] [E, K, 2I] (the gate
+    columns, then the up columns, as a checkpoint stores them): [M_tot, I], in one launch with k6's
+    fused epilogue, which pairs each 64 gate columns with the 64 up columns I further. Forward only
+    (no autograd)."""
     return torch.ops.moe_gemm.grouped_mm_swiglu(a, b, offs)

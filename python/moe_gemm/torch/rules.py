@@ -94,8 +94,8 @@ def route(op: Operands, epilogue: str = "none") -> Route:
     reasons = []
     if epilogue == "swiglu":
         if N % SWIGLU_COLUMNS:
-            raise ValueError(f"grouped_mm_swiglu: N = {N} must be a multiple of {SWIGLU_COLUMNS} (interleaved "
-                             f"64-column gate and up blocks)")
+            raise ValueError(f"grouped_mm_swiglu: N = {N} must be a multiple of {SWIGLU_COLUMNS} (each fused "
+                             f"tile pairs 64 gate columns with the 64 up columns N / 2 further)")
         if b_layout(op.b_shape, op.b_strides) == "nk":
             reasons.append("the fused SwiGLU epilogue reads B [E, K, N] row-major only")
     if op.device != "cuda":

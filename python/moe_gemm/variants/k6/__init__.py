@@ -82,8 +82,8 @@ class K6Persistent(NamedConfigVariant):
         b = transposed_b(dev) if config.b_layout == "nk" and problem.tokens else dev.b
         check_inputs(config, problem.experts, problem.K, problem.N, dev.a.ptr, b.ptr, self.name)
         if config.epilogue == "swiglu" and problem.N % (2 * BOX):
-            raise ValueError(f"{self.name}: N = {problem.N} must be a multiple of 128 (gate / up blocks of 64 "
-                             f"columns, interleaved)")
+            raise ValueError(f"{self.name}: N = {problem.N} must be a multiple of 128 (each fused tile pairs 64 "
+                             f"gate columns with the 64 up columns N / 2 further)")
         gpu = require_sm90a(self.name)
         resources = self.resources(gpu.arch)
         output = dev.new_output(problem.N // config.out_columns_divisor)

@@ -118,9 +118,8 @@ LADDER: dict[str, K6Config] = {
 }
 # --8<-- [end:ladder]
 
-# The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B's columns interleaved in
-# 64-column gate / up blocks, C = silu(gate) * up [M_tot, N / 2]. BN = 128 (one gate / up pair per
-# tile), the device walk; the cluster rungs are the fused twins of k6/pingpong-cluster-bn128 and
+# The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B = [W_gate | W_up], C = silu(gate)
+# * up [M_tot, N / 2]. BN = 128 (64 gate columns and their 64 up columns per tile), the device walk; the cluster rungs are the fused twins of k6/pingpong-cluster-bn128 and
 # k6/coop256-cluster-bn128, which k6/auto's tuning put ahead of the plain BN = 128 rung at the
 # Mixtral-sized projection (chapter 07).
 FUSED: dict[str, K6Config] = {

@@ -35,11 +35,12 @@ def arguments(config: K6Config, a_address: int, b_address: int, c_address: int, 
               experts: int, K: int, N: int, units_address: int = 0, units: int = 0) -> tuple[Any, ...]:
     """The kernel's arguments in K6_PARAMS order: the three tensor maps (not yet encoded: that needs the
     driver), C, the host walk's unit list and its length (0 and 0 for the device walk), the expert
-    ends, E, the raster group, K, N and the two descriptor plans."""
+    ends, M_tot (the device walk clamps every end to it), E, the raster group, K, N and the two
+    descriptor plans."""
     plan_a, plan_b = plans(config.b_layout)
     return (*tensor_maps(config, a_address, b_address, c_address, tokens, experts, K, N), c_address, units_address,
-            np.int32(units), ends_address, np.int32(experts), np.int32(config.group), np.int32(K), np.int32(N),
-            plan_argument(plan_a), plan_argument(plan_b))
+            np.int32(units), ends_address, np.int32(tokens), np.int32(experts), np.int32(config.group), np.int32(K),
+            np.int32(N), plan_argument(plan_a), plan_argument(plan_b))
 
 
 @functools.lru_cache(maxsize=256)

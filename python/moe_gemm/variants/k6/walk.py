@@ -1,5 +1,6 @@
 """The order k6 computes its units in (kernels/tile_walk.cuh), in numpy: the host-built unit list of
-the ``-host`` rungs, and the mirror the CPU tests hold the device walk to.
+the ``-host`` rungs, the mirror the CPU tests hold the device walk to, and the offsets the device walk
+makes of whatever expert ends it is given.
 """
 
 from __future__ import annotations
@@ -39,3 +40,11 @@ def unit_list(counts: np.ndarray, N: int, unit_rows: int, unit_cols: int, group:
     return np.concatenate(parts).astype(np.int32) if parts else np.zeros((0, 4), dtype=np.int32)
 # --8<-- [end:walk]
 
+
+def walked_offsets(ends: np.ndarray, tokens: int) -> np.ndarray:
+    """The expert offsets [E + 1] the device walk uses for the ends it is given (torch's ``offs``, never
+    checked on the host): each end clamped to [0, M_tot], then the running maximum, so expert e owns rows
+    offsets[e] .. offsets[e + 1] - 1, all inside A and C, and rows from offsets[E] on belong to no expert
+    (kernels/tile_walk.cuh, Walk::build)."""
+    clamped = np.clip(np.asarray(ends, dtype=np.int64), 0, tokens)
+    return np.concatenate([np.zeros(1, np.int64), np.maximum.accumulate(clamped)])
