@@ -280,3 +280,20 @@ def test_target_arch_is_the_running_gpus(monkeypatch):
     h200 = GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
     monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda: h200)
     assert target_arch(None) == "sm_90a"
+
+
+def test_the_cache_writes_each_file_whole_under_a_name_of_its_own(tmp_path, monkeypatch):
+    """Processes sharing a cache may store one entry at once: each file is renamed into place whole, so
+    a reader never meets a truncated cubin (the GPU validation once read one: CUDA_ERROR_INVALID_IMAGE)."""
+    import os
+
+    from moe_gemm.cuda import nvrtc
+
+    renamed = []
+    monkeypatch.setattr(nvrtc.os, "replace", lambda src, dst: (renamed.append((src, dst)), os.rename(src, dst)))
+    report = nvrtc.ResourceReport(40, 0, 0, 0, 0, 1)
+    compiled = nvrtc.CompiledKernel("k.cu", "k", "k", "sm_90a", b"\x7fELF" * 100, report, "")
+    nvrtc._store(tmp_path / "entry.json", compiled)
+    assert [os.path.basename(dst) for _, dst in renamed] == ["entry.cubin", "entry.json"]  # the .json last
+    assert all(src != dst and src.endswith(".tmp") for src, dst in renamed)
+    assert (tmp_path / "entry.cubin").read_bytes() == compiled.cubin and not list(tmp_path.glob("*.tmp"))

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -150,9 +151,14 @@ def _nvrtc_compile(source: str, source_file: str, name: str, arch: str, defines:
 
 
 def _store(cache_file: Path, compiled: CompiledKernel) -> None:
+    """Write the cubin, then the .json whose presence means the entry is whole. Each file is written
+    under a name of its own and renamed into place: processes compiling in parallel (the GPU validation
+    runs 16 pytest processes on one cache) may store the same entry at once, and a reader that found
+    the .json must never read a cubin another writer has truncated (seen: CUDA_ERROR_INVALID_IMAGE)."""
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    cache_file.with_suffix(".cubin").write_bytes(compiled.cubin)
     meta = {"symbol": compiled.symbol, "report": asdict(compiled.report), "log": compiled.log}
-    tmp = cache_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, cache_file)  # the .json appears last: its presence means the entry is whole
+    for path, data in ((cache_file.with_suffix(".cubin"), compiled.cubin), (cache_file, json.dumps(meta).encode())):
+        fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)

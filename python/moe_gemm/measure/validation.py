@@ -161,7 +161,7 @@ def write_record(record: dict[str, Any], path: Path = RECORD_PATH) -> None:
     record["kernels"] = dict(sorted(record["kernels"].items()))
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as handle:
-        json.dump(record, handle, indent=1)
+        json.dump(record, handle, indent=1, sort_keys=True)  # sorted: a re-run changes only what changed
         handle.write("\n")
     os.replace(tmp, path)
 
