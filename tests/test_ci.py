@@ -30,3 +30,14 @@ def test_ci_script_is_strict_and_executable():
     text = script.read_text(encoding="utf-8")
     assert text.startswith("#!/usr/bin/env bash") or text.startswith("#!/bin/bash")
     assert "set -euo pipefail" in text
+
+
+def test_ci_installs_an_exactly_pinned_torch_and_transformers_before_the_tests():
+    """Without torch the op's CPU tests skip; an unpinned torch would pull PyPI's CUDA build."""
+    lines = [line.strip() for line in (REPO / ".ci/run").read_text(encoding="utf-8").splitlines()]
+    installs = [i for i, line in enumerate(lines) if re.match(r"python -m pip install .*\btorch\b", line)]
+    assert len(installs) == 1, f".ci/run should install torch on one line, found {[lines[i] for i in installs]}"
+    words = lines[installs[0]].split()
+    assert any(re.fullmatch(r"torch==\d+\.\d+\.\d+", w) for w in words), f"torch not pinned exactly: {words}"
+    assert "transformers" in words, f"transformers is not installed beside torch: {words}"
+    assert installs[0] < lines.index(readme_test_command()), "torch must be installed before the tests run"

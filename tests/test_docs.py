@@ -1,7 +1,8 @@
 """The docs site: `mkdocs build --strict` passes, and headless Chromium renders the pages as a reader
 sees them: math typeset, figures loaded and opening full size in the lightbox, no request leaving
-localhost, no math in the table of contents, nothing cut off at 1400 px or 400 px, and no table that
-needs a sideways scrollbar at 1400 px. The pages are the ones in mkdocs.yml's nav, which must list
+localhost, no math in the table of contents, nothing cut off at 1400 px or 400 px, no table that
+needs a sideways scrollbar at 1400 px, and every region of source code a page includes shown inside a
+code block. The pages are the ones in mkdocs.yml's nav, which must list
 every page in site_docs/.
 
 Chromium is Debian's `chromium` (.ci/run installs it). It is driven over the Chrome DevTools
@@ -122,6 +123,46 @@ def test_page_sources_quote_no_commit_hashes():
         hashes = [h for h in re.findall(r"(?<![0-9A-Za-z_])[0-9a-f]{7,40}(?![0-9A-Za-z_])", text)
                   if re.search(r"[a-f]", h) and re.search(r"\d", h)]
         assert not hashes, f"{page} quotes what looks like a commit: {hashes}"
+
+
+# ---- code included from the sources ------------------------------------------------------
+
+# A page's include of a marked region of a source file. Includes of whole .md files (the figure
+# scripts' tables) are markdown that renders as tables, so they take no fence.
+CODE_INCLUDE = re.compile(r'^\s*--8<-- "(?P<path>[^":]+):(?P<section>[^"]+)"\s*$')
+SECTION_MARKER = re.compile(r"--8<-- \[(?:start|end):[^\]]+\]")
+
+
+def code_includes(page: str) -> list[tuple[int, str, str]]:
+    """(0-based line, path, section) of every include of a marked source region on ``page``."""
+    lines = (REPO / "site_docs" / page).read_text(encoding="utf-8").splitlines()
+    return [(i, m["path"], m["section"]) for i, line in enumerate(lines)
+            if (m := CODE_INCLUDE.match(line)) and not m["path"].endswith(".md")]
+
+
+def section_text(path: str, section: str) -> str:
+    """The region's non-blank lines, stripped, as pymdownx.snippets includes them (the markers of
+    regions nested inside it dropped); stripped so that dedent_subsections does not matter."""
+    lines = (REPO / path).read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if f"--8<-- [start:{section}]" in line)
+    end = next(i for i, line in enumerate(lines) if f"--8<-- [end:{section}]" in line)
+    return "\n".join(line.strip() for line in lines[start + 1:end] if line.strip() and not SECTION_MARKER.search(line))
+
+
+CODE_PAGES = tuple(page for page in NAV_PAGES if code_includes(page))
+
+
+def test_every_code_include_sits_in_a_fence_that_names_its_language():
+    """Unfenced, an include of code is markdown: run-on paragraphs, and a `# comment` a heading."""
+    assert CODE_PAGES, "no page includes code from a source file: the pattern no longer matches the pages"
+    bare = []
+    for page in CODE_PAGES:
+        lines = (REPO / "site_docs" / page).read_text(encoding="utf-8").splitlines()
+        for i, path, section in code_includes(page):
+            opening, closing = lines[i - 1].strip(), lines[i + 1].strip() if i + 1 < len(lines) else ""
+            if not (re.fullmatch(r"```\w+", opening) and closing == "```"):
+                bare.append(f"{page}:{i + 1} {path}:{section}")
+    assert not bare, f"includes of code outside a ```language fence: {bare}"
 
 
 # ---- the hook on its own -------------------------------------------------------------------
@@ -379,6 +420,26 @@ def test_page_renders_math_and_figures_offline(browser, served_site, page):
     broken = [img["src"] for img in seen["images"] if not img["complete"] or img["width"] <= 0]
     assert not broken, f"{page}: images that did not load: {broken}"
 
+
+
+# The text of every code block in the article, as the reader sees it (highlighting spans and all).
+CODE_BLOCKS = """
+Array.from(document.querySelectorAll("article.md-content__inner pre code")).map(c => c.textContent)
+"""
+
+
+@pytest.mark.parametrize("page", CODE_PAGES)
+def test_included_code_renders_inside_a_code_block(browser, served_site, page):
+    """Each region a page includes from a source file shows, whole, inside one <pre><code>."""
+    target, session = _open(browser, served_site, page, 1400)
+    try:
+        blocks = browser.evaluate(session, CODE_BLOCKS)
+    finally:
+        browser.send("Target.closeTarget", {"targetId": target})
+    shown = ["\n".join(line.strip() for line in block.splitlines() if line.strip()) for block in blocks]
+    missing = [f"{path}:{section} (line {i + 1})" for i, path, section in code_includes(page)
+               if not any(section_text(path, section) in block for block in shown)]
+    assert not missing, f"{page}: included code not rendered inside <pre><code>: {missing}"
 
 
 # ---- what a reader sees: the table of contents, the width, the lightbox --------------------
