@@ -1,0 +1,147 @@
+"""The MoE layer trains (CPU, skipped where torch is not installed): the combine's autograd against torch
+autograd of its formula, the layer's gradients against an fp32 layer written in plain torch, inputs of
+any leading shape, and the dtypes it runs. The same gradients on the GPU: tests/test_layer_gpu.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from moe_gemm.torch.layer import MoELayer, torch_grouped_mm  # noqa: E402
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Relative Frobenius error."""
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def combine_formula(y: torch.Tensor, row_of: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
+    """out[t] = sum_j w[t, j] y[row_of[t k + j]], a loop torch differentiates."""
+    return sum(weights[:, j, None] * y[row_of.view(-1, top_k)[:, j]] for j in range(top_k))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_combines_gradients_are_torch_autograds_of_its_formula(dtype):
+    generator = torch.Generator().manual_seed(0)
+    tokens, top_k, hidden = 7, 3, 24
+    y = torch.randn(tokens * top_k, hidden, generator=generator).to(dtype).requires_grad_()
+    weights = torch.rand(tokens, top_k, generator=generator).requires_grad_()
+    row_of = torch.randperm(tokens * top_k, generator=generator)
+    dout = torch.randn(tokens, hidden, generator=generator).to(dtype)
+    torch.ops.moe_gemm.combine(y, row_of, weights, top_k).backward(dout)
+
+    y32, w32 = y.detach().float().requires_grad_(), weights.detach().clone().requires_grad_()
+    combine_formula(y32, row_of, w32, top_k).backward(dout.float())
+    assert y.grad.dtype == dtype and weights.grad.dtype == torch.float32
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-6
+    assert relative(y.grad, y32.grad) < tolerance
+    assert relative(weights.grad, w32.grad) < tolerance
+    # every row of y gets its own gradient: the scatter has no collisions and leaves no row unwritten
+    assert (y.grad.float().abs().sum(dim=1) > 0).all()
+
+
+def fp32_layer(layer: MoELayer, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The same layer in plain fp32 torch (softmax, top-k, a loop over the experts, the combine's
+    formula), on fp32 leaf copies of the weights, for an fp32 ``x``: its output and its parameters."""
+    params = {name: p.detach().float().requires_grad_() for name, p in layer.named_parameters()}
+    probs = F.softmax(x @ params["gate"].t(), dim=-1)
+    weights, experts = torch.topk(probs, layer.top_k, dim=-1)
+    if layer.normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for e in range(params["gate"].shape[0]):
+        token, slot = torch.nonzero(experts == e, as_tuple=True)
+        gate, up = (x[token] @ params["w_gate_up"][e]).chunk(2, dim=-1)
+        y = (F.silu(gate) * up) @ params["w_down"][e]
+        out = out.index_add(0, token, weights[token, slot, None] * y)
+    return out, params
+
+
+def layer_and_input(dtype: torch.dtype, seed: int = 0, tokens: int = 48) -> tuple[MoELayer, torch.Tensor]:
+    torch.manual_seed(seed)
+    layer = MoELayer(64, 128, 8, 2, dtype=dtype, fused=False)
+    return layer, torch.randn(tokens, 64).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("gemm", ["ours", "torch"])
+def test_the_layers_gradients_match_an_fp32_layer(dtype, gemm):
+    """Gradients reach the router, both expert weights and the input, within 1e-2 of fp32 torch's
+    (relative, Frobenius) in bf16 and far closer in fp32, on our op and on torch._grouped_mm."""
+    layer, x = layer_and_input(dtype)
+    x.requires_grad_()
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(9)).to(dtype)
+    out = layer(x) if gemm == "ours" else layer(x, gemm=torch_grouped_mm)
+    out.backward(dy)
+    x32 = x.detach().float().requires_grad_()
+    want, params = fp32_layer(layer, x32)
+    want.backward(dy.float())
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert relative(out, want) < tolerance
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and p.grad.dtype == dtype, name
+        assert relative(p.grad, params[name].grad) < tolerance, name
+    assert relative(x.grad, x32.grad) < tolerance
+
+
+def test_inputs_of_any_leading_shape_are_the_flattened_tokens():
+    layer, x = layer_and_input(torch.bfloat16, seed=1, tokens=24)
+    with torch.no_grad():
+        flat = layer(x)
+        for shape in ((2, 12, 64), (2, 3, 4, 64), (24, 64)):
+            out = layer(x.view(shape))
+            assert out.shape == shape
+            torch.testing.assert_close(out.reshape(24, 64), flat, rtol=0, atol=0)
+    layer(x.view(4, 6, 64)).sum().backward()
+    assert layer.w_down.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_fp16_and_fp32_run_the_same_layer_unfused(dtype):
+    """The dtype rule: bf16 runs our kernels (the fused GEMM 1 where it can), fp16 and fp32 the op's
+    fallback to torch._grouped_mm, unfused; forward and backward give what the bf16 layer gives."""
+    torch.manual_seed(3)
+    layer = MoELayer(64, 128, 8, 2, dtype=dtype)
+    assert not layer.fused and MoELayer(64, 128, 8, 2).fused
+    x = torch.randn(16, 64).to(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the op's one warning per fallback reason
+        out = layer(x)
+    out.float().sum().backward()
+    assert out.dtype == dtype and layer.gate.grad.dtype == dtype
+    bf16 = MoELayer(64, 128, 8, 2, fused=False)
+    bf16.load_state_dict({k: v.to(torch.bfloat16) for k, v in layer.state_dict().items()})
+    with torch.no_grad():
+        assert relative(bf16(x.to(torch.bfloat16)), out) < 2e-2
+
+
+def test_other_dtypes_are_refused_at_construction_and_a_mismatched_input_in_forward():
+    with pytest.raises(ValueError, match="bf16 .* fp16 or fp32"):
+        MoELayer(64, 128, 8, 2, dtype=torch.float64)
+    layer = MoELayer(64, 128, 8, 2)
+    with pytest.raises(ValueError, match="the parameters' dtype torch.bfloat16, got torch.float32"):
+        layer(torch.randn(4, 64))
+
+
+def test_from_transformers_keeps_an_fp32_blocks_dtype():
+    """transformers builds its blocks in fp32 by default: the copied layer runs (and trains) in fp32."""
+    pytest.importorskip("transformers")
+    from moe_gemm.torch.layer import transformers_block, transformers_forward
+
+    torch.manual_seed(4)
+    block, normalize = transformers_block("mixtral", 64, 96, 8, 2)
+    for parameter in block.parameters():
+        torch.nn.init.normal_(parameter, std=0.1)
+    layer = MoELayer.from_transformers(block.eval(), 2, normalize)
+    assert layer.gate.dtype == torch.float32
+    x = torch.randn(2, 10, 64)
+    with torch.no_grad():
+        want = transformers_forward(block, x.view(20, 64))
+    got = layer(x)
+    torch.testing.assert_close(got.view(20, 64), want, rtol=1e-4, atol=1e-5)
+    got.sum().backward()
+    assert layer.gate.grad is not None
