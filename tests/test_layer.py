@@ -145,3 +145,27 @@ def test_from_transformers_keeps_an_fp32_blocks_dtype():
     torch.testing.assert_close(got.view(20, 64), want, rtol=1e-4, atol=1e-5)
     got.sum().backward()
     assert layer.gate.grad is not None
+
+
+@pytest.mark.parametrize("way", ["layer/transformers", "layer/transformers-eager", "layer/transformers-batched_mm"])
+def test_each_transformers_experts_implementation_is_our_layer(way):
+    """Chapter 08's transformers rows: the block holding our layer's weights gives our layer's output with
+    each experts implementation it is timed with, and (grouped_mm, the default, trained in chapter 08's
+    training step) its gradients."""
+    pytest.importorskip("transformers")
+    from moe_gemm.torch.layer import transformers_forward
+    from moe_gemm.torch.peer_layers import TRANSFORMERS_WAYS, transformers_block_of
+
+    layer, x = layer_and_input(torch.bfloat16, seed=5, tokens=40)
+    block = transformers_block_of(layer, TRANSFORMERS_WAYS[way])
+    assert block.experts.config._experts_implementation == TRANSFORMERS_WAYS[way]
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    ours = layer(x)
+    theirs = transformers_forward(block, x)
+    assert relative(theirs, ours) < 1e-2
+    if way == "layer/transformers":
+        ours.backward(dy)
+        theirs.backward(dy)
+        assert relative(block.gate.weight.grad, layer.gate.grad) < 2e-2
+        assert relative(block.experts.gate_up_proj.grad.transpose(1, 2), layer.w_gate_up.grad) < 2e-2
+        assert relative(block.experts.down_proj.grad.transpose(1, 2), layer.w_down.grad) < 2e-2

@@ -200,24 +200,33 @@ def transformers_weights(block: torch.nn.Module) -> tuple[torch.Tensor, torch.Te
 
 
 def transformers_block(family: str, hidden: int, intermediate: int, experts: int, top_k: int,
-                       device: torch.device | str | None = None) -> tuple[torch.nn.Module, bool]:
+                       device: torch.device | str | None = None,
+                       experts_implementation: str = "grouped_mm") -> tuple[torch.nn.Module, bool]:
     """transformers' own sparse MoE block, built from a config in code (no download), and whether it
     renormalises its top-k weights: ``"mixtral"`` (MixtralSparseMoeBlock, which does) or
     ``"qwen3_moe"`` (Qwen3MoeSparseMoeBlock with norm_topk_prob=False, which does not). Built under
-    ``device`` (``"meta"`` allocates nothing: fill it with ``to_empty`` and a copy)."""
+    ``device`` (``"meta"`` allocates nothing: fill it with ``to_empty`` and a copy).
+
+    ``experts_implementation``: how the block runs its experts (transformers 5's config setting, read
+    on every forward): "grouped_mm" (torch._grouped_mm, what a transformers 5 model loaded with
+    from_pretrained runs by default where torch has it), "eager" (a Python loop over the experts hit),
+    "batched_mm" (each token's top_k experts' weights gathered, then batched matmuls). A block built
+    from a config alone, as here, gets no default: it must be named."""
     import transformers
 
     if family == "mixtral":
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
 
         config = transformers.MixtralConfig(hidden_size=hidden, intermediate_size=intermediate,
-                                            num_local_experts=experts, num_experts_per_tok=top_k)
+                                            num_local_experts=experts, num_experts_per_tok=top_k,
+                                            experts_implementation=experts_implementation)
         normalize = True
     elif family == "qwen3_moe":
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as Block
 
         config = transformers.Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=intermediate,
-                                             num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=False)
+                                             num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=False,
+                                             experts_implementation=experts_implementation)
         normalize = False
     else:
         raise ValueError(f"family must be 'mixtral' or 'qwen3_moe', got {family!r}")
