@@ -169,3 +169,55 @@ def test_each_transformers_experts_implementation_is_our_layer(way):
         assert relative(block.gate.weight.grad, layer.gate.grad) < 2e-2
         assert relative(block.experts.gate_up_proj.grad.transpose(1, 2), layer.w_gate_up.grad) < 2e-2
         assert relative(block.experts.down_proj.grad.transpose(1, 2), layer.w_down.grad) < 2e-2
+
+
+def test_a_way_that_does_not_capture_is_timed_eagerly_with_the_reason(monkeypatch):
+    """Chapter 08's timing of every way: eager, then graph replays; a capture that raises leaves the
+    eager time as the record's and says why."""
+    from moe_gemm.measure.layer import eager_and_graph
+    from moe_gemm.torch import bench
+
+    def time_call(call, *, graph):
+        call()
+        if graph and refuse[0]:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+        return bench.Timed(1.0 if graph else 3.0, 0.5, 4.0, graph)
+
+    refuse = [False]
+    monkeypatch.setattr(bench, "time_call", time_call)
+    captured = eager_and_graph(lambda: None)
+    assert captured == {"median_ms": 1.0, "min_ms": 0.5, "max_ms": 4.0, "cuda_graph": True, "eager_ms": 3.0,
+                        "graph_ms": 1.0, "graph_error": None}
+    refuse[0] = True
+    eager = eager_and_graph(lambda: None)
+    assert eager["median_ms"] == 3.0 and not eager["cuda_graph"] and eager["graph_ms"] is None
+    assert eager["graph_error"] == "RuntimeError: CUDA error: operation not permitted when stream is capturing"
+
+
+def test_the_training_step_of_every_way_gives_our_gradients():
+    """Chapter 08's training step (gradients dropped, forward, backward of a fixed dy) over each of its
+    ways, on the CPU: the torch layer's and transformers' grouped_mm block's gradients, in our layout,
+    are ours; the step leaves one set of gradients, not a sum over calls."""
+    pytest.importorskip("transformers")
+    from moe_gemm.measure.layer import TRAIN_WAYS, trainable, training_step
+
+    layer, x = layer_and_input(torch.bfloat16, seed=7, tokens=32)
+    x.requires_grad_()
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    found = {}
+    for name in TRAIN_WAYS:
+        way = trainable(layer, name)
+        step = training_step(way, x, dy)
+        step()
+        first = [g.clone() for g in way.gradients()]
+        step()
+        found[name] = (way.gradients(), x.grad.clone())
+        assert all(torch.equal(a, b) for a, b in zip(first, found[name][0])), name
+    ours, ours_dx = found["train/ours"]
+    assert [g.shape for g in ours] == [p.shape for p in layer.parameters()]
+    for name in TRAIN_WAYS[1:]:
+        gradients, dx = found[name]
+        assert max(relative(g, o) for g, o in zip(gradients, ours)) < 2e-2, name
+        assert relative(dx, ours_dx) < 2e-2, name
+    with pytest.raises(ValueError, match="train/ours"):
+        trainable(layer, "train/quack")
