@@ -179,15 +179,18 @@ def test_a_way_that_does_not_capture_is_timed_eagerly_with_the_reason(monkeypatc
 
     def time_call(call, *, graph):
         call()
+        events.append("graph" if graph else "eager")
         if graph and refuse[0]:
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
         return bench.Timed(1.0 if graph else 3.0, 0.5, 4.0, graph)
 
-    refuse = [False]
+    refuse, events = [False], []
     monkeypatch.setattr(bench, "time_call", time_call)
-    captured = eager_and_graph(lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    captured = eager_and_graph(lambda: None, release=lambda: events.append("release"))
     assert captured == {"median_ms": 1.0, "min_ms": 0.5, "max_ms": 4.0, "cuda_graph": True, "eager_ms": 3.0,
                         "graph_ms": 1.0, "graph_error": None}
+    assert events == ["eager", "release", "empty_cache", "graph"]  # the eager calls' leftovers go before the capture
     refuse[0] = True
     eager = eager_and_graph(lambda: None)
     assert eager["median_ms"] == 3.0 and not eager["cuda_graph"] and eager["graph_ms"] is None

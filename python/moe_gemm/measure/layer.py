@@ -22,6 +22,10 @@ WAYS = ("layer/ours", "layer/torch_grouped_mm", "layer/quack", "layer/transforme
 # code on torch._grouped_mm (torch's autograd), transformers' block on its default grouped_mm experts.
 TRAIN_WAYS = ("train/ours", "train/torch_grouped_mm", "train/transformers")
 TRAIN_TOKENS = (4096, 32768)
+# The gradients compared with ours: the router's whole, the first 8 experts' weights. Keeping a copy of
+# all of ours would be DeepSeek-V3-like's 22.5 GB of bf16 weights again, beside transformers' copy of
+# the weights, its gradients, and the capture's warm-up and graph pool each holding a set of gradients.
+CHECKED_EXPERTS = 8
 STEPS = ("router", "permutation", "GEMM 1 + SwiGLU", "GEMM 2", "combine")
 LAYER_KEY = ("hidden", "intermediate", "experts", "top_k", "tokens")  # what names one layer measurement
 
@@ -61,15 +65,22 @@ def ways(layer: Any, with_quack: bool, with_transformers: bool) -> tuple[dict[st
     return found, quack_fields
 
 
-def eager_and_graph(call: Callable[[], Any]) -> Row:
+def eager_and_graph(call: Callable[[], Any], release: Callable[[], None] | None = None) -> Row:
     """``call`` timed eagerly, then captured in one CUDA graph and replayed where it captures (else the
     reason it does not: a transformers block that reads the routing back to the host, torch's fp16/fp32
-    grouped GEMM). median_ms, min_ms and max_ms are the graph replays' where there are some."""
+    grouped GEMM, memory). median_ms, min_ms and max_ms are the graph replays' where there are some.
+    ``release``, between the two: drops what the eager calls left (a training step's gradients), so
+    that the capture's warm-up stream and graph pool, which cannot reuse its memory, do not sit beside it."""
+    import torch
+
     from moe_gemm.torch.bench import time_call
 
     eager = time_call(call, graph=False)
     row: Row = {"eager_ms": eager.median_ms, "graph_ms": None, "graph_error": None}
     best = eager
+    if release is not None:
+        release()
+        torch.cuda.empty_cache()
     try:
         best = time_call(call, graph=True)
         row["graph_ms"] = best.median_ms
@@ -144,17 +155,28 @@ def trainable(layer: Any, way: str) -> Trainable:
     raise ValueError(f"way must be one of {TRAIN_WAYS}, got {way!r}")
 
 
+def drop_gradients(tensors: Sequence[Any]) -> None:
+    """Set each tensor's gradient to None (freed, not zeroed: the next backward allocates it anew)."""
+    for tensor in tensors:
+        tensor.grad = None
+
+
 def training_step(way: Trainable, x: Any, dy: Any) -> Callable[[], None]:
     """One step without the optimizer: the gradients dropped (set to None, so that a captured step
     allocates its own, as torch's whole-network capture example does), the forward pass, and the
     backward of a fixed output gradient ``dy`` into the parameters and the input ``x``."""
 
     def step() -> None:
-        for tensor in (*way.parameters, x):
-            tensor.grad = None
+        drop_gradients([*way.parameters, x])
         way.forward(x).backward(dy)
 
     return step
+
+
+def checked(gradients: Sequence[Any]) -> list[Any]:
+    """The gradients compared with ours: the router's, and the first CHECKED_EXPERTS experts' weights'."""
+    router, *experts = gradients
+    return [router, *(g[:CHECKED_EXPERTS] for g in experts)]
 
 
 def peak_memory(step: Callable[[], None], tensors: Sequence[Any]) -> int:
@@ -162,8 +184,7 @@ def peak_memory(step: Callable[[], None], tensors: Sequence[Any]) -> int:
     the inputs), less the gradients it leaves on ``tensors``: its activations and workspace."""
     import torch
 
-    for tensor in tensors:
-        tensor.grad = None
+    drop_gradients(tensors)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -176,7 +197,7 @@ def peak_memory(step: Callable[[], None], tensors: Sequence[Any]) -> int:
 def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool) -> list[Row]:
     """Each of TRAIN_WAYS' training steps over one seeded_layer at each token count, on the same tokens
     and output gradient: its peak memory, its time eagerly and as CUDA-graph replays (eager_and_graph),
-    and its gradients' error against ours (the worst of gate, w_gate_up, w_down)."""
+    and its gradients' error against ours (the worst of gate, w_gate_up, w_down; checked())."""
     import torch
 
     from moe_gemm.torch.ops import offsets_unchecked
@@ -190,20 +211,20 @@ def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transforme
         for name in TRAIN_WAYS if with_transformers else TRAIN_WAYS[:2]:
             progress(f"[{shape.label}, {tokens:,} tokens] {name}: forward + backward")
             way = trainable(layer, name)
-            step = training_step(way, x, dy)
+            step, tensors = training_step(way, x, dy), [*way.parameters, x]
             with offsets_unchecked():
-                memory = peak_memory(step, [*way.parameters, x])
-                gradients = [g.detach().clone() for g in way.gradients()] if reference is None else way.gradients()
-                reference = gradients if reference is None else reference
+                memory = peak_memory(step, tensors)
+                gradients = checked(way.gradients())
+                reference = [g.clone() for g in gradients] if reference is None else reference
                 error = max(relative_error(g, r) for g, r in zip(gradients, reference))
-                timed = eager_and_graph(step)
+                del gradients
+                timed = eager_and_graph(step, release=lambda tensors=tensors: drop_gradients(tensors))
             if timed["graph_error"]:
                 progress(f"  {name} is timed eagerly: it does not capture ({timed['graph_error']})")
             rows.append({"variant": name, **shape.fields(tokens), **timed, "peak_extra_bytes": memory,
                          "grad_rel_error_vs_ours": error})
-            for tensor in (*way.parameters, x):
-                tensor.grad = None
-            del way, step
+            drop_gradients(tensors)
+            del way, step, tensors
             torch.cuda.empty_cache()  # transformers' copy of the weights and the graphs' pools go before the next way
     return rows
 
