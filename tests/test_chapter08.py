@@ -267,7 +267,7 @@ def test_a_run_writes_after_each_layer_size_and_keeps_what_it_did_not_measure(tm
     assert len(data["steps"]) == 2 and data["targets"][0]["value"] == pytest.approx(1.3)
     assert len(data["fused_epilogue"]) == 2  # the second run measured no fused part: both sizes' rows stay
     assert data["targets"][-1]["value"] == pytest.approx((0.05 + 4096 / 1e6) / 0.5)  # the worst: Mixtral's
-    assert data["part_runs"]["layer-qwen3"]["measured"] == ("the Qwen3-30B-A3B-like layer at 4,096 tokens, four ways, "
+    assert data["part_runs"]["layer-qwen3"]["measured"] == ("the Qwen3-30B-A3B-like layer at 4,096 tokens, every way, "
                                                             "and its steps")
     assert set(data["part_runs"]) == {"layer-qwen3", "layer-mixtral", "fused-qwen3", "fused-mixtral"}
     assert data["part_runs"]["fused-mixtral"]["measured"] == ("GEMM 1 fused, GEMM 1 alone and the SwiGLU pass at the "
@@ -317,3 +317,65 @@ def test_the_figures_include_the_model_projections_heatmap(tmp_path):
     figures = chapter_module("08", "figures")
     names = sorted(path.name for path in figures.write_outputs(tmp_path))
     assert names == ["fused.png", "layers.png", "scoreboard-models.png", "scoreboard.png", "steps.png"]
+
+
+def train_row(shape, tokens, way, ms, graph=True):
+    return {"variant": way, **shape.fields(tokens), "median_ms": ms, "eager_ms": ms * 1.5,
+            "graph_ms": ms if graph else None, "graph_error": None if graph else "RuntimeError: a host sync",
+            "cuda_graph": graph, "peak_extra_bytes": 3 * 2**30, "grad_rel_error_vs_ours": 0.0}
+
+
+def test_the_train_part_saves_its_own_section_merges_by_size_and_has_a_target(tmp_path, monkeypatch, capsys):
+    """run_on_gpu's train part with the GPU work replaced: its rows go to the train section after each
+    layer size, a later run of one size replaces only that size's rows, its table prints, and the torch
+    layer's step over ours is a target at 4,096 tokens or more."""
+    from moe_gemm.measure import results
+
+    gpu = gpu_for_tests(tmp_path, monkeypatch)
+    calls = []
+
+    def measure_train(shape, tokens, with_transformers):
+        calls.append((shape.hidden, tuple(tokens), with_transformers))
+        ways = RUN.TRAIN_WAYS if with_transformers else RUN.TRAIN_WAYS[:2]
+        return [train_row(shape, t, way, ms, graph=way != "train/transformers") for t in tokens
+                for way, ms in zip(ways, (2.0, 2.4 + len(calls), 3.0))]
+
+    monkeypatch.setattr(RUN, "measure_train", measure_train)
+    args = ["--parts", "train", "--layers", "qwen3", "mixtral"]
+    assert RUN.run_on_gpu(RUN.parse_args(args), gpu) == 0
+    assert calls == [(2048, (4096, 32768), True), (4096, (4096, 32768), True)]  # --train-tokens' default
+    out = capsys.readouterr().out
+    assert "A training step (forward + backward, no optimizer)" in out and "3.0 / 3.0 / 3.0" in out
+    assert "Eager calls against CUDA-graph replays" in out
+    assert RUN.run_on_gpu(RUN.parse_args([*args[:2], "--layers", "qwen3", "--train-tokens", "4096",
+                                          "--no-transformers"]), gpu) == 0
+    data = results.recorded("08", gpu.slug)
+    assert set(data) <= RUN.SECTIONS and "records" in data
+    kept = sorted((r["hidden"], r["tokens"], r["variant"], r["median_ms"]) for r in data["train"])
+    assert kept == [(2048, 4096, "train/ours", 2.0), (2048, 4096, "train/torch_grouped_mm", 5.4),
+                    (2048, 32768, "train/ours", 2.0), (2048, 32768, "train/torch_grouped_mm", 3.4),
+                    (2048, 32768, "train/transformers", 3.0),
+                    (4096, 4096, "train/ours", 2.0), (4096, 4096, "train/torch_grouped_mm", 4.4),
+                    (4096, 4096, "train/transformers", 3.0), (4096, 32768, "train/ours", 2.0),
+                    (4096, 32768, "train/torch_grouped_mm", 4.4), (4096, 32768, "train/transformers", 3.0)]
+    target = next(t for t in data["targets"] if "train/torch_grouped_mm" in t["target"])
+    assert target["value"] == pytest.approx(3.4 / 2.0) and target["met"] and "H=2048, 32,768 tokens" in target["target"]
+    assert set(data["part_runs"]) == {"train-qwen3", "train-mixtral"}
+
+
+def test_the_train_target_fails_when_the_torch_layer_trains_faster():
+    shape = RUN.LAYERS["qwen3"]
+    train = [train_row(shape, 4096, "train/ours", 2.0), train_row(shape, 4096, "train/torch_grouped_mm", 1.5),
+             train_row(shape, 512, "train/torch_grouped_mm", 9.0)]
+    (row,) = RUN.target_rows([], [], train)
+    assert row["value"] == pytest.approx(0.75) and not row["met"]
+
+
+def test_the_layer_table_has_every_transformers_way_and_names_the_eager_only_ones():
+    records = [record("layer/ours", 1.0), {**record("layer/transformers", 2.5), "graph_error": None},
+               {**record("layer/transformers-eager", 30.0), "graph_error": "RuntimeError: a host sync"},
+               record("layer/transformers-batched_mm", 5.0)]
+    table = RUN.layer_table(records)
+    assert table.headers[2:8] == ("ours ms", "torch ms", "quack ms", "hf ms", "hf eager ms", "hf batched ms")
+    (row,) = table.rows
+    assert row[8:] == ("-", "-", "2.50", "30.00", "5.00", "hf eager")

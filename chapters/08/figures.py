@@ -2,7 +2,7 @@
 
     python chapters/08/figures.py          # writes site_docs/figures/08/*.png
 
-* layers.png: the layer's forward time four ways, per layer size and token count;
+* layers.png: the layer's forward time every way, per layer size and token count;
 * steps.png: our layer's time split into router, permutation, GEMM 1 + SwiGLU, GEMM 2 and combine
   (shares, each bar's total above it);
 * fused.png: GEMM 1 with the fused SwiGLU epilogue against GEMM 1 alone plus the SwiGLU pass;
@@ -25,7 +25,8 @@ CHAPTER = "08"
 RUN = chapter_module(CHAPTER)
 SCOREBOARD_VMIN = 0.5  # the heatmaps' colour scale runs from 0.5 to 1.5, white at 1
 WAY_COLORS = {"layer/ours": COLORS["k3"], "layer/torch_grouped_mm": "#7f7f7f", "layer/quack": "#2ca02c",
-              "layer/transformers": "#ff7f0e"}
+              "layer/transformers": "#ff7f0e", "layer/transformers-eager": "#d62728",
+              "layer/transformers-batched_mm": "#9467bd"}
 
 
 def _key(record: dict[str, Any]) -> tuple[int, int, int, int]:

@@ -1,30 +1,37 @@
 """Chapter 08: the kernel in a model: a drop-in grouped_mm for torch, a whole MoE layer with a fused
 SwiGLU epilogue, and the scoreboard.
 
-    python chapters/08/run.py                  # the layer at three sizes x five token counts, four ways,
-                                               # the fused epilogue's test, then the scoreboard
+    python chapters/08/run.py                  # the layer at three sizes x five token counts, every way,
+                                               # the fused epilogue's test, the training step, the scoreboard
     python chapters/08/run.py --parts scoreboard   # only the scoreboard (each part merges into the results)
     python chapters/08/run.py --tokens 4096    # some token counts only
     python chapters/08/run.py --layers qwen3   # some layer sizes only (mixtral, qwen3, deepseek)
 
 With an sm_90a GPU and torch (the recorded numbers come from an H200) it builds one MoE layer per
 size (Mixtral-8x7B-like H=4096, I=14336, E=8, top-2; Qwen3-30B-A3B-like H=2048, I=768, E=128, top-8;
-DeepSeek-V3-like H=7168, I=2048, E=256, top-8; random weights) and times its forward pass four ways
+DeepSeek-V3-like H=7168, I=2048, E=256, top-8; random weights) and times its forward pass six ways
 on the same tokens, in one run:
   layer/ours               moe_gemm.torch.MoELayer on our op (GEMM 1 with the fused SwiGLU epilogue)
   layer/torch_grouped_mm   the same layer code on torch._grouped_mm, SwiGLU as its own pass
   layer/quack              the same layer code on quack's varlen-M GEMMs (GEMM 1 with quack's own
                            fused gated activation), where quack is installed
-  layer/transformers       transformers' MixtralSparseMoeBlock holding the same weights, as it is
-The first three are captured whole in one CUDA graph each; the transformers block reads the routing
-back to the host (a loop over the experts hit) and is timed eagerly. It then splits our layer's
-time into router, permutation, GEMM 1 + SwiGLU, GEMM 2 and combine (moe_gemm.measure.layer). The fused
-part times GEMM 1 with the SwiGLU epilogue against GEMM 1 alone and the SwiGLU pass alone, in
-interleaved rounds. The scoreboard then times our op as a model calls it (op/grouped_mm:
-moe_gemm.torch.grouped_mm on torch tensors) beside torch._grouped_mm and quack over chapter 06's grid
-(M_tot 512 .. 65,536 x s 0 .. 1.6) and the model projections chapter 07 times, eagerly and as
-CUDA-graph replays. Results go to chapters/08/results/<gpu>.json, written after each layer size,
-fused test and scoreboard group; what the run does not measure stays from the file it finds.
+  layer/transformers       transformers' MixtralSparseMoeBlock holding the same weights, its experts on
+                           torch._grouped_mm (experts_implementation="grouped_mm", transformers 5's default)
+  layer/transformers-eager       the same block, its experts in a Python loop over the experts hit
+  layer/transformers-batched_mm  the same block, each token's experts' weights gathered into batched matmuls
+Each is timed eagerly and as replays of one CUDA graph where it captures (the eager loop reads the
+routing back to the host, so it does not: the record says why). It then splits our layer's time into
+router, permutation, GEMM 1 + SwiGLU, GEMM 2 and combine (moe_gemm.measure.layer). The fused part times
+GEMM 1 with the SwiGLU epilogue against GEMM 1 alone and the SwiGLU pass alone, in interleaved rounds.
+The train part times a training step without the optimizer (forward, then the backward of a fixed output
+gradient into the weights and the input) of our layer, the same code on torch._grouped_mm and
+transformers' grouped_mm block, at --train-tokens (4,096 and 32,768), eagerly and as graph replays, with
+its peak memory over the weights, inputs and gradients. The scoreboard then times our op as a model
+calls it (op/grouped_mm: moe_gemm.torch.grouped_mm on torch tensors) beside torch._grouped_mm and quack
+over chapter 06's grid (M_tot 512 .. 65,536 x s 0 .. 1.6) and the model projections chapter 07 times,
+eagerly and as CUDA-graph replays. Results go to chapters/08/results/<gpu>.json, written after each
+layer size, fused test, training-step size and scoreboard group; what the run does not measure stays
+from the file it finds.
 
 Without a GPU or torch it says what it would run, shows the recorded results, and exits 0.
 """
@@ -55,7 +62,18 @@ from moe_gemm.chapter import (
 )
 from moe_gemm.core.checks import MAX_LAYER_TOKENS, MAX_ROWS
 from moe_gemm.core.cli import positive_int
-from moe_gemm.measure.layer import STEPS, WAYS, compile_check, host_probe, layer_key, measure_fused, measure_layer
+from moe_gemm.measure.layer import (
+    STEPS,
+    TRAIN_TOKENS,
+    TRAIN_WAYS,
+    WAYS,
+    compile_check,
+    host_probe,
+    layer_key,
+    measure_fused,
+    measure_layer,
+    measure_train,
+)
 from moe_gemm.measure.scoreboard import MODELS_GROUP, scoreboard_groups, scoreboard_rows
 
 CHAPTER = "08"
@@ -64,11 +82,17 @@ TOKENS = (512, 2048, 4096, 8192, 32768)
 # Targets, same run: at every layer size with 4,096 tokens or more.
 TARGET_VS_TORCH, TARGET_VS_QUACK = 1.25, 1.0
 TARGET_FUSED_SHARE = 0.40  # GEMM 1 fused <= GEMM 1 alone + 40% of a separate SwiGLU pass
+TARGET_TRAIN_VS_TORCH = 1.0  # the training step at least as fast as the same layer on torch._grouped_mm
 TARGETS_LEGEND = ("layer: the other way's forward time over ours, at every layer size measured with 4,096 tokens or "
-                  "more (the worst named); fused: the fused launch's extra time over GEMM 1 alone, in SwiGLU passes")
-PARTS = ("layer", "fused", "scoreboard")
-SECTIONS = frozenset({"provenance", "records", "steps", "fused_epilogue", "compile", "targets", "scoreboard_rows",
-                      "host_probe", "part_runs"})
+                  "more (the worst named); fused: the fused launch's extra time over GEMM 1 alone, in SwiGLU passes; "
+                  "train: the torch layer's training step over ours, likewise")
+PARTS = ("layer", "fused", "train", "scoreboard")
+SECTIONS = frozenset({"provenance", "records", "steps", "fused_epilogue", "train", "compile", "targets",
+                      "scoreboard_rows", "host_probe", "part_runs"})
+SHORT = {"layer/ours": "ours", "layer/torch_grouped_mm": "torch", "layer/quack": "quack",
+         "layer/transformers": "hf", "layer/transformers-eager": "hf eager",
+         "layer/transformers-batched_mm": "hf batched", "train/ours": "ours",
+         "train/torch_grouped_mm": "torch", "train/transformers": "hf"}  # table headers
 
 
 def fused_extra(row: dict[str, Any]) -> float:
@@ -91,15 +115,19 @@ def parse_args(argv: Sequence[str] | None):
                         help=f"token counts (default {' '.join(map(str, TOKENS))})")
     parser.add_argument("--layers", nargs="+", choices=list(LAYERS), default=list(LAYERS),
                         help="layer sizes (default: all three)")
+    parser.add_argument("--train-tokens", type=positive_int("--train-tokens", MAX_LAYER_TOKENS), nargs="+",
+                        default=list(TRAIN_TOKENS), metavar="T",
+                        help=f"the training step's token counts (default {' '.join(map(str, TRAIN_TOKENS))})")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="what to measure (default: all three): layer (four ways and the step split), fused (the "
-                             "fused epilogue's test), scoreboard; a part's rows replace only its own in the file")
+                        help="what to measure (default: all four): layer (every way and the step split), fused (the "
+                             "fused epilogue's test), train (the training step), scoreboard; a part's rows replace "
+                             "only its own in the file")
     parser.add_argument("--rows", type=positive_int("--rows", MAX_ROWS), nargs="*", default=list(GRID_TOKENS),
                         metavar="M",
                         help=f"the scoreboard grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))}; "
                              "--rows alone: none, only the model projections); the model projections are always on it")
     parser.add_argument("--no-transformers", action="store_true",
-                        help="leave out the transformers block (minutes at 32,768 tokens)")
+                        help="leave out transformers' block (its eager loop takes minutes at 32,768 tokens)")
     return parser.parse_args(argv)
 
 
@@ -128,18 +156,55 @@ def scoreboard_table(records: Sequence[dict[str, Any]]) -> Table:
 
 # --------------------------------------------------------------------------- tables and targets
 
-def layer_table(records: Sequence[dict[str, Any]]) -> Table:
+def ways_table(records: Sequence[dict[str, Any]], ways: Sequence[str], title: str, legend: str,
+               extra: Sequence[tuple[str, Any]] = ()) -> Table:
+    """One row per layer size and token count: each way's median ms, then each other way's time over
+    ours (``ways[0]``), then ``extra`` columns (a header and a function of the row's records)."""
     rows = []
     for h, i, e, k, t in dict.fromkeys(layer_key(r) for r in records):
         found = {r["variant"]: r for r in records if layer_key(r) == (h, i, e, k, t)}
-        ours = found.get("layer/ours")
-        cells = [f"{found[w]['median_ms']:.3f}" if w in found else "-" for w in WAYS]
-        ratios = [f"{found[w]['median_ms'] / ours['median_ms']:.2f}" if w in found and ours else "-" for w in WAYS[1:]]
-        rows.append((f"H={h} I={i} E={e} k={k}", f"{t:,}", *cells, *ratios))
-    return Table(("layer", "tokens", "ours ms", "torch ms", "quack ms", "hf ms", "/ torch", "/ quack", "/ hf"),
-                 tuple(rows), title="The MoE layer's forward pass, four ways",
-                 legend="median ms (CUDA-graph replays; transformers eager); / torch etc.: that way's time over "
-                        "ours (above 1: ours faster)")
+        ours = found.get(ways[0])
+        cells = [f"{found[w]['median_ms']:.3f}" if w in found else "-" for w in ways]
+        ratios = [f"{found[w]['median_ms'] / ours['median_ms']:.2f}" if w in found and ours else "-" for w in ways[1:]]
+        rows.append((f"H={h} I={i} E={e} k={k}", f"{t:,}", *cells, *ratios, *(cell(found) for _, cell in extra)))
+    header = ("layer", "tokens", *(f"{SHORT[w]} ms" for w in ways), *(f"/ {SHORT[w]}" for w in ways[1:]),
+              *(name for name, _ in extra))
+    return Table(header, tuple(rows), title=title, legend=legend)
+
+
+def not_captured(found: dict[str, Any]) -> str:
+    """The ways timed eagerly because they do not capture in a CUDA graph."""
+    return ", ".join(SHORT[w] for w, r in found.items() if r.get("graph_error")) or "-"
+
+
+def layer_table(records: Sequence[dict[str, Any]]) -> Table:
+    return ways_table(records, WAYS, "The MoE layer's forward pass, every way",
+                      "median ms (CUDA-graph replays where the way captures, else eager: the last column); / torch "
+                      "etc.: that way's time over ours (above 1: ours faster); hf: transformers' block on its "
+                      "default grouped_mm experts, hf eager: its per-expert loop, hf batched: its batched_mm",
+                      (("eager only", not_captured),))
+
+
+def eager_table(records: Sequence[dict[str, Any]]) -> Table:
+    rows = tuple((r["variant"], f"H={r['hidden']} E={r['experts']}", f"{r['tokens']:,}", f"{r['eager_ms']:.3f}",
+                  "-" if r.get("graph_ms") is None else f"{r['graph_ms']:.3f}",
+                  "-" if r.get("graph_ms") is None else f"{r['eager_ms'] / r['graph_ms']:.2f}")
+                 for r in records if "eager_ms" in r)
+    return Table(("way", "layer", "tokens", "eager ms", "graph ms", "eager / graph"), rows,
+                 title="Eager calls against CUDA-graph replays",
+                 legend="median ms of eager calls (the host's launch cost included) and of graph replays; - where the "
+                        "way does not capture (the record holds why)")
+
+
+def train_table(train: Sequence[dict[str, Any]]) -> Table:
+    def memory(found: dict[str, Any]) -> str:
+        return " / ".join(f"{found[w]['peak_extra_bytes'] / 2**30:.1f}" if w in found else "-" for w in TRAIN_WAYS)
+
+    return ways_table(train, TRAIN_WAYS, "A training step (forward + backward, no optimizer)",
+                      "median ms of forward and the backward of a fixed output gradient into the weights and the input "
+                      "(graph replays where the step captures, else eager); peak GiB: the step's peak allocation over "
+                      "the weights, inputs and the gradients it leaves, ours / torch / hf",
+                      (("peak GiB", memory), ("eager only", not_captured)))
 
 
 def steps_table(steps: Sequence[dict[str, Any]]) -> Table:
@@ -165,11 +230,15 @@ def fused_table(fused: Sequence[dict[str, Any]]) -> Table:
                         "writes nor reads back")
 
 
-def target_rows(records: Sequence[dict[str, Any]], fused: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def target_rows(records: Sequence[dict[str, Any]], fused: Sequence[dict[str, Any]],
+                train: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     rows = []
-    for way, goal in (("layer/torch_grouped_mm", TARGET_VS_TORCH), ("layer/quack", TARGET_VS_QUACK)):
-        pairs = [(r, o) for r in records if r["variant"] == way and r["tokens"] >= 4096
-                 for o in records if o["variant"] == "layer/ours" and layer_key(o) == layer_key(r)]
+    for way, goal, ours in (("layer/torch_grouped_mm", TARGET_VS_TORCH, "layer/ours"),
+                            ("layer/quack", TARGET_VS_QUACK, "layer/ours"),
+                            ("train/torch_grouped_mm", TARGET_TRAIN_VS_TORCH, "train/ours")):
+        found = records if way.startswith("layer/") else train
+        pairs = [(r, o) for r in found if r["variant"] == way and r["tokens"] >= 4096
+                 for o in found if o["variant"] == ours and layer_key(o) == layer_key(r)]
         if pairs:
             worst = min(pairs, key=lambda p: p[0]["median_ms"] / p[1]["median_ms"])
             value = worst[0]["median_ms"] / worst[1]["median_ms"]
@@ -193,6 +262,11 @@ def report(data: dict[str, Any]) -> None:
         show(steps_table(data["steps"]))
     if data.get("fused_epilogue"):
         show(fused_table(data["fused_epilogue"]))
+    if data.get("train"):
+        show(train_table(data["train"]))
+    eager = eager_table([*(r for r in records if r.get("part") == "layer"), *data.get("train", [])])
+    if eager.rows:
+        show(eager)
     show(scoreboard_table(records))
     probe = data.get("host_probe")
     if probe:
@@ -208,7 +282,8 @@ def report(data: dict[str, Any]) -> None:
 
 def run_without_gpu(args, reason: str) -> int:
     print_not_run(args, "the MoE layer", reason, "showing the recorded results instead",
-                  ("--tokens", "--layers", "--rows", "--parts", "--no-transformers", "--quick", "--no-peers"),
+                  ("--tokens", "--train-tokens", "--layers", "--rows", "--parts", "--no-transformers", "--quick",
+                   "--no-peers"),
                   "nothing is timed without an sm_90a GPU and torch")
     data = recorded(CHAPTER)
     if data is None:
@@ -230,7 +305,8 @@ def run_on_gpu(args, gpu) -> int:
 
     def save() -> str:  # after each layer size, fused test and scoreboard group: a stopped run keeps what it finished
         records = results.rows("records")
-        targets = target_rows([r for r in records if r["part"] == "layer"], results.rows("fused_epilogue"))
+        targets = target_rows([r for r in records if r["part"] == "layer"], results.rows("fused_epilogue"),
+                              results.rows("train"))
         return results.save(targets=targets, scoreboard_rows=scoreboard_rows(records))
 
     if "layer" in args.parts:
@@ -239,13 +315,21 @@ def run_on_gpu(args, gpu) -> int:
             records, steps = measure_layer(LAYERS[key], args.tokens, not args.no_transformers, not args.no_peers)
             results.replace("records", [{**r, "part": "layer"} for r in records], piece)
             results.replace("steps", steps, layer_key)
-            results.ran(f"layer-{key}", f"the {LAYERS[key].label} layer at {tokens} tokens, four ways, and its steps")
+            results.ran(f"layer-{key}", f"the {LAYERS[key].label} layer at {tokens} tokens, every way, and its steps")
             save()
     if "fused" in args.parts:
         for key in args.layers:
             results.replace("fused_epilogue", measure_fused(LAYERS[key], args.tokens), layer_key)
             results.ran(f"fused-{key}", f"GEMM 1 fused, GEMM 1 alone and the SwiGLU pass at the {LAYERS[key].label} "
                                         f"layer's shapes, {tokens} tokens, in interleaved rounds")
+            save()
+    if "train" in args.parts:
+        train_tokens = ", ".join(f"{t:,}" for t in args.train_tokens)
+        for key in args.layers:
+            results.replace("train", measure_train(LAYERS[key], args.train_tokens, not args.no_transformers),
+                            layer_key)
+            results.ran(f"train-{key}", f"a training step of the {LAYERS[key].label} layer at {train_tokens} tokens, "
+                                        "ours, the torch layer and transformers' grouped_mm block")
             save()
     if "scoreboard" in args.parts:
         results.put(host_probe=host_probe())

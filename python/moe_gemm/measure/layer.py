@@ -1,6 +1,7 @@
 """Measuring a whole MoE layer (moe_gemm.torch.MoELayer) on torch tensors, for chapter 08: its forward
-pass four ways on the same tokens, our layer split into its steps, GEMM 1's fused SwiGLU epilogue
-against its unfused parts, the op's host time per call, and torch.compile's graph of the layer.
+pass every way on the same tokens, eagerly and as CUDA-graph replays; a training step (forward and
+backward) three ways with its peak memory; our layer split into its steps, GEMM 1's fused SwiGLU
+epilogue against its unfused parts, the op's host time per call, and torch.compile's graph of the layer.
 
 Every measurement runs on the GPU and imports torch when called, so this module loads where torch
 is not installed (chapter 08 then shows the recorded results).
@@ -9,13 +10,22 @@ is not installed (chapter 08 then shows the recorded results).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from moe_gemm.measure.check import progress
 from moe_gemm.model.workloads import LAYERS, SEED_EXPERTS, SEED_K, SEED_N, LayerShape
 
 Row = dict[str, Any]
-WAYS = ("layer/ours", "layer/torch_grouped_mm", "layer/quack", "layer/transformers")
+WAYS = ("layer/ours", "layer/torch_grouped_mm", "layer/quack", "layer/transformers", "layer/transformers-eager",
+        "layer/transformers-batched_mm")  # the transformers rows: moe_gemm.torch.peer_layers.TRANSFORMERS_WAYS
+# The training step (forward, then backward of a fixed output gradient; no optimizer): our layer, the same
+# code on torch._grouped_mm (torch's autograd), transformers' block on its default grouped_mm experts.
+TRAIN_WAYS = ("train/ours", "train/torch_grouped_mm", "train/transformers")
+TRAIN_TOKENS = (4096, 32768)
+# The gradients compared with ours: the router's whole, the first 8 experts' weights. Keeping a copy of
+# all of ours would be DeepSeek-V3-like's 22.5 GB of bf16 weights again, beside transformers' copy of
+# the weights, its gradients, and the capture's warm-up and graph pool each holding a set of gradients.
+CHECKED_EXPERTS = 8
 STEPS = ("router", "permutation", "GEMM 1 + SwiGLU", "GEMM 2", "combine")
 LAYER_KEY = ("hidden", "intermediate", "experts", "top_k", "tokens")  # what names one layer measurement
 
@@ -39,7 +49,7 @@ def ways(layer: Any, with_quack: bool, with_transformers: bool) -> tuple[dict[st
     """Each way's forward pass over ``layer``, in WAYS' order (quack's where it is installed), and the
     fields quack's records carry: how its GEMM 1 ran."""
     from moe_gemm.torch.layer import torch_grouped_mm
-    from moe_gemm.torch.peer_layers import quack_forward, transformers_forward_of
+    from moe_gemm.torch.peer_layers import TRANSFORMERS_WAYS, quack_forward, transformers_forward_of
 
     found: dict[str, Callable] = {"layer/ours": layer,
                                   "layer/torch_grouped_mm": lambda x: layer(x, gemm=torch_grouped_mm)}
@@ -51,18 +61,42 @@ def ways(layer: Any, with_quack: bool, with_transformers: bool) -> tuple[dict[st
             progress(f"[quack] gemm_act with SwiGLU failed ({quack_fields['quack_gemm_act_error']}); GEMM 1 runs "
                      "quack's gemm, SwiGLU its own pass")
     if with_transformers:
-        found["layer/transformers"] = transformers_forward_of(layer)
+        found.update({way: transformers_forward_of(layer, how) for way, how in TRANSFORMERS_WAYS.items()})
     return found, quack_fields
+
+
+def eager_and_graph(call: Callable[[], Any], release: Callable[[], None] | None = None) -> Row:
+    """``call`` timed eagerly, then captured in one CUDA graph and replayed where it captures (else the
+    reason it does not: a transformers block that reads the routing back to the host, torch's fp16/fp32
+    grouped GEMM, memory). median_ms, min_ms and max_ms are the graph replays' where there are some.
+    ``release``, between the two: drops what the eager calls left (a training step's gradients), so
+    that the capture's warm-up stream and graph pool, which cannot reuse its memory, do not sit beside it."""
+    import torch
+
+    from moe_gemm.torch.bench import time_call
+
+    eager = time_call(call, graph=False)
+    row: Row = {"eager_ms": eager.median_ms, "graph_ms": None, "graph_error": None}
+    best = eager
+    if release is not None:
+        release()
+        torch.cuda.empty_cache()
+    try:
+        best = time_call(call, graph=True)
+        row["graph_ms"] = best.median_ms
+    except Exception as error:  # noqa: BLE001 - whatever stops the capture is recorded; the eager time stands
+        row["graph_error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+    return {"median_ms": best.median_ms, "min_ms": best.min_ms, "max_ms": best.max_ms, "cuda_graph": best.graph,
+            **row}
 
 
 def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool,
                   with_quack: bool) -> tuple[list[Row], list[Row]]:
     """Each way's forward pass over one seeded_layer at each token count, on the same tokens, with its
-    error against ours: captured whole in a CUDA graph and replayed, but the transformers block, which
-    reads the routing back to the host, timed eagerly. Then our layer's steps (step_times)."""
+    error against ours, eagerly and as CUDA-graph replays (eager_and_graph). Then our layer's steps
+    (step_times)."""
     import torch
 
-    from moe_gemm.torch.bench import time_call
     from moe_gemm.torch.ops import offsets_unchecked
 
     layer = seeded_layer(shape)
@@ -76,14 +110,123 @@ def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transforme
             with torch.no_grad(), offsets_unchecked():
                 out = forward(x)
                 reference = out if reference is None else reference
-                error = ((out.float() - reference.float()).norm() / reference.float().norm()).item()
-                timed = time_call(lambda forward=forward, x=x: forward(x), graph=name != "layer/transformers")
-            records.append({"variant": name, **shape.fields(tokens), "median_ms": timed.median_ms,
-                            "min_ms": timed.min_ms, "max_ms": timed.max_ms, "cuda_graph": timed.graph,
-                            "rel_error_vs_ours": error, **(quack_fields if name == "layer/quack" else {})})
+                error = relative_error(out, reference)
+                timed = eager_and_graph(lambda forward=forward, x=x: forward(x))
+            if timed["graph_error"]:
+                progress(f"  {name} is timed eagerly: it does not capture ({timed['graph_error']})")
+            records.append({"variant": name, **shape.fields(tokens), **timed, "rel_error_vs_ours": error,
+                            **(quack_fields if name == "layer/quack" else {})})
         with torch.no_grad(), offsets_unchecked():
             steps.append({**shape.fields(tokens), **step_times(layer, x)})
     return records, steps
+
+
+def relative_error(got: Any, want: Any) -> float:
+    """Relative Frobenius error of ``got`` against ``want``."""
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+class Trainable(NamedTuple):
+    """One way of running the layer's training step: its forward pass, the tensors that get gradients,
+    and those gradients in our layer's layout (gate [E, H], w_gate_up [E, H, 2I], w_down [E, I, H])."""
+
+    forward: Callable[[Any], Any]
+    parameters: list[Any]
+    gradients: Callable[[], list[Any]]
+
+
+def trainable(layer: Any, way: str) -> Trainable:
+    """``way`` (one of TRAIN_WAYS) over ``layer``'s weights: our layer and the torch layer share them;
+    transformers' block holds a copy, built here, so its weights and gradients exist only for its turn."""
+    from moe_gemm.torch.layer import torch_grouped_mm, transformers_forward
+    from moe_gemm.torch.peer_layers import transformers_block_of
+
+    ours = list(layer.parameters())
+    if way == "train/ours":
+        return Trainable(layer, ours, lambda: [p.grad for p in ours])
+    if way == "train/torch_grouped_mm":
+        return Trainable(lambda x: layer(x, gemm=torch_grouped_mm), ours, lambda: [p.grad for p in ours])
+    if way == "train/transformers":
+        block = transformers_block_of(layer, "grouped_mm")
+        experts = block.experts
+        return Trainable(lambda x: transformers_forward(block, x), list(block.parameters()),
+                         lambda: [block.gate.weight.grad, experts.gate_up_proj.grad.transpose(1, 2),
+                                  experts.down_proj.grad.transpose(1, 2)])
+    raise ValueError(f"way must be one of {TRAIN_WAYS}, got {way!r}")
+
+
+def drop_gradients(tensors: Sequence[Any]) -> None:
+    """Set each tensor's gradient to None (freed, not zeroed: the next backward allocates it anew)."""
+    for tensor in tensors:
+        tensor.grad = None
+
+
+def training_step(way: Trainable, x: Any, dy: Any) -> Callable[[], None]:
+    """One step without the optimizer: the gradients dropped (set to None, so that a captured step
+    allocates its own, as torch's whole-network capture example does), the forward pass, and the
+    backward of a fixed output gradient ``dy`` into the parameters and the input ``x``."""
+
+    def step() -> None:
+        drop_gradients([*way.parameters, x])
+        way.forward(x).backward(dy)
+
+    return step
+
+
+def checked(gradients: Sequence[Any]) -> list[Any]:
+    """The gradients compared with ours: the router's, and the first CHECKED_EXPERTS experts' weights'."""
+    router, *experts = gradients
+    return [router, *(g[:CHECKED_EXPERTS] for g in experts)]
+
+
+def peak_memory(step: Callable[[], None], tensors: Sequence[Any]) -> int:
+    """Bytes one eager ``step`` allocates at its peak over what was allocated before it (the weights,
+    the inputs), less the gradients it leaves on ``tensors``: its activations and workspace."""
+    import torch
+
+    drop_gradients(tensors)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    gradients = sum(t.grad.numel() * t.grad.element_size() for t in tensors if t.grad is not None)
+    return torch.cuda.max_memory_allocated() - before - gradients
+
+
+def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool) -> list[Row]:
+    """Each of TRAIN_WAYS' training steps over one seeded_layer at each token count, on the same tokens
+    and output gradient: its peak memory, its time eagerly and as CUDA-graph replays (eager_and_graph),
+    and its gradients' error against ours (the worst of gate, w_gate_up, w_down; checked())."""
+    import torch
+
+    from moe_gemm.torch.ops import offsets_unchecked
+
+    layer = seeded_layer(shape)
+    rows = []
+    for tokens in tokens_list:
+        x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16).requires_grad_()
+        dy = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
+        reference = None
+        for name in TRAIN_WAYS if with_transformers else TRAIN_WAYS[:2]:
+            progress(f"[{shape.label}, {tokens:,} tokens] {name}: forward + backward")
+            way = trainable(layer, name)
+            step, tensors = training_step(way, x, dy), [*way.parameters, x]
+            with offsets_unchecked():
+                memory = peak_memory(step, tensors)
+                gradients = checked(way.gradients())
+                reference = [g.clone() for g in gradients] if reference is None else reference
+                error = max(relative_error(g, r) for g, r in zip(gradients, reference))
+                del gradients
+                timed = eager_and_graph(step, release=lambda tensors=tensors: drop_gradients(tensors))
+            if timed["graph_error"]:
+                progress(f"  {name} is timed eagerly: it does not capture ({timed['graph_error']})")
+            rows.append({"variant": name, **shape.fields(tokens), **timed, "peak_extra_bytes": memory,
+                         "grad_rel_error_vs_ours": error})
+            drop_gradients(tensors)
+            del way, step, tensors
+            torch.cuda.empty_cache()  # transformers' copy of the weights and the graphs' pools go before the next way
+    return rows
 
 
 def step_times(layer: Any, x: Any) -> dict[str, float]:

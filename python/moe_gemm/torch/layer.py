@@ -1,10 +1,11 @@
-"""A whole MoE layer's forward pass on the grouped GEMM: router, top-k, permutation, GEMM 1, SwiGLU,
-GEMM 2 and the weighted combine, every step on the GPU and none reading the routing back to the host,
-so the layer can be captured whole in one CUDA graph.
+"""A whole MoE layer on the grouped GEMM, forward and backward: router, top-k, permutation, GEMM 1,
+SwiGLU, GEMM 2 and the weighted combine, every step on the GPU and none reading the routing back to
+the host, so the layer's forward can be captured whole in one CUDA graph.
 
     layer = MoELayer(hidden=2048, intermediate=768, experts=128, top_k=8)
-    y = layer(x)                                  # x [tokens, hidden] -> [tokens, hidden]
+    y = layer(x)                                  # x [..., hidden] -> [..., hidden]
     y = layer(x, gemm=torch_grouped_mm)           # the same layer on torch._grouped_mm
+    y.backward(dy)                                # gradients of gate, w_gate_up, w_down (and x)
 
 The weights follow the transformers MoE blocks' meaning (Mixtral, Qwen3-MoE): a router
 ``gate`` [E, H] (an nn.Linear's weight), per expert a gate and an up projection (SwiGLU:
@@ -27,6 +28,17 @@ from moe_gemm.model.reference import SWIGLU_BLOCK
 from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
 
 GroupedMM = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+# The parameters' dtypes the layer runs: bf16 on our kernels; fp16 and fp32 through the op's fallback
+# to torch._grouped_mm (moe_gemm.torch.rules: our kernels take bf16 only), whose path for them on the
+# GPU loops over the experts with the offsets read back to the host, so it cannot be graph-captured.
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def our_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """moe_gemm.torch.grouped_mm writing its output in a's dtype: the layer's GEMM."""
+    return grouped_mm(a, b, offs, a.dtype)
 
 
 def torch_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -96,9 +108,10 @@ def dispatch(x: torch.Tensor, gate: torch.Tensor, top_k: int, normalize: bool) -
 
 
 def moe_forward(x: torch.Tensor, gate: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
-                normalize: bool = True, gemm: GroupedMM = grouped_mm, fused: bool = False) -> torch.Tensor:
-    """The layer's forward pass, step by step (see the module docstring). ``fused``: GEMM 1 and SwiGLU
-    are one launch of k6's fused epilogue, reading W_gate_up as it is stored."""
+                normalize: bool = True, gemm: GroupedMM = our_grouped_mm, fused: bool = False) -> torch.Tensor:
+    """The layer's forward pass on tokens ``x`` [tokens, H], step by step (see the module docstring).
+    ``fused``: GEMM 1 and SwiGLU are one launch of k6's fused epilogue, reading W_gate_up as it is
+    stored."""
     weights, order, offs, rows = dispatch(x, gate, top_k, normalize)
     if fused:
         act = grouped_mm_swiglu(rows, w_gate_up, offs)
@@ -110,9 +123,26 @@ def moe_forward(x: torch.Tensor, gate: torch.Tensor, w_gate_up: torch.Tensor, w_
 
 class MoELayer(torch.nn.Module):
     """An MoE feed-forward layer: ``hidden`` -> ``experts`` SwiGLU experts of width ``intermediate``, top_k of
-    them per token -> ``hidden``. ``fused`` (when the intermediate size is a multiple of 64): the forward
-    pass on our op runs GEMM 1 with the SwiGLU epilogue, which reads W_gate_up itself (no copy of it
-    that could go stale after load_state_dict or an edit of the weights)."""
+    them per token -> ``hidden``, on inputs [..., hidden] of any leading shape (flattened to tokens and
+    back).
+
+    Dtypes: the parameters are made in ``dtype`` and the input must have it. bf16 runs our kernels;
+    fp16 and fp32 run the same code through the op's fallback to torch._grouped_mm (eagerly: torch's
+    path for them reads the expert offsets back to the host, so it cannot be graph-captured); any
+    other dtype is refused here with a ValueError.
+
+    ``fused`` (bf16, the intermediate size a multiple of 64): GEMM 1 runs with the SwiGLU epilogue,
+    which reads W_gate_up itself (no copy of it that could go stale after load_state_dict or an edit
+    of the weights).
+
+    What trains: forward and backward through autograd; gradients reach the router ``gate`` (through
+    the routing weights), ``w_gate_up``, ``w_down`` and the input. GEMM 2's backward is our op's (dA
+    on our kernel, dB on torch._grouped_mm); the combine's is torch operations (moe_gemm.torch.combine).
+    The fused GEMM 1 + SwiGLU's backward recomputes through the unfused formulas (GEMM 1, then
+    SwiGLU's derivative) until chapter 09 fuses it. Saved for backward: the router's probabilities
+    [tokens, E]; the sorted token rows [tokens x top_k, H] (GEMM 1's A); GEMM 1's output [.., 2I]
+    (unfused only) and the SwiGLU output [.., I] (GEMM 2's A); the expert outputs [.., H] and the
+    inverse permutation and weights the combine reads; the weights themselves."""
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, normalize: bool = True,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
@@ -120,16 +150,22 @@ class MoELayer(torch.nn.Module):
         super().__init__()
         if not 1 <= top_k <= experts:
             raise ValueError(f"top_k must be in 1 .. experts ({experts}), got {top_k}")
+        if dtype not in DTYPES:
+            raise ValueError(f"MoELayer runs bf16 (our kernels), fp16 or fp32 (torch._grouped_mm), got {dtype}")
         factory = {"dtype": dtype, "device": device}
         self.top_k, self.normalize = top_k, normalize
         self.gate = torch.nn.Parameter(torch.randn(experts, hidden, **factory) * hidden**-0.5)
         self.w_gate_up = torch.nn.Parameter(torch.randn(experts, hidden, 2 * intermediate, **factory) * hidden**-0.5)
         self.w_down = torch.nn.Parameter(torch.randn(experts, intermediate, hidden, **factory) * intermediate**-0.5)
-        self.fused = fused and intermediate % SWIGLU_BLOCK == 0
+        self.fused = fused and dtype == torch.bfloat16 and intermediate % SWIGLU_BLOCK == 0
 
-    def forward(self, x: torch.Tensor, gemm: GroupedMM = grouped_mm) -> torch.Tensor:
-        fused = self.fused and gemm is grouped_mm  # other GEMMs run SwiGLU as its own pass
-        return moe_forward(x, self.gate, self.w_gate_up, self.w_down, self.top_k, self.normalize, gemm, fused)
+    def forward(self, x: torch.Tensor, gemm: GroupedMM = our_grouped_mm) -> torch.Tensor:
+        if x.dtype != self.gate.dtype:
+            raise ValueError(f"MoELayer: the input must have the parameters' dtype {self.gate.dtype}, got {x.dtype}")
+        fused = self.fused and gemm is our_grouped_mm  # other GEMMs run SwiGLU as its own pass
+        tokens = x.reshape(-1, x.shape[-1])
+        out = moe_forward(tokens, self.gate, self.w_gate_up, self.w_down, self.top_k, self.normalize, gemm, fused)
+        return out.view(x.shape)
 
     @classmethod
     def from_transformers(cls, block: torch.nn.Module, top_k: int, normalize: bool) -> MoELayer:
@@ -164,24 +200,33 @@ def transformers_weights(block: torch.nn.Module) -> tuple[torch.Tensor, torch.Te
 
 
 def transformers_block(family: str, hidden: int, intermediate: int, experts: int, top_k: int,
-                       device: torch.device | str | None = None) -> tuple[torch.nn.Module, bool]:
+                       device: torch.device | str | None = None,
+                       experts_implementation: str = "grouped_mm") -> tuple[torch.nn.Module, bool]:
     """transformers' own sparse MoE block, built from a config in code (no download), and whether it
     renormalises its top-k weights: ``"mixtral"`` (MixtralSparseMoeBlock, which does) or
     ``"qwen3_moe"`` (Qwen3MoeSparseMoeBlock with norm_topk_prob=False, which does not). Built under
-    ``device`` (``"meta"`` allocates nothing: fill it with ``to_empty`` and a copy)."""
+    ``device`` (``"meta"`` allocates nothing: fill it with ``to_empty`` and a copy).
+
+    ``experts_implementation``: how the block runs its experts (transformers 5's config setting, read
+    on every forward): "grouped_mm" (torch._grouped_mm, what a transformers 5 model loaded with
+    from_pretrained runs by default where torch has it), "eager" (a Python loop over the experts hit),
+    "batched_mm" (each token's top_k experts' weights gathered, then batched matmuls). A block built
+    from a config alone, as here, gets no default: it must be named."""
     import transformers
 
     if family == "mixtral":
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
 
         config = transformers.MixtralConfig(hidden_size=hidden, intermediate_size=intermediate,
-                                            num_local_experts=experts, num_experts_per_tok=top_k)
+                                            num_local_experts=experts, num_experts_per_tok=top_k,
+                                            experts_implementation=experts_implementation)
         normalize = True
     elif family == "qwen3_moe":
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as Block
 
         config = transformers.Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=intermediate,
-                                             num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=False)
+                                             num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=False,
+                                             experts_implementation=experts_implementation)
         normalize = False
     else:
         raise ValueError(f"family must be 'mixtral' or 'qwen3_moe', got {family!r}")

@@ -1,9 +1,10 @@
 """Our MoE layer's weights run by the peers, for chapter 08's comparison of whole layers: the same
-layer code on quack's varlen-M GEMMs, and transformers' own sparse MoE block holding the weights.
+layer code on quack's varlen-M GEMMs, and transformers' own sparse MoE block holding the weights, once
+per way transformers runs its experts.
 
-    forward, how = quack_forward(layer)     # None without quack
-    forward = transformers_forward_of(layer)
-    y = forward(x)                          # x [tokens, hidden] -> [tokens, hidden], as layer(x)
+    forward, how = quack_forward(layer)                 # None without quack
+    forward = transformers_forward_of(layer, "eager")   # one of TRANSFORMERS_WAYS' implementations
+    y = forward(x)                                      # x [tokens, hidden] -> [tokens, hidden], as layer(x)
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ import torch
 from moe_gemm.torch.layer import MoELayer, combine, dispatch, transformers_block, transformers_forward
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
+# Chapter 08's rows for transformers' block, one per experts implementation transformers 5 ships that
+# runs without a download: its default first (what from_pretrained picks where torch._grouped_mm
+# exists), then the per-expert loop and the batched matmuls. "deepgemm" and "sonicmoe" fetch their
+# kernels from the Hugging Face Hub on first use, so they are not among them.
+TRANSFORMERS_WAYS = {"layer/transformers": "grouped_mm", "layer/transformers-eager": "eager",
+                     "layer/transformers-batched_mm": "batched_mm"}
 
 
 def quack_forward(layer: MoELayer) -> tuple[Forward, dict[str, str]] | None:
@@ -54,13 +61,21 @@ def quack_forward(layer: MoELayer) -> tuple[Forward, dict[str, str]] | None:
     return fused, {"quack_gemm1": "gemm_act with its fused SwiGLU"}
 
 
-def transformers_forward_of(layer: MoELayer) -> Forward:
-    """transformers' MixtralSparseMoeBlock (renormalised top-k, as ours) holding ``layer``'s weights."""
+def transformers_block_of(layer: MoELayer, experts_implementation: str) -> torch.nn.Module:
+    """transformers' MixtralSparseMoeBlock (renormalised top-k, as ours) holding a copy of ``layer``'s
+    weights in its dtype, running its experts with ``experts_implementation``; its parameters train."""
     experts, hidden = layer.gate.shape
-    block, _ = transformers_block("mixtral", hidden, layer.w_down.shape[1], experts, layer.top_k, device="meta")
-    block = block.to_empty(device=layer.gate.device).to(torch.bfloat16).eval()
+    block, _ = transformers_block("mixtral", hidden, layer.w_down.shape[1], experts, layer.top_k, device="meta",
+                                  experts_implementation=experts_implementation)
+    block = block.to_empty(device=layer.gate.device).to(layer.gate.dtype).eval()
     with torch.no_grad():
         block.gate.weight.copy_(layer.gate)
         block.experts.gate_up_proj.copy_(layer.w_gate_up.transpose(1, 2))
         block.experts.down_proj.copy_(layer.w_down.transpose(1, 2))
+    return block
+
+
+def transformers_forward_of(layer: MoELayer, experts_implementation: str = "grouped_mm") -> Forward:
+    """The forward pass of transformers_block_of(layer, experts_implementation) on tokens [tokens, hidden]."""
+    block = transformers_block_of(layer, experts_implementation)
     return lambda x: transformers_forward(block, x)

@@ -1,0 +1,89 @@
+"""The MoE layer trains on an sm_90a GPU: its gradients (fused and unfused GEMM 1) against the same layer
+on torch._grouped_mm and against that layer in fp32; the fp32 layer through torch's grouped GEMM;
+chapter 08's training step captured in a CUDA graph and replayed, with its peak memory. Skipped
+without torch or the GPU. The same checks on the CPU: tests/test_layer.py."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+from moe_gemm.torch.layer import MoELayer, torch_grouped_mm  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90a GPU")
+    return torch.device("cuda")
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def gradients(layer: MoELayer, x: torch.Tensor, dy: torch.Tensor, **forward) -> list[torch.Tensor]:
+    """The gradients of layer's parameters and of x after one backward of dy."""
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_()
+    layer(x, **forward).backward(dy)
+    return [p.grad.clone() for p in layer.parameters()] + [x.grad]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_layers_gradients_match_the_torch_layer_and_fp32(cuda, fused):
+    """Qwen3-like proportions at a small size: our layer (our kernels, the fused GEMM 1 or not) against
+    the same code on torch._grouped_mm, and both against the layer's fp32 copy, 1e-2 relative."""
+    torch.manual_seed(0)
+    layer = MoELayer(512, 256, 16, 4, device=cuda, fused=fused)
+    assert layer.fused == fused
+    x = torch.randn(1000, 512, device=cuda).to(torch.bfloat16)
+    dy = torch.randn(1000, 512, device=cuda).to(torch.bfloat16)
+    ours = gradients(layer, x, dy)
+    theirs = gradients(layer, x, dy, gemm=torch_grouped_mm)
+    fp32 = MoELayer(512, 256, 16, 4, dtype=torch.float32, device=cuda)
+    fp32.load_state_dict({k: v.float() for k, v in layer.state_dict().items()})
+    want = gradients(fp32, x.float(), dy.float())  # fp32 runs torch._grouped_mm (the op warns once)
+    for name, got, torch_got, reference in zip(["gate", "w_gate_up", "w_down", "x"], ours, theirs, want):
+        assert relative(got, reference) < 1e-2, name
+        assert relative(torch_got, reference) < 1e-2, name
+        assert relative(got, torch_got) < 1e-2, name
+
+
+def test_the_training_step_captures_and_replays_to_the_eager_gradients(cuda):
+    """Chapter 08's training step of our layer: captured in one CUDA graph, a replay gives the eager
+    step's gradients (the same routing, the same kernels, up to the order of atomic sums); its peak
+    memory is positive and below the activations' upper bound at this size."""
+    from moe_gemm.measure.layer import peak_memory, trainable, training_step
+    from moe_gemm.torch.bench import capture
+
+    torch.manual_seed(1)
+    layer = MoELayer(512, 256, 16, 4, device=cuda)
+    x = torch.randn(2048, 512, device=cuda).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(2048, 512, device=cuda).to(torch.bfloat16)
+    way = trainable(layer, "train/ours")
+    step = training_step(way, x, dy)
+    memory = peak_memory(step, [*way.parameters, x])
+    eager = [g.clone() for g in way.gradients()]
+    rows = 2048 * 4  # tokens x top_k: every activation of the step is at most [rows, 2 x 256] or [rows, 512]
+    assert 0 < memory < 64 * rows * 512 * 2
+    graph, _ = capture(step)
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(way.gradients(), eager):
+        assert relative(got, want) < 1e-3
+
+
+def test_the_fp32_layer_runs_on_the_gpu_through_torchs_grouped_gemm(cuda):
+    torch.manual_seed(2)
+    layer = MoELayer(256, 128, 8, 2, dtype=torch.float32, device=cuda)
+    x = torch.randn(3, 40, 256, device=cuda)
+    out = layer(x)
+    out.sum().backward()
+    bf16 = MoELayer(256, 128, 8, 2, device=cuda, fused=False)
+    bf16.load_state_dict({k: v.to(torch.bfloat16) for k, v in layer.state_dict().items()})
+    with torch.no_grad():
+        assert relative(bf16(x.to(torch.bfloat16)), out) < 2e-2
+    assert out.shape == x.shape and layer.w_down.grad.dtype == torch.float32
