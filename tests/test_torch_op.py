@@ -217,7 +217,7 @@ def tuning(monkeypatch, tmp_path):
         routing = int(offs[0])  # the routing at hand starts with its own first end; the skewed one differs
         return lambda: timed.append((name, routing))
 
-    def median_ms(run, iterations):
+    def median_ms(run, iterations, index):
         run()
         name, routing = timed[-1]
         return made_up.get(name, (9.0, 9.0))[0 if routing == first_end[0] else 1]
@@ -324,3 +324,18 @@ def test_interleaved_timing_spreads_a_clock_change_over_every_call(monkeypatch):
     assert order == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert {name: t.max_ms for name, t in timed.items()} == {"a": 2.0, "b": 2.0, "c": 2.0}
     assert all(t.median_ms == 1.0 and t.graph for t in timed.values())
+
+
+def test_the_choice_is_kept_per_gpu_index(tuning):
+    """Two GPUs of one name share the file's entry (tuned once) and each has its own choice in the process."""
+    from moe_gemm.variants.k6 import auto
+
+    timed, first_end = tuning
+    a, b, offs = problem([100, 28, 0, 128], K=64, N=256)
+    first_end[0] = int(offs[0])
+    out = torch.empty(a.shape[0], 256, dtype=torch.bfloat16)
+    assert ops._choice(a, b, offs, out, "kn", "none", 0) == "k6/coop256-cluster-bn192"
+    count = len(timed)
+    assert ops._choice(a, b, offs, out, "kn", "none", 1) == "k6/coop256-cluster-bn192"
+    key = auto.shape_key(256, 4, 64, 256, "kn", "Test GPU")
+    assert len(timed) == count and set(ops._chosen) == {(key, 0), (key, 1)}

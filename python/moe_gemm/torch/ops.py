@@ -168,18 +168,18 @@ class _Runner:
     def __init__(self, name: str, layout: str, index: int, tokens: int, experts: int, K: int, N: int,
                  b_strides: tuple[int, int]) -> None:
         variant = _k6(name, layout)
-        self.name, self.kernel, self.config = name, variant.compile(), variant.config
+        self.kernel, self.config = variant.compile(), variant.config
         self.index, self.slots = index, _slots(name, layout, index)
         self.shape, self.b_strides = (tokens, experts, K, N), b_strides
         self.launches: dict[tuple[int, ...], Callable[[], None]] = {}
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> None:
-        from moe_gemm.variants.k6.launch import launcher
-
         stream = torch._C._cuda_getCurrentRawStream(self.index)  # torch.cuda.current_stream's handle, 2 us sooner
         key = (a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), stream)
         run = self.launches.get(key)
         if run is None:
+            from moe_gemm.variants.k6.launch import launcher
+
             if len(self.launches) >= self.MAX_PACKED:
                 self.launches.pop(next(iter(self.launches)))
             run = self.launches[key] = launcher(self.kernel, self.config, self.slots, *key[:4], *self.shape,
@@ -202,11 +202,13 @@ def _launcher(name: str, layout: str, a: torch.Tensor, b: torch.Tensor, offs: to
     return lambda: runner(a, b, offs, out)
 
 
-def _median_ms(run: Callable[[], None], iterations: int) -> float:
-    """A candidate's median launch time while tuning: two warm-up launches, then CUDA events around each."""
+def _median_ms(run: Callable[[], None], iterations: int, index: int) -> float:
+    """A candidate's median launch time on GPU ``index`` while tuning: two warm-up launches, then CUDA
+    events around each, recorded on that GPU's current stream (the one the launches go to)."""
     from moe_gemm.torch.bench import time_call
 
-    return time_call(run, graph=False, warmup=2, iterations=iterations).median_ms
+    with torch.cuda.device(index):
+        return time_call(run, graph=False, warmup=2, iterations=iterations).median_ms
 
 
 _chosen: dict[tuple[str, int], str] = {}  # (shape key, GPU index) -> configuration, for this process
@@ -239,7 +241,7 @@ def _choice(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Ten
 
             entry = auto.tune(key, candidates, experts, tokens, routed=routed,
                               launcher=lambda ends, name: _launcher(name, layout, a, b, ends, out),
-                              median_ms=lambda run: _median_ms(run, auto.TUNE_LAUNCHES))
+                              median_ms=lambda run: _median_ms(run, auto.TUNE_LAUNCHES, index))
         _chosen[key, index] = entry["choice"]
     return _chosen[key, index]
 
@@ -267,7 +269,7 @@ class _Plan:
         if runner is None:
             name = _choice(a, b, offs, out, self.layout, self.epilogue, self.index)
             runner = _runner(name or _default(self.layout, self.epilogue), self.layout, a, b)
-            if name is not None:  # untuned (captured, compiled): the next eager call may still tune
+            if name is not None:  # kept once chosen; a default (nothing could be timed) is asked again next call
                 self.runner = runner
         runner(a, b, offs, out)
 
