@@ -68,6 +68,8 @@ def test_a_launch_takes_the_devices_slots_and_the_callers_stream(stand_in_maps):
     assert len(run.args.pointers) == 14  # K6_PARAMS' 14 parameters
     again = launcher(kernel, config, 66, A, B, C, ENDS, TOKENS, E, K, N)
     assert again.args is run.args and again.stream is None  # packed once; None: the harness stream
+    assert again.device is None  # the harness's device; the torch op names the tensors' GPU
+    assert launcher(kernel, config, 66, A, B, C, ENDS, TOKENS, E, K, N, stream=1234, device=1).device == 1
     assert launcher(kernel, config, 66, A, B, C, ENDS + 4, TOKENS, E, K, N).args is not run.args
 
 

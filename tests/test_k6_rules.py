@@ -9,7 +9,7 @@ import pytest
 
 from moe_gemm.torch.rules import Operands, Route, route
 from moe_gemm.variants.k6.config import LADDER, MAX_EXPERTS
-from moe_gemm.variants.k6.rules import b_layout, check_inputs, refusals
+from moe_gemm.variants.k6.rules import b_layout, b_strides_of, check_inputs, refusals
 
 E, K, N = 64, 1024, 2688
 
@@ -33,7 +33,11 @@ def test_k6_takes_dense_aligned_operands_in_either_layout():
     (dict(N=2690), "N = 2690 is not a multiple of 8 (TMA's 16-byte rows)"),
     (dict(experts=MAX_EXPERTS + 1), "E = 257 experts: the device walk holds at most 256"),
     (dict(a_strides=(2048, 1)), "a must be row-major [M_tot, K] (strides (1024, 1)), got (2048, 1)"),
-    (dict(b_strides=(2 * K * N, N, 1)), "b must be row- or column-major per expert, got strides (5505024, 2688, 1)"),
+    (dict(b_strides=(K * N // 2, N, 1)), "b must be row- or column-major per expert, got strides (1376256, 2688, 1)"),
+    (dict(b_strides=(K * N + 4, N, 1)),
+     "b's row and expert strides must be multiples of 16 bytes (TMA), got (2752516, 2688, 1)"),
+    (dict(b_strides=(K * (N + 4), N + 4, 1)),
+     "b's row and expert strides must be multiples of 16 bytes (TMA), got (2756608, 2692, 1)"),
     (dict(a_address=0x7F0000000008), "a and b must start on 16-byte boundaries (TMA)"),
     (dict(b_address=0x7F1000000004), "a and b must start on 16-byte boundaries (TMA)"),
 ])
@@ -78,3 +82,27 @@ def test_b_layouts():
     assert b_layout((4, 64, 128), (64 * 128, 1, 64)) == "nk"
     assert b_layout((1, 64, 128), (0, 128, 1)) == "kn"  # one expert: its stride does not matter
     assert b_layout((4, 64, 128), (64 * 128, 256, 2)) is None
+    assert b_layout((4, 64, 128), (0, 128, 1)) is None  # experts that overlap (an expand): no tensor map
+    assert b_layout((4, 64, 128), (64 * 128, 64, 1)) is None  # rows that overlap
+
+
+def test_k6_takes_views_whose_strides_a_tensor_map_can_step():
+    """b[::2] (every other expert), b[:, :, :N] of a wider tensor, and the same K-major: the batched
+    tensor map is given the view's row and expert strides (moe_gemm.variants.k6.launch)."""
+    every_other, narrower, narrower_nk = (2 * K * N, N, 1), (K * (N + 64), N + 64, 1), (3 * K * N, 1, K + 64)
+    for strides in (every_other, narrower, narrower_nk):
+        assert reasons(b_strides=strides) == []
+    assert b_strides_of((E, K, N), every_other) == (N, 2 * K * N)
+    assert b_strides_of((E, K, N), narrower) == (N + 64, K * (N + 64))
+    assert b_strides_of((E, K, N), narrower_nk) == (K + 64, 3 * K * N)
+    assert b_strides_of((1, K, N), (0, N, 1)) == (N, K * N)  # one expert: the dense stride, never stepped
+
+
+def test_a_view_of_b_gets_its_strides_in_the_tensor_map():
+    from moe_gemm.cuda.tensormap import TiledMap
+    from moe_gemm.variants.k6.launch import arguments
+
+    args = arguments(LADDER["k6/pingpong-bn192"], 0, 0x7F00, 0, 0, 1000, E, K, N, b_strides=(N + 64, 2 * K * N))
+    assert args[1] == TiledMap("B", 0x7F00, (N, K, E), ((N + 64) * 2, 2 * K * N * 2), (64, 64, 1))
+    with pytest.raises(ValueError, match="stride 1 must cover"):  # an expert stride that overlaps: refused
+        arguments(LADDER["k6/pingpong-bn192"], 0, 0x7F00, 0, 0, 1000, E, K, N, b_strides=(N, K * N - 8))

@@ -206,16 +206,18 @@ def tuning(monkeypatch, tmp_path):
     candidate (the routing at hand, then the skewed one), and the list of what was timed."""
     monkeypatch.setenv("MOE_GEMM_CACHE", str(tmp_path))
     monkeypatch.delenv("MOE_GEMM_OP_TUNE", raising=False)
-    ops._chosen.clear()
+    monkeypatch.setattr(ops, "_gpu", lambda index: ("Test GPU", 132))
+    monkeypatch.setattr(ops, "_chosen", {})
     timed: list[tuple[str, int]] = []
     made_up = {"k6/pingpong-bn192": (1.0, 3.0), "k6/coop256-cluster-bn192": (1.1, 1.2),
-               "k6/swiglu-bn128": (2.0, 2.0), "k6/swiglu-coop256-cluster": (1.5, 1.6)}
+               "k6/swiglu-bn128": (2.0, 2.0), "k6/swiglu-coop256-cluster": (1.5, 1.6),
+               "k6/pingpong-bn192-kmajor": (1.0, 1.0)}
 
-    def launcher(variant, a, b, offs, out, sm_count):
+    def launcher(name, layout, a, b, offs, out):
         routing = int(offs[0])  # the routing at hand starts with its own first end; the skewed one differs
-        return lambda: timed.append((variant.name, routing))
+        return lambda: timed.append((name, routing))
 
-    def median_ms(run, iterations):
+    def median_ms(run, iterations, index):
         run()
         name, routing = timed[-1]
         return made_up.get(name, (9.0, 9.0))[0 if routing == first_end[0] else 1]
@@ -235,44 +237,70 @@ def test_the_op_tunes_an_unseen_shape_once_and_keeps_the_robust_choice(tuning):
     out = torch.empty(a.shape[0], 256, dtype=torch.bfloat16)
     # the fastest on this routing (pingpong-bn192) is 2.5x the best on the skewed one: the robust rule
     # keeps coop256-cluster-bn192 (10% and 0% off)
-    assert ops._choice(a, b, offs, out, "kn", "none", "Test GPU", 132) == "k6/coop256-cluster-bn192"
+    assert ops._choice(a, b, offs, out, "kn", "none", 0) == "k6/coop256-cluster-bn192"
     key = auto.shape_key(256, 4, 64, 256, "kn", "Test GPU")
     entry = auto.recall(key)
     assert entry["choice"] == "k6/coop256-cluster-bn192" and entry["robust_skew"] == auto.ROBUST_SKEW
     assert {name for name, _ in timed} == set(auto.AUTO_CANDIDATES)
     count = len(timed)
     ops._chosen.clear()  # a new process: the file answers, nothing is timed
-    assert ops._choice(a, b, offs, out, "kn", "none", "Test GPU", 132) == "k6/coop256-cluster-bn192"
+    assert ops._choice(a, b, offs, out, "kn", "none", 0) == "k6/coop256-cluster-bn192"
     assert len(timed) == count
     # the fused GEMM has its own key and candidates
-    assert ops._choice(a, b, offs, out[:, :128], "kn", "swiglu", "Test GPU", 132) == "k6/swiglu-coop256-cluster"
+    assert ops._choice(a, b, offs, out[:, :128], "kn", "swiglu", 0) == "k6/swiglu-coop256-cluster"
     assert auto.recall(auto.shape_key(256, 4, 64, 256, "kn", "Test GPU", "swiglu"))["choice"] == \
         "k6/swiglu-coop256-cluster"
 
 
-def test_without_tuning_the_op_runs_its_defaults(tuning, monkeypatch):
+def test_without_tuning_the_op_chooses_nothing_and_runs_its_defaults(tuning, monkeypatch):
     timed, _ = tuning
     a, b, offs = problem([10, 20], K=64, N=128)
     out = torch.empty(30, 128, dtype=torch.bfloat16)
     monkeypatch.setenv("MOE_GEMM_OP_TUNE", "0")
-    assert ops._choice(a, b, offs, out, "kn", "none", "Test GPU", 132) == ops.DEFAULT_CONFIG
-    assert ops._choice(a, b, offs, out, "kn", "swiglu", "Test GPU", 132) == ops.FUSED_CONFIG
+    assert ops._choice(a, b, offs, out, "kn", "none", 0) is None
+    assert ops._choice(a, b, offs, out, "kn", "swiglu", 0) is None
+    assert [ops._default(*case) for case in (("kn", "none"), ("kn", "swiglu"), ("nk", "none"))] == \
+        [ops.DEFAULT_CONFIG, ops.FUSED_CONFIG, ops.K_MAJOR_CONFIG]
     monkeypatch.delenv("MOE_GEMM_OP_TUNE")
     monkeypatch.setattr(ops, "_capturing_or_compiling", lambda: True)  # inside a graph capture: nothing timed
-    assert ops._choice(a, b, offs, out, "kn", "none", "Test GPU", 132) == ops.DEFAULT_CONFIG
+    assert ops._choice(a, b, offs, out, "kn", "none", 0) is None
     assert timed == [] and ops._chosen == {}
 
 
-def test_b_given_k_major_runs_the_validated_k_major_rung_untuned(tuning):
-    """autograd's dA reads b K-major: the op runs the one K-major rung on the validation record and
-    times nothing (tuning would launch K-major instances no GPU test checks)."""
-    from moe_gemm.variants.k6.config import LADDER
+def test_b_given_k_major_tunes_among_the_k_major_rungs(tuning):
+    """autograd's dA reads b K-major: the op tunes among the -kmajor rungs, each on the validation
+    record as a LADDER rung, under a key of its own."""
+    from moe_gemm.variants.k6 import auto
+    from moe_gemm.variants.k6.config import KMAJOR_CANDIDATES, LADDER
 
-    timed, _ = tuning
+    timed, first_end = tuning
     a, b, offs = problem([10, 20], K=64, N=128)
+    first_end[0] = int(offs[0])
     out = torch.empty(30, 128, dtype=torch.bfloat16)
-    assert ops._choice(a, b, offs, out, "nk", "none", "Test GPU", 132) == ops.K_MAJOR_CONFIG
-    assert LADDER[ops.K_MAJOR_CONFIG].b_layout == "nk" and timed == []
+    assert ops._choice(a, b, offs, out, "nk", "none", 0) == "k6/pingpong-bn192-kmajor"
+    assert {name for name, _ in timed} == set(KMAJOR_CANDIDATES) and 3 <= len(KMAJOR_CANDIDATES) <= 4
+    assert all(LADDER[name].b_layout == "nk" for name in KMAJOR_CANDIDATES)
+    assert ops.K_MAJOR_CONFIG in KMAJOR_CANDIDATES
+    assert auto.recall(auto.shape_key(30, 2, 64, 128, "nk", "Test GPU"))["choice"] == "k6/pingpong-bn192-kmajor"
+
+
+def test_a_variable_batch_tunes_once_per_bucket(tuning):
+    """M_tot in buckets of 1/8 of its power of two: 3,900, 4,000 and 4,096 rows share a choice (bucket 4,096),
+    4,200 rows tune again (bucket 4,608)."""
+    from moe_gemm.variants.k6 import auto
+
+    timed, first_end = tuning
+    tuned = []
+    for rows in (4000, 3900, 4096, 4200):
+        a, b, offs = problem([rows // 2, rows - rows // 2], K=64, N=128)
+        first_end[0] = int(offs[0])
+        before = len(timed)
+        ops._choice(a, b, offs, torch.empty(rows, 128, dtype=torch.bfloat16), "kn", "none", 0)
+        tuned.append(len(timed) > before)
+    assert tuned == [True, False, False, True]
+    assert auto.shape_key(4000, 2, 64, 128, "kn", "G") == auto.shape_key(3900, 2, 64, 128, "kn", "G")
+    assert [auto.rows_bucket(m) for m in (0, 1, 7, 9, 40_000, 4096, 4097, 65_536)] == \
+        [0, 1, 7, 9, 40_960, 4096, 4608, 65_536]
 
 
 def test_interleaved_timing_spreads_a_clock_change_over_every_call(monkeypatch):
@@ -296,3 +324,18 @@ def test_interleaved_timing_spreads_a_clock_change_over_every_call(monkeypatch):
     assert order == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert {name: t.max_ms for name, t in timed.items()} == {"a": 2.0, "b": 2.0, "c": 2.0}
     assert all(t.median_ms == 1.0 and t.graph for t in timed.values())
+
+
+def test_the_choice_is_kept_per_gpu_index(tuning):
+    """Two GPUs of one name share the file's entry (tuned once) and each has its own choice in the process."""
+    from moe_gemm.variants.k6 import auto
+
+    timed, first_end = tuning
+    a, b, offs = problem([100, 28, 0, 128], K=64, N=256)
+    first_end[0] = int(offs[0])
+    out = torch.empty(a.shape[0], 256, dtype=torch.bfloat16)
+    assert ops._choice(a, b, offs, out, "kn", "none", 0) == "k6/coop256-cluster-bn192"
+    count = len(timed)
+    assert ops._choice(a, b, offs, out, "kn", "none", 1) == "k6/coop256-cluster-bn192"
+    key = auto.shape_key(256, 4, 64, 256, "kn", "Test GPU")
+    assert len(timed) == count and set(ops._chosen) == {(key, 0), (key, 1)}

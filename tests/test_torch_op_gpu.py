@@ -1,9 +1,14 @@
 """moe_gemm.torch on an sm_90a GPU: the op against fp32 torch and against torch._grouped_mm, in both B
 layouts; compiled with torch.compile(fullgraph=True); captured once in a CUDA graph and replayed with
 changing routings (M_tot = 0 and one expert with every token among them); autograd; the fused
-SwiGLU GEMM; and the whole layer against transformers' blocks. Skipped without torch or the GPU."""
+SwiGLU GEMM and its autograd; and the whole layer against transformers' blocks. torch._grouped_mm's
+contract row by row: offs on the CPU (a ValueError, the context intact), a strided offs, rows no
+expert owns (eager and captured), fp16 and fp32 out (torch's kernel), out_dtype=None and offs=None,
+views of b, a tensor on a second GPU. Skipped without torch or the GPU."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -45,14 +50,137 @@ def test_the_op_matches_fp32_in_both_layouts(cuda, counts, layout):
     torch.testing.assert_close(out.float(), fp32(a, b, offs), rtol=1e-2, atol=2e-2)
 
 
-def test_malformed_offsets_raise_before_any_launch(cuda):
+def test_malformed_offsets_raise_before_any_launch_when_checked(cuda):
+    from moe_gemm.torch import grouped_mm
+    from moe_gemm.torch.ops import offsets_checked
+
+    a, b, offs = routed((5, 7), 64, 64, cuda)
+    with offsets_checked():
+        with pytest.raises(ValueError, match="non-decreasing"):
+            grouped_mm(a, b, torch.tensor([7, 5], dtype=torch.int32, device=cuda))
+        with pytest.raises(ValueError, match="must end at or below M_tot = 12"):
+            grouped_mm(a, b, torch.tensor([5, 13], dtype=torch.int32, device=cuda))
+        grouped_mm(a, b, torch.tensor([5, 11], dtype=torch.int32, device=cuda))  # row 11: no expert's, legal
+
+
+def torch_answer(a, b, offs, out_dtype=None):
+    return torch._grouped_mm(a, b, offs=offs.contiguous(), out_dtype=out_dtype)
+
+
+def test_offs_on_the_cpu_is_a_value_error_and_the_context_survives(cuda):
     from moe_gemm.torch import grouped_mm
 
     a, b, offs = routed((5, 7), 64, 64, cuda)
-    with pytest.raises(ValueError, match="non-decreasing"):
-        grouped_mm(a, b, torch.tensor([7, 5], dtype=torch.int32, device=cuda))
-    with pytest.raises(ValueError, match="must end at M_tot = 12"):
-        grouped_mm(a, b, torch.tensor([5, 11], dtype=torch.int32, device=cuda))
+    with pytest.raises(ValueError, match="offs must be on a's device"):
+        grouped_mm(a, b, offs.cpu())
+    compiled = torch.compile(lambda a, b, offs: grouped_mm(a, b, offs), fullgraph=True)
+    with pytest.raises(Exception, match="offs must be on a's device"):  # the fake implementation's check
+        compiled(a, b, offs.cpu())
+    torch.cuda.synchronize()  # no launch read host memory: the context is intact
+    torch.testing.assert_close(grouped_mm(a, b, offs), torch_answer(a, b, offs))
+
+
+def test_a_non_contiguous_offs_matches_torch(cuda):
+    from moe_gemm.torch import grouped_mm
+
+    a, b, offs = routed((300, 0, 129, 7), 128, 256, cuda)
+    strided = torch.stack([offs, torch.zeros_like(offs)], dim=1)[:, 0]
+    assert not strided.is_contiguous()
+    torch.testing.assert_close(grouped_mm(a, b, strided).float(), torch_answer(a, b, offs).float(),
+                               rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_rows_no_expert_owns_are_legal_eager_and_captured(cuda, captured):
+    """offs[-1] < M_tot: rows [0, offs[-1]) as torch computes them; the op allocates its output, so
+    only those rows are compared (the rest are torch.empty's, in ours and in torch's)."""
+    from moe_gemm.torch import grouped_mm
+
+    a, b, offs = routed((300, 0, 129, 7), 128, 256, cuda)
+    a = torch.cat([a, torch.randn(200, 128, device=cuda).to(torch.bfloat16)])  # 200 rows past offs[-1]
+    owned = int(offs[-1])
+    if captured:
+        grouped_mm(a, b, offs)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = grouped_mm(a, b, offs)
+        graph.replay()
+    else:
+        out = grouped_mm(a, b, offs)
+    assert out.shape == (a.shape[0], 256)
+    torch.testing.assert_close(out[:owned].float(), torch_answer(a, b, offs)[:owned].float(), rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype, out_dtype", [(torch.float16, None), (torch.bfloat16, torch.float32),
+                                              (torch.float16, torch.float16)])
+def test_dtypes_k6_does_not_take_run_torchs_kernel(cuda, dtype, out_dtype):
+    from moe_gemm.torch import grouped_mm, ops
+
+    a, b, offs = routed((300, 0, 129, 7), 128, 256, cuda, dtype=dtype)
+    ops._warned.clear()
+    try:
+        want = torch_answer(a, b, offs, out_dtype)
+    except RuntimeError as refusal:  # what this torch does not take, ours does not either: torch's own error
+        with pytest.raises(RuntimeError, match=re.escape(str(refusal).splitlines()[0][:60])):
+            grouped_mm(a, b, offs, out_dtype=out_dtype)
+        return
+    with pytest.warns(UserWarning, match="bf16 in and out"):
+        out = grouped_mm(a, b, offs, out_dtype=out_dtype)
+    assert out.dtype == (out_dtype or dtype)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_out_dtype_none_and_offs_none(cuda):
+    from moe_gemm.torch import grouped_mm
+
+    a, b, offs = routed((5, 7), 64, 64, cuda)
+    assert grouped_mm(a, b, offs, out_dtype=None).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="need offs"):
+        grouped_mm(a, b)
+
+
+@pytest.mark.parametrize("view", ["every other expert", "columns of a wider b", "K-major columns of a wider b"])
+def test_b_views_match_torch(cuda, view):
+    from moe_gemm.torch import grouped_mm
+
+    a, wide, offs = routed((300, 0, 129, 7, 64, 1, 2, 3), 128, 384, cuda)
+    b = {"every other expert": lambda: wide[::2, :, :256],
+         "columns of a wider b": lambda: wide[:4, :, :256],
+         "K-major columns of a wider b": lambda: wide[:4].transpose(1, 2).contiguous().transpose(1, 2)[:, :, :256],
+         }[view]()
+    offs = offs[:4].contiguous()
+    a = a[:int(offs[-1])]
+    torch.testing.assert_close(grouped_mm(a, b, offs).float(), fp32(a, b, offs), rtol=1e-2, atol=2e-2)
+
+
+def test_a_tensor_on_the_second_gpu(cuda):
+    """The op on cuda:1 while cuda:0 is current: kernel attributes, slots and the launch for that GPU."""
+    if torch.cuda.device_count() < 2 or torch.cuda.get_device_capability(1) != (9, 0):
+        pytest.skip("needs a second sm_90a GPU")
+    from moe_gemm.torch import grouped_mm
+
+    second = torch.device("cuda:1")
+    a, b, offs = routed((300, 0, 129, 7), 128, 256, second)
+    with torch.cuda.device(0):
+        out = grouped_mm(a, b, offs)
+    assert out.device == second
+    torch.testing.assert_close(out.float(), fp32(a, b, offs), rtol=1e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="offs must be on a's device"):
+        grouped_mm(a, b, offs.to("cuda:0"))
+
+
+def test_the_fused_swiglu_gemms_autograd_matches_fp32_torch(cuda):
+    from moe_gemm.torch.ops import grouped_mm_swiglu
+
+    a, w, offs = routed((70, 0, 130, 5), 128, 256, cuda, seed=6)
+    a.requires_grad_(), w.requires_grad_()
+    grad = torch.randn(205, 128, device=cuda)
+    grouped_mm_swiglu(a, w, offs).backward(grad.to(torch.bfloat16))
+    a32, w32 = a.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    gate, up = fp32(a32, w32, offs).chunk(2, dim=-1)
+    (torch.nn.functional.silu(gate) * up).backward(grad)
+    for ours, expected in ((a.grad, a32.grad), (w.grad, w32.grad)):
+        assert ((ours.float() - expected).norm() / expected.norm()).item() < 2e-2
 
 
 def test_inputs_k6_cannot_take_fall_back_with_one_warning(cuda):

@@ -19,6 +19,10 @@ def test_well_formed_bf16_inputs_go_to_k6_in_either_layout():
     assert route(operands()).kernel == "k6" and route(operands()).b_layout == "kn"
     column_major = operands(b_strides=(1024 * 2688, 1, 1024))
     assert route(column_major) == route(column_major).__class__("k6", "nk", None)
+    every_other_expert = operands(b_strides=(2 * 1024 * 2688, 2688, 1))  # b[::2] of 128 experts
+    wider = operands(b_strides=(1024 * 2752, 2752, 1))  # b[:, :, :2688] of a [64, 1024, 2752] tensor
+    assert route(every_other_expert).kernel == route(wider).kernel == "k6"
+    assert route(operands(a_device="cuda:1", b_device="cuda:1", offs_device="cuda:1")).kernel == "k6"
 
 
 @pytest.mark.parametrize("changes, rule", [
@@ -29,6 +33,8 @@ def test_well_formed_bf16_inputs_go_to_k6_in_either_layout():
     (dict(offs_shape=(63,)), "one cumulative row end per expert"),
     (dict(offs_dtype="int64"), "offs must be int32"),
     (dict(b_dtype="float16"), "must share a dtype"),
+    (dict(offs_device="cpu"), r"b and offs must be on a's device \(cuda:0\), got b on cuda:0 and offs on cpu"),
+    (dict(b_device="cuda:1"), "b and offs must be on a's device"),
     (dict(a_shape=(1000, 0), a_strides=(0, 1), b_shape=(64, 0, 2688), b_strides=(0, 2688, 1)),
      "K and N must be >= 1, got K = 0, N = 2688"),
     (dict(b_shape=(64, 1024, 0), b_strides=(0, 0, 1)), "K and N must be >= 1, got K = 1024, N = 0"),
@@ -45,9 +51,10 @@ def test_malformed_inputs_raise_naming_the_rule(changes, rule):
      "K = 96 is not a multiple of 64"),
     (dict(capability=(8, 0)), "sm_90a GPU"),
     (dict(capability=(10, 0)), "this is sm_100"),
-    (dict(device="cpu"), "not a CUDA GPU"),
+    (dict(a_device="cpu", b_device="cpu", offs_device="cpu"), "not a CUDA GPU"),
     (dict(b_shape=(300, 1024, 2688), b_strides=(1024 * 2688, 2688, 1), offs_shape=(300,)), "at most 256"),
-    (dict(b_strides=(1024 * 2688 * 2, 2688, 1)), "row- or column-major"),
+    (dict(b_strides=(1024 * 2688 // 2, 2688, 1)), "row- or column-major"),
+    (dict(b_strides=(1024 * 2688 + 4, 2688, 1)), "multiples of 16 bytes"),
     (dict(a_strides=(2048, 1)), "a must be row-major"),
     (dict(a_address=8), "16-byte boundaries"),
 ])
@@ -57,12 +64,13 @@ def test_what_k6_cannot_take_goes_to_torch_with_the_reason(changes, reason):
     assert reason in chosen.reason
 
 
-def test_offsets_must_rise_and_end_at_m_tot():
+def test_offsets_must_rise_and_end_at_or_below_m_tot():
     check_offsets([0, 5, 5, 12], 12)
+    check_offsets([0, 5, 12], 13)  # row 12 belongs to no expert: legal, as in torch._grouped_mm
     with pytest.raises(ValueError, match=r"non-decreasing from 0; offs\[2\] = 4 after 5"):
         check_offsets([0, 5, 4, 12], 12)
-    with pytest.raises(ValueError, match="must end at M_tot = 13"):
-        check_offsets([0, 5, 12], 13)
+    with pytest.raises(ValueError, match="must end at or below M_tot = 13"):
+        check_offsets([0, 5, 14], 13)
     with pytest.raises(ValueError, match="non-decreasing"):
         check_offsets([-1, 5], 5)
     check(operands())  # well-formed: no error

@@ -2,7 +2,8 @@
 
 :func:`launch` goes through cuda.core, or through ``cuLaunchKernel`` when an argument (a TMA
 tensor map) has to be passed by value as a 128-byte struct. Kernel attributes (dynamic shared
-memory above 48 KB, the carveout) are set once per kernel.
+memory above 48 KB, the carveout) are set once per kernel and device: cuKernelSetAttribute sets them
+for one device (``device``: its index; None: the harness's device, moe_gemm.cuda.device.cuda_device).
 """
 
 from __future__ import annotations
@@ -38,48 +39,56 @@ def _loaded(cubin: bytes, symbol: str):
     return ObjectCode.from_cubin(cubin).get_kernel(symbol)
 
 
+def _device_id(device: int | None) -> int:
+    from moe_gemm.cuda.device import cuda_device
+
+    return cuda_device().device_id if device is None else device
+
+
 @functools.cache
-def _allow_dynamic_smem(kernel, nbytes: int) -> None:
-    """Opt in once per kernel and size (cached: launches in a timing loop skip the call)."""
+def _allow_dynamic_smem(kernel, nbytes: int, device: int | None = None) -> None:
+    """Opt in once per kernel, size and device (cached: launches in a timing loop skip the call)."""
     from cuda.bindings import driver
 
-    from moe_gemm.cuda.device import check_driver, cuda_device
+    from moe_gemm.cuda.device import check_driver
 
     attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    check_driver(driver.cuKernelSetAttribute(attribute, nbytes, kernel.handle, cuda_device().device_id))
+    check_driver(driver.cuKernelSetAttribute(attribute, nbytes, kernel.handle, _device_id(device)))
 
 
 @functools.cache
-def prefer_shared_memory(compiled: CompiledKernel, percent: int = 100) -> None:
+def prefer_shared_memory(compiled: CompiledKernel, percent: int = 100, device: int | None = None) -> None:
     """Ask for ``percent`` of the unified L1/shared-memory array as shared memory (a hint the
     driver may override), so the carveout it picks never limits resident blocks below what the
-    registers allow. Once per kernel: cached."""
+    registers allow. Once per kernel and device: cached."""
     from cuda.bindings import driver
 
-    from moe_gemm.cuda.device import check_driver, cuda_device
+    from moe_gemm.cuda.device import check_driver
 
     kernel = _loaded(compiled.cubin, compiled.symbol)
     attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-    check_driver(driver.cuKernelSetAttribute(attribute, percent, kernel.handle, cuda_device().device_id))
+    check_driver(driver.cuKernelSetAttribute(attribute, percent, kernel.handle, _device_id(device)))
 
 
-def max_active_clusters(compiled: CompiledKernel, block: int, smem_bytes: int, cluster: int) -> int | None:
+def max_active_clusters(compiled: CompiledKernel, block: int, smem_bytes: int, cluster: int,
+                        device: int | None = None) -> int | None:
     """How many clusters of ``cluster`` blocks the driver says can be resident at once (a persistent
     cluster grid larger than that would run its last clusters after the first ones finish); None
     where the driver cannot say. Clusters live inside one GPC, so this can be less than
-    SMs / cluster when a GPC has an odd number of usable SMs."""
+    SMs / cluster when a GPC has an odd number of usable SMs. ``device``: asked in the current context
+    (the caller makes that device's current), on its default stream."""
     from cuda.bindings import driver
 
     from moe_gemm.cuda.device import check_driver, stream_handle
 
     kernel = _loaded(compiled.cubin, compiled.symbol)
     if smem_bytes > DEFAULT_SMEM_LIMIT:
-        _allow_dynamic_smem(kernel, smem_bytes)
+        _allow_dynamic_smem(kernel, smem_bytes, device)
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
     config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
     config.sharedMemBytes = smem_bytes
-    config.hStream = driver.CUstream(stream_handle())
+    config.hStream = driver.CUstream(stream_handle() if device is None else 0)
     config.numAttrs = 0  # the kernel's __cluster_dims__ gives the size
     try:
         return int(check_driver(driver.cuOccupancyMaxActiveClusters(driver.CUfunction(int(kernel.handle)), config)))
@@ -123,23 +132,24 @@ def _driver_launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, in
 
 
 def launch(compiled: CompiledKernel, grid: int | tuple[int, ...], block: int | tuple[int, ...], smem_bytes: int,
-           *args: Any, stream: int | None = None) -> None:
+           *args: Any, stream: int | None = None, device: int | None = None) -> None:
     """Enqueue ``compiled`` on the harness stream, or on ``stream`` (a CUstream handle, e.g. torch's
-    ``torch.cuda.current_stream().cuda_stream``). Pointers as int, scalars as numpy scalars, or one
-    :class:`PackedArguments` made once for launches that repeat."""
-    from cuda.core import LaunchConfig
-    from cuda.core import launch as core_launch
-
-    from moe_gemm.cuda.device import harness_stream
-
+    ``torch.cuda.current_stream().cuda_stream``, of GPU ``device``, whose context the caller made
+    current). Pointers as int, scalars as numpy scalars, or one :class:`PackedArguments` made once for
+    launches that repeat."""
     kernel = _loaded(compiled.cubin, compiled.symbol)
     if smem_bytes > DEFAULT_SMEM_LIMIT:
-        _allow_dynamic_smem(kernel, smem_bytes)
+        _allow_dynamic_smem(kernel, smem_bytes, device)
     grid3 = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
     block3 = tuple(block) + (1,) * (3 - len(block)) if isinstance(block, tuple) else (block, 1, 1)
     if len(args) == 1 and isinstance(args[0], PackedArguments):
         _driver_launch(kernel, grid3, block3, smem_bytes, args[0], stream)
     elif stream is not None or any(isinstance(arg, TensorMapArg) for arg in args):
         _driver_launch(kernel, grid3, block3, smem_bytes, PackedArguments(args), stream)
-    else:
+    else:  # (imported here, not above: three imports cost a repeated launch ~3.5 us of host time)
+        from cuda.core import LaunchConfig
+        from cuda.core import launch as core_launch
+
+        from moe_gemm.cuda.device import harness_stream
+
         core_launch(harness_stream(), LaunchConfig(grid=grid3, block=block3, shmem_size=smem_bytes), kernel, *args)

@@ -287,10 +287,12 @@ def fused_epilogue(layer: Any, x: Any) -> dict[str, float]:
             "swiglu_pass_bytes": m * width * 2 + m * width // 2 * 2, "fused_saves_bytes": 2 * m * width * 2}
 
 
-def host_probe(tokens: int = 4096, calls: int = 200) -> dict[str, Any]:
-    """The op's host time per call at the seed shape, balanced rows: ``calls`` eager calls without a
-    sync (the host's cost, as long as the GPU keeps up), beside an eager call and a graph replay timed
-    on the GPU."""
+def host_probe(tokens: int = 4096, calls: int = 200, runs: int = 5) -> dict[str, Any]:
+    """Host time per eager call at the seed shape, balanced rows, for our op and for torch._grouped_mm on
+    the same tensors: ``runs`` runs of ``calls`` calls each without a sync (the host's cost, as long as
+    the GPU keeps up), the two alternating run by run so a change of clock falls on both; the median
+    run and the fastest and slowest. Beside it, an eager call and a graph replay of ours timed on the GPU."""
+    import statistics
     import time
 
     import numpy as np
@@ -302,16 +304,26 @@ def host_probe(tokens: int = 4096, calls: int = 200) -> dict[str, Any]:
     a = torch.randn(tokens, SEED_K, device="cuda").to(torch.bfloat16)
     b = (torch.randn(SEED_EXPERTS, SEED_K, SEED_N, device="cuda") * SEED_K**-0.5).to(torch.bfloat16)
     offs = torch.tensor(np.cumsum(np.full(SEED_EXPERTS, tokens // SEED_EXPERTS)), dtype=torch.int32, device="cuda")
+    calls_of = {"ours": lambda: grouped_mm(a, b, offs), "torch": lambda: torch._grouped_mm(a, b, offs=offs)}
+    per_call: dict[str, list[float]] = {name: [] for name in calls_of}
     with offsets_unchecked():
-        eager = time_call(lambda: grouped_mm(a, b, offs), graph=False)
-        graph = time_call(lambda: grouped_mm(a, b, offs), graph=True)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            grouped_mm(a, b, offs)
-        host = (time.perf_counter() - start) / calls * 1e3
-        torch.cuda.synchronize()
-    return {"tokens": tokens, "host_ms_per_call": round(host, 4), "eager_ms": round(eager.median_ms, 4),
+        eager = time_call(calls_of["ours"], graph=False)
+        graph = time_call(calls_of["ours"], graph=True)
+        for run in range(runs):
+            for name in (calls_of if run % 2 == 0 else reversed(list(calls_of))):
+                call = calls_of[name]
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                per_call[name].append((time.perf_counter() - start) / calls * 1e3)
+                torch.cuda.synchronize()
+    spread = {}
+    for name, samples in per_call.items():
+        prefix = "host_ms" if name == "ours" else "torch_host_ms"
+        spread.update({f"{prefix}_per_call": round(statistics.median(samples), 4),
+                       f"{prefix}_min": round(min(samples), 4), f"{prefix}_max": round(max(samples), 4)})
+    return {"tokens": tokens, "runs": runs, "calls": calls, **spread, "eager_ms": round(eager.median_ms, 4),
             "graph_ms": round(graph.median_ms, 4)}
 
 

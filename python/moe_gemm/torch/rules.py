@@ -4,8 +4,9 @@ and dtypes, so that the rules are tested without torch or a GPU.
 Two kinds of answer:
 
 * a **ValueError** naming the rule, for inputs that are malformed for any grouped GEMM (ranks, K
-  that does not match, offs of the wrong length or dtype): raised before any launch, as
-  torch._grouped_mm's own checks would;
+  that does not match, offs of the wrong length or dtype or on another device than a): raised before
+  any launch, where torch._grouped_mm's own checks raise (a kernel given offs in host memory would
+  read host addresses on the GPU);
 * a :class:`Route`: our kernel (k6, device-walked, B in either layout), or torch._grouped_mm with the
   reason ours cannot take the inputs (a dtype other than bf16, K not a multiple of 64, a GPU other
   than sm_90a, ...). The op warns once per reason. What k6 itself takes (shapes, strides, addresses)
@@ -36,7 +37,9 @@ class Operands:
     offs_shape: Sequence[int]
     offs_dtype: str
     out_dtype: str = "bfloat16"
-    device: str = "cuda"
+    a_device: str = "cuda:0"  # torch's names, e.g. 'cuda:1', 'cpu'
+    b_device: str = "cuda:0"
+    offs_device: str = "cuda:0"
     capability: tuple[int, int] | None = SM90A
     a_address: int = 0
     b_address: int = 0
@@ -67,20 +70,24 @@ def check(op: Operands) -> None:
                          f"{op.offs_shape[0]}")
     if op.offs_dtype != "int32":
         raise ValueError(f"grouped_mm: offs must be int32 (the cumulative row ends), got {op.offs_dtype}")
+    if op.b_device != op.a_device or op.offs_device != op.a_device:
+        raise ValueError(f"grouped_mm: b and offs must be on a's device ({op.a_device}), got b on {op.b_device} "
+                         f"and offs on {op.offs_device}")
     if op.a_dtype != op.b_dtype:
         raise ValueError(f"grouped_mm: a and b must share a dtype, got {op.a_dtype} and {op.b_dtype}")
 
 
 def check_offsets(ends: Sequence[int], tokens: int) -> None:
-    """ValueError unless the row ends are non-decreasing, non-negative and end at M_tot (values read
-    from the device: the op does this only where a host copy is allowed, eagerly and not capturing)."""
+    """ValueError unless the row ends are non-decreasing from 0 and end at or below M_tot (values read
+    from the device: the op does this only when asked, eagerly and not capturing). Ending below M_tot
+    is legal, as in torch._grouped_mm: rows past offs[-1] belong to no expert and are not written."""
     previous = 0
     for e, end in enumerate(ends):
         if end < previous:
             raise ValueError(f"grouped_mm: offs must be non-decreasing from 0; offs[{e}] = {end} after {previous}")
         previous = end
-    if len(ends) and previous != tokens:
-        raise ValueError(f"grouped_mm: offs must end at M_tot = {tokens} (a's rows), ends at {previous}")
+    if previous > tokens:
+        raise ValueError(f"grouped_mm: offs must end at or below M_tot = {tokens} (a's rows), ends at {previous}")
 
 
 SWIGLU_COLUMNS = 2 * SWIGLU_BLOCK  # one 64-column gate block and its up block: k6's fused epilogue's BN
@@ -98,8 +105,8 @@ def route(op: Operands, epilogue: str = "none") -> Route:
                              f"tile pairs 64 gate columns with the 64 up columns N / 2 further)")
         if b_layout(op.b_shape, op.b_strides) == "nk":
             reasons.append("the fused SwiGLU epilogue reads B [E, K, N] row-major only")
-    if op.device != "cuda":
-        reasons.append(f"the tensors are on {op.device}, not a CUDA GPU")
+    if not op.a_device.startswith("cuda"):
+        reasons.append(f"the tensors are on {op.a_device}, not a CUDA GPU")
     elif (have := other_target(op.capability)) is not None:
         reasons.append(f"our kernels need an sm_90a GPU (wgmma); this is {have}")
     if op.a_dtype != "bfloat16" or op.out_dtype != "bfloat16":

@@ -13,7 +13,10 @@ launch at that shape, in this process or the next, reads it back. The tuning's t
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -47,12 +50,22 @@ def robust_choice(timings: list[dict[str, float]]) -> str:
     return min(sorted(common), key=lambda name: max(t[name] / b for t, b in zip(timings, best)))
 
 
+def rows_bucket(tokens: int) -> int:
+    """M_tot rounded up to a multiple of 1/8 of the power of two at or below it (40,000 -> 40,960;
+    4,096 stays): a batch whose size varies from call to call tunes a handful of times, at most
+    eight buckets per octave, and a bucket's rows differ by at most 12.5%, too little to change the
+    best tile shape (chapter 07's choices change between octaves, not within one)."""
+    step = max(1, (1 << (max(tokens, 1).bit_length() - 1)) // 8)
+    return -(-tokens // step) * step
+
+
 def shape_key(tokens: int, experts: int, K: int, N: int, b_layout: str, gpu: str,  # noqa: N803
               epilogue: str = "none") -> str:
-    """The cache key: the shape, the epilogue (the fused SwiGLU GEMM has its own candidates), and the
-    rule (a choice made by another rule is not reused)."""
+    """The cache key: the GPU, M_tot's bucket (:func:`rows_bucket`), E, K, N, B's layout, the epilogue
+    (the fused SwiGLU GEMM has its own candidates), and the rule (a choice made by another rule is not
+    reused)."""
     fused = "" if epilogue == "none" else f"/{epilogue}"
-    return f"{gpu}/M{tokens}/E{experts}/K{K}/N{N}/{b_layout}{fused}/robust-s{ROBUST_SKEW:g}"
+    return f"{gpu}/M-to-{rows_bucket(tokens)}/E{experts}/K{K}/N{N}/{b_layout}{fused}/robust-s{ROBUST_SKEW:g}"
 
 
 def cache_file() -> Path:
@@ -67,11 +80,20 @@ def recall(key: str, path: Path | None = None) -> dict[str, Any] | None:
 
 
 def remember(key: str, entry: dict[str, Any], path: Path | None = None) -> None:
+    """Add ``entry`` under ``key``. Processes tuning at once (two ranks, two test workers) each hold an
+    exclusive lock on ``<file>.lock`` while they read, merge and write, so no entry is lost; the table
+    is written to a temporary file and renamed over the old one, so a reader (which takes no lock)
+    sees the old table or the new one, never a partial write."""
     path = path or cache_file()
-    table = json.loads(path.read_text()) if path.is_file() else {}  # another process may have written meanwhile
-    table[key] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=1, sort_keys=True))
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        table = json.loads(path.read_text()) if path.is_file() else {}  # another process may have written
+        table[key] = entry
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp",
+                                         delete=False) as temporary:
+            temporary.write(json.dumps(table, indent=1, sort_keys=True))
+        os.replace(temporary.name, path)
 
 
 Operands = TypeVar("Operands")  # what a caller launches on: a DeviceProblem, torch's offs, ...

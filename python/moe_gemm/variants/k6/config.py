@@ -115,6 +115,13 @@ LADDER: dict[str, K6Config] = {
                                                schedule="host"),
     "k6/pingpong-cluster-bn192-kmajor": K6Config("pingpong", 192, stages=5, cluster=2, staging_boxes=2,
                                                  b_layout="nk"),
+    # K-major twins of three more of k6/auto's candidates, for the torch op to tune among when b comes
+    # K-major (autograd's dA = dC B^T): the same template with B_K_MAJOR = true
+    "k6/pingpong-bn192-kmajor": K6Config("pingpong", 192, stages=5, staging_boxes=2, b_layout="nk"),
+    "k6/pingpong-cluster-bn128-kmajor": K6Config("pingpong", 128, stages=6, cluster=2, staging_boxes=2,
+                                                 b_layout="nk"),
+    "k6/coop256-cluster-bn128-kmajor": K6Config("cooperative", 128, stages=4, cluster=2, staging_boxes=1,
+                                                b_layout="nk"),
 }
 # --8<-- [end:ladder]
 
@@ -140,6 +147,10 @@ AUTO_CANDIDATES: tuple[str, ...] = (
     "k6/coop256-cluster-bn128", "k6/coop256-cluster-bn192", "k6/pingpong-cluster-bn192-g8",
     "k6/coop256-cluster-bn128-g8", "k6/pingpong-mcluster-bn192",
 )
+
+# What the torch op chooses among for b given K-major: the -kmajor rungs, each validated on the GPU as
+# a LADDER rung (four, not all nine candidates: every rung is compiled and tested in CI).
+KMAJOR_CANDIDATES: tuple[str, ...] = tuple(name for name in LADDER if name.endswith("-kmajor"))
 
 # compute-sanitizer's set: both modes, clusters of one and two, 1, 2 and 3 staging boxes, both walks,
 # both B layouts.

@@ -19,39 +19,54 @@ from moe_gemm.variants.k6.config import THREADS, K6Config
 from moe_gemm.variants.sm90.config import BK
 from moe_gemm.variants.sm90.maps import output_map, plan_argument, plans, weight_map
 
+BStrides = tuple[int, int] | None  # B's (row, expert) strides in elements; None: dense
+
+
+def strided_weight_map(b_layout: str, b_address: int, experts: int, K: int, N: int,
+                       b_strides: BStrides) -> TiledMap:
+    """B's map (sm90.maps.weight_map) with the row and expert strides a torch view has (b[:, :, :N] of a
+    wider tensor, b[::2]): the same boxes, the copy engine steps by the given strides."""
+    dense = weight_map(b_layout, b_address, experts, K, N)
+    if b_strides is None:
+        return dense
+    row, expert = b_strides
+    return TiledMap(dense.name, b_address, dense.dims, (row * 2, expert * 2), dense.box)
+
 
 def tensor_maps(config: K6Config, a_address: int, b_address: int, c_address: int, tokens: int, experts: int,
-                K: int, N: int) -> tuple[TiledMap, TiledMap, TiledMap]:
+                K: int, N: int, b_strides: BStrides = None) -> tuple[TiledMap, TiledMap, TiledMap]:
     """A in boxes of BM / CLUSTER rows (each block of a cluster along N loads its share), B in 64 x 64
     boxes of one expert (B [E, K, N] or B^T [E, N, K]), C in 64 x 64 boxes (N / 2 columns wide after
     the SwiGLU epilogue)."""
     a_rows = config.bm // config.cluster if config.cluster_along == "n" else config.bm
     a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=a_rows, box_cols=BK)
-    return (a_map, weight_map(config.b_layout, b_address, experts, K, N),
+    return (a_map, strided_weight_map(config.b_layout, b_address, experts, K, N, b_strides),
             output_map(c_address, tokens, N // config.out_columns_divisor))
 
 
 def arguments(config: K6Config, a_address: int, b_address: int, c_address: int, ends_address: int, tokens: int,
-              experts: int, K: int, N: int, units_address: int = 0, units: int = 0) -> tuple[Any, ...]:
+              experts: int, K: int, N: int, units_address: int = 0, units: int = 0,
+              b_strides: BStrides = None) -> tuple[Any, ...]:
     """The kernel's arguments in K6_PARAMS order: the three tensor maps (not yet encoded: that needs the
     driver), C, the host walk's unit list and its length (0 and 0 for the device walk), the expert
     ends, M_tot (the device walk clamps every end to it), E, the raster group, K, N and the two
     descriptor plans."""
     plan_a, plan_b = plans(config.b_layout)
-    return (*tensor_maps(config, a_address, b_address, c_address, tokens, experts, K, N), c_address, units_address,
-            np.int32(units), ends_address, np.int32(tokens), np.int32(experts), np.int32(config.group), np.int32(K),
-            np.int32(N), plan_argument(plan_a), plan_argument(plan_b))
+    return (*tensor_maps(config, a_address, b_address, c_address, tokens, experts, K, N, b_strides), c_address,
+            units_address, np.int32(units), ends_address, np.int32(tokens), np.int32(experts), np.int32(config.group),
+            np.int32(K), np.int32(N), plan_argument(plan_a), plan_argument(plan_b))
 
 
 @functools.lru_cache(maxsize=256)
 def packed_arguments(config: K6Config, a_address: int, b_address: int, c_address: int, ends_address: int,
-                     tokens: int, experts: int, K: int, N: int, units_address: int, units: int) -> PackedArguments:
+                     tokens: int, experts: int, K: int, N: int, units_address: int, units: int,
+                     b_strides: BStrides = None) -> PackedArguments:
     """:func:`arguments` with the maps encoded, packed for cuLaunchKernel. Encoding the three TMA
     descriptors and packing the parameter array is tens of microseconds of host time, more than a small
     launch takes on the GPU, so the same configuration, pointers and shape (torch's caching allocator
     hands the same blocks out again) reuse them."""
     args = arguments(config, a_address, b_address, c_address, ends_address, tokens, experts, K, N, units_address,
-                     units)
+                     units, b_strides)
     return PackedArguments(tuple(TensorMapArg(arg.encode()) if isinstance(arg, TiledMap) else arg for arg in args))
 
 
@@ -65,24 +80,26 @@ def grid(config: K6Config, slots: int, units: int = 0) -> int:
 @dataclass(frozen=True)
 class Launch:
     """One k6 launch, ready to repeat: calling it enqueues the kernel on ``stream`` (a CUstream handle;
-    None: the harness stream)."""
+    None: the harness stream) of GPU ``device`` (None: the harness's)."""
 
     kernel: CompiledKernel
     grid: int
     smem: int
     args: PackedArguments
     stream: int | None = None
+    device: int | None = None
 
     def __call__(self) -> None:
-        launch(self.kernel, self.grid, THREADS, self.smem, self.args, stream=self.stream)
+        launch(self.kernel, self.grid, THREADS, self.smem, self.args, stream=self.stream, device=self.device)
 
 
 def launcher(kernel: CompiledKernel, config: K6Config, slots: int, a_address: int, b_address: int, c_address: int,
              ends_address: int, tokens: int, experts: int, K: int, N: int, *, stream: int | None = None,
-             units_address: int = 0, units: int = 0) -> Launch:
+             units_address: int = 0, units: int = 0, b_strides: BStrides = None, device: int | None = None) -> Launch:
     """k6 built as ``config`` (``kernel``) on these operands: ``slots`` is how many blocks (clusters)
     the device holds at once (K6Persistent.slots), ``ends_address`` the expert ends (torch's offs),
-    ``units_address`` and ``units`` the host walk's unit list (the -host rungs)."""
+    ``units_address`` and ``units`` the host walk's unit list (the -host rungs), ``b_strides`` B's row
+    and expert strides when they are not the dense ones."""
     args = packed_arguments(config, a_address, b_address, c_address, ends_address, tokens, experts, K, N,
-                            units_address, units)
-    return Launch(kernel, grid(config, slots, units), config.dynamic_smem_bytes, args, stream)
+                            units_address, units, b_strides)
+    return Launch(kernel, grid(config, slots, units), config.dynamic_smem_bytes, args, stream, device)

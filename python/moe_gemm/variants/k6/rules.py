@@ -16,14 +16,24 @@ from moe_gemm.variants.sm90.config import BK, BLayout
 
 
 def b_layout(shape: Sequence[int], strides: Sequence[int]) -> BLayout | None:
-    """'kn' for B [E, K, N] row-major per expert, 'nk' for each B[e] column-major (B^T [E, N, K] in
-    memory, torch's other layout), None for anything else (strides in elements)."""
+    """'kn' for each B[e] row-major [K, N], 'nk' for each B[e] column-major (B^T [E, N, K] in memory,
+    torch's other layout), None for anything else (strides in elements). The row and expert strides
+    may exceed the dense ones (a slice b[:, :, :N] of a wider tensor, or b[::2]): the batched tensor
+    map takes any strides that do not overlap (:func:`b_strides`)."""
     experts, K, N = shape  # noqa: N806
-    if tuple(strides[1:]) == (N, 1) and (experts == 1 or strides[0] == K * N):
+    if strides[2] == 1 and strides[1] >= N and (experts == 1 or strides[0] >= K * strides[1]):
         return "kn"
-    if tuple(strides[1:]) == (1, K) and (experts == 1 or strides[0] == K * N):
+    if strides[1] == 1 and strides[2] >= K and (experts == 1 or strides[0] >= N * strides[2]):
         return "nk"
     return None
+
+
+def b_strides_of(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, int]:
+    """B's row stride and expert stride in elements as the tensor map walks them (rows of B [E, K, N]
+    for 'kn', of B^T [E, N, K] for 'nk'); one expert's stride is the dense one, which no load reaches."""
+    experts, K, N = shape  # noqa: N806
+    row = strides[1] if strides[2] == 1 else strides[2]
+    return row, (strides[0] if experts > 1 else row * (K if strides[2] == 1 else N))
 
 
 def refusals(experts: int, K: int, N: int, a_strides: Sequence[int], b_strides: Sequence[int],
@@ -43,6 +53,10 @@ def refusals(experts: int, K: int, N: int, a_strides: Sequence[int], b_strides: 
         reasons.append(f"a must be row-major [M_tot, K] (strides ({K}, 1)), got {tuple(a_strides)}")
     if b_layout((experts, K, N), b_strides) is None:
         reasons.append(f"b must be row- or column-major per expert, got strides {tuple(b_strides)}")
+    elif not (N % 8 or K % BK) and any(stride * 2 % GLOBAL_ALIGN for stride in b_strides_of((experts, K, N),
+                                                                                            b_strides)):
+        # (a view's strides; dense ones break this only where N or K already gave a reason above)
+        reasons.append(f"b's row and expert strides must be multiples of 16 bytes (TMA), got {tuple(b_strides)}")
     if a_address % GLOBAL_ALIGN or b_address % GLOBAL_ALIGN:
         reasons.append("a and b must start on 16-byte boundaries (TMA)")
     return reasons
