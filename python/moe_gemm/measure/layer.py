@@ -107,11 +107,17 @@ def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transforme
         reference = None
         for name, forward in forwards.items():
             progress(f"[{shape.label}, {tokens:,} tokens] {name}")
-            with torch.no_grad(), offsets_unchecked():
-                out = forward(x)
-                reference = out if reference is None else reference
-                error = relative_error(out, reference)
-                timed = eager_and_graph(lambda forward=forward, x=x: forward(x))
+            try:
+                with torch.no_grad(), offsets_unchecked():
+                    out = forward(x)
+                    reference = out if reference is None else reference
+                    error = relative_error(out, reference)
+                    timed = eager_and_graph(lambda forward=forward, x=x: forward(x))
+            except torch.cuda.OutOfMemoryError:  # a way that cannot hold this size is left out; the others run
+                progress(f"  {name} runs out of GPU memory at {tokens:,} tokens: not timed")
+                out = None
+                torch.cuda.empty_cache()
+                continue
             if timed["graph_error"]:
                 progress(f"  {name} is timed eagerly: it does not capture ({timed['graph_error']})")
             records.append({"variant": name, **shape.fields(tokens), **timed, "rel_error_vs_ours": error,
@@ -212,13 +218,20 @@ def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transforme
             progress(f"[{shape.label}, {tokens:,} tokens] {name}: forward + backward")
             way = trainable(layer, name)
             step, tensors = training_step(way, x, dy), [*way.parameters, x]
-            with offsets_unchecked():
-                memory = peak_memory(step, tensors)
-                gradients = checked(way.gradients())
-                reference = [g.clone() for g in gradients] if reference is None else reference
-                error = max(relative_error(g, r) for g, r in zip(gradients, reference))
-                del gradients
-                timed = eager_and_graph(step, release=lambda tensors=tensors: drop_gradients(tensors))
+            try:
+                with offsets_unchecked():
+                    memory = peak_memory(step, tensors)
+                    gradients = checked(way.gradients())
+                    reference = [g.clone() for g in gradients] if reference is None else reference
+                    error = max(relative_error(g, r) for g, r in zip(gradients, reference))
+                    del gradients
+                    timed = eager_and_graph(step, release=lambda tensors=tensors: drop_gradients(tensors))
+            except torch.cuda.OutOfMemoryError:  # a way that cannot hold this size is left out; the others run
+                progress(f"  {name} runs out of GPU memory at {tokens:,} tokens: not timed")
+                drop_gradients(tensors)
+                del way, step, tensors
+                torch.cuda.empty_cache()
+                continue
             if timed["graph_error"]:
                 progress(f"  {name} is timed eagerly: it does not capture ({timed['graph_error']})")
             rows.append({"variant": name, **shape.fields(tokens), **timed, "peak_extra_bytes": memory,

@@ -12,16 +12,22 @@ from moe_gemm.cuda.variant import Prepared
 from moe_gemm.variants.peer.torch import TorchOutput, torch_stream, torch_view
 
 OP_NAME = "op/grouped_mm"
+OP_KMAJOR_NAME = "op/grouped_mm-kmajor"
 
 
 class TorchOp:
-    """``op/grouped_mm``: what a model calls, dispatch and all (k6 for bf16 on sm_90a)."""
+    """``op/grouped_mm``: what a model calls, dispatch and all (k6 for bf16 on sm_90a). ``k_major=True``
+    (``op/grouped_mm-kmajor``) hands it each B[e] column-major, the layout transformers 5 and torchtitan
+    store their expert weights in and autograd's dA reads, as the torch peer's K-major twin does."""
 
-    name = OP_NAME
     uses_torch = True  # allocates through torch: a graph of it is captured with torch.cuda.graph
 
+    def __init__(self, k_major: bool = False) -> None:
+        self.k_major = k_major
+        self.name = OP_KMAJOR_NAME if k_major else OP_NAME
+
     def __repr__(self) -> str:
-        return "TorchOp()"
+        return f"TorchOp(k_major={self.k_major})"
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         import torch
@@ -34,6 +40,9 @@ class TorchOp:
         if problem.tokens == 0:
             return Prepared(launch=lambda: None, output=output, keep_alive=[dev])
         a, b = torch_view(dev.a), torch_view(dev.b)
+        if self.k_major:
+            with torch.cuda.stream(stream):
+                b = b.transpose(1, 2).contiguous().transpose(1, 2)  # strides (K*N, 1, K)
         ends = to_device(problem.offsets[1:].astype(np.int32))
         offs = torch_view(ends)
 
