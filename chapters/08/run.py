@@ -295,6 +295,16 @@ def run_without_gpu(args, reason: str) -> int:
     return 0
 
 
+def release_memory() -> None:
+    """Hand what torch's allocator caches back to the driver between layer sizes."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.parts import PartsFile
     from moe_gemm.variants.peer.torch import torch_available
@@ -319,6 +329,7 @@ def run_on_gpu(args, gpu) -> int:
             results.replace("steps", steps, layer_key)
             results.ran(f"layer-{key}", f"the {LAYERS[key].label} layer at {tokens} tokens, every way, and its steps")
             save()
+            release_memory()  # the next size starts from an empty cache (DeepSeek-V3-like weights are 22.5 GB)
     if "fused" in args.parts:
         for key in args.layers:
             results.replace("fused_epilogue", measure_fused(LAYERS[key], args.tokens), layer_key)
@@ -330,6 +341,7 @@ def run_on_gpu(args, gpu) -> int:
         for key in args.layers:
             results.replace("train", measure_train(LAYERS[key], args.train_tokens, not args.no_transformers),
                             layer_key)
+            release_memory()
             results.ran(f"train-{key}", f"a training step of the {LAYERS[key].label} layer at {train_tokens} tokens, "
                                         "ours, the torch layer and transformers' grouped_mm block")
             save()

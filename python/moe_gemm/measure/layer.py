@@ -60,9 +60,23 @@ def ways(layer: Any, with_quack: bool, with_transformers: bool) -> tuple[dict[st
         if "quack_gemm_act_error" in quack_fields:
             progress(f"[quack] gemm_act with SwiGLU failed ({quack_fields['quack_gemm_act_error']}); GEMM 1 runs "
                      "quack's gemm, SwiGLU its own pass")
-    if with_transformers:
-        found.update({way: transformers_forward_of(layer, how) for way, how in TRANSFORMERS_WAYS.items()})
+    if with_transformers:  # built when first called: each block holds a copy of the weights (22.5 GB at DeepSeek-V3 size)
+        found.update({way: _built_on_first_call(transformers_forward_of, layer, how)
+                      for way, how in TRANSFORMERS_WAYS.items()})
     return found, quack_fields
+
+
+def _built_on_first_call(build: Callable[..., Callable], *args: Any) -> Callable:
+    """A forward pass that builds itself (``build(*args)``) when first called, so that measure_layer, which
+    runs the ways one after another and drops each when done, never holds two copies of the weights."""
+    built: list[Callable] = []
+
+    def forward(x: Any) -> Any:
+        if not built:
+            built.append(build(*args))
+        return built[0](x)
+
+    return forward
 
 
 def eager_and_graph(call: Callable[[], Any], release: Callable[[], None] | None = None) -> Row:
@@ -101,16 +115,16 @@ def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transforme
 
     layer = seeded_layer(shape)
     forwards, quack_fields = ways(layer, with_quack, with_transformers)
-    records, steps = [], []
-    for tokens in tokens_list:
-        x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
-        reference = None
-        for name, forward in forwards.items():
+    inputs = {tokens: torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16) for tokens in tokens_list}
+    records, steps, references = [], [], {}
+    for name in list(forwards):  # way by way, each dropped when done: no two copies of the weights at once
+        forward = forwards.pop(name)
+        for tokens, x in inputs.items():
             progress(f"[{shape.label}, {tokens:,} tokens] {name}")
             try:
                 with torch.no_grad(), offsets_unchecked():
                     out = forward(x)
-                    reference = out if reference is None else reference
+                    reference = references.setdefault(tokens, out)  # ours comes first
                     error = relative_error(out, reference)
                     timed = eager_and_graph(lambda forward=forward, x=x: forward(x))
             except torch.cuda.OutOfMemoryError:  # a way that cannot hold this size is left out; the others run
@@ -122,6 +136,9 @@ def measure_layer(shape: LayerShape, tokens_list: Sequence[int], with_transforme
                 progress(f"  {name} is timed eagerly: it does not capture ({timed['graph_error']})")
             records.append({"variant": name, **shape.fields(tokens), **timed, "rel_error_vs_ours": error,
                             **(quack_fields if name == "layer/quack" else {})})
+        del forward, out
+        torch.cuda.empty_cache()
+    for tokens, x in inputs.items():
         with torch.no_grad(), offsets_unchecked():
             steps.append({**shape.fields(tokens), **step_times(layer, x)})
     return records, steps
