@@ -47,9 +47,10 @@ def test_the_layers_gradients_match_the_torch_layer_and_fp32(cuda, fused):
     fp32.load_state_dict({k: v.float() for k, v in layer.state_dict().items()})
     want = gradients(fp32, x.float(), dy.float())  # fp32 runs torch._grouped_mm (the op warns once)
     for name, got, torch_got, reference in zip(["gate", "w_gate_up", "w_down", "x"], ours, theirs, want):
-        assert relative(got, reference) < 1e-2, name
-        assert relative(torch_got, reference) < 1e-2, name
-        assert relative(got, torch_got) < 1e-2, name
+        assert relative(got, torch_got) < 1e-2, name  # ours matches the torch layer
+        # Against fp32 the router's bf16 arithmetic, the same code in both layers, sets a floor (the router's
+        # gradient read 0.018 on the H200 here): ours may be at most a quarter worse than the torch layer's.
+        assert relative(got, reference) <= max(1e-2, 1.25 * relative(torch_got, reference)), name
 
 
 def test_the_training_step_captures_and_replays_to_the_eager_gradients(cuda):
