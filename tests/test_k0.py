@@ -79,13 +79,13 @@ def test_conversion_probes_cover_the_awkward_cases():
 # ---- the wrapper -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("K", [8, 24, 100, 1030])
-def test_k_must_be_a_multiple_of_bk(K):  # noqa: N803
+def test_k_must_be_a_multiple_of_bk(K):
     with pytest.raises(ValueError, match="multiple of BK = 16"):
         check_inputs(K, 64)
 
 
 def test_any_n_and_k_multiple_of_16_accepted():
-    for K, N in ((16, 1), (32, 72), (1024, 2688), (8192, 200)):  # noqa: N806
+    for K, N in ((16, 1), (32, 72), (1024, 2688), (8192, 200)):
         check_inputs(K, N)
 
 
@@ -211,7 +211,7 @@ def test_peers_are_registered_and_absent_without_a_gpu():
     (4, 64, 64, 8, 0, "A to start on a 16-byte boundary"),
     (4, 64, 64, 0, 2, "B to start on a 16-byte boundary"),
 ])
-def test_grouped_mm_rules(experts, K, N, a, b, match):  # noqa: N803
+def test_grouped_mm_rules(experts, K, N, a, b, match):
     from moe_gemm.variants.peer.torch import check_grouped_mm_inputs
 
     with pytest.raises(ValueError, match=match):

@@ -48,7 +48,7 @@ def test_edge_cases_random_within_tolerance(k0, case):
     (8, 1000, 256, 200, 0.8),    # N with a partial last tile
     (3, 300, 16, 40, 0.0),       # a single K slice, a single partial N tile
 ])
-def test_random_data_within_tolerance(k0, experts, tokens, K, N, skew):  # noqa: N803
+def test_random_data_within_tolerance(k0, experts, tokens, K, N, skew):
     from moe_gemm.measure.check import verify
 
     problem = make_problem(experts, tokens, K, N, skew, seed=11)
@@ -145,7 +145,7 @@ def peer(request):
     (64, 2048, 1024, 2688, 0.0),
     (8, 1000, 256, 200, 1.2),
 ])
-def test_peers_match_the_reference(peer, experts, tokens, K, N, skew):  # noqa: N803
+def test_peers_match_the_reference(peer, experts, tokens, K, N, skew):
     from moe_gemm.measure.check import verify
 
     check = verify(peer, make_problem(experts, tokens, K, N, skew, seed=5))
@@ -212,7 +212,7 @@ def test_k0_refuses_wrong_dtype_or_shape_on_the_device(k0, which):
     (2, 64, 60, "multiples of 8"),
     (1024, 8, 8, "fewer than 1024 groups"),
 ])
-def test_grouped_mm_refuses_what_it_cannot_take(experts, K, N, match):  # noqa: N803
+def test_grouped_mm_refuses_what_it_cannot_take(experts, K, N, match):
     from moe_gemm.cuda.device import DeviceProblem
     from moe_gemm.variants.peer.torch import PEER_GROUPED_MM
 

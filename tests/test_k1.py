@@ -172,7 +172,7 @@ def test_bad_stage_choices_are_refused(bm, frag_db, stages, rule):
     (128, 200, {"b_address": 0x1002}, "B to start on a 16-byte boundary"),
     (128, 200, {"c_address": 0x1002}, "C to start on a 4-byte boundary"),
 ])
-def test_inputs_the_kernel_cannot_take(K, N, addresses, rule):  # noqa: N803
+def test_inputs_the_kernel_cannot_take(K, N, addresses, rule):
     with pytest.raises(ValueError, match=rule):
         check_inputs(K, N, **addresses)
 
@@ -198,7 +198,7 @@ class _FakeDeviceProblem:
         raise AssertionError("prepare() allocated an output before refusing the inputs")
 
 
-def _problem(K=128, N=200):  # noqa: N803
+def _problem(K=128, N=200):
     from moe_gemm.model.problem import problem_from_counts
 
     return problem_from_counts(np.array([40, 90]), K, N, values="integer", seed=1)

@@ -52,7 +52,7 @@ def test_partial_tiles_leave_the_next_experts_rows_alone(variant):
     (64, 2048, 1024, 2688, 0.0),  # the seed's shape at its small batch
     (3, 300, 96, 136, 0.0),       # an odd number of K slices, N with a partial second tile
 ])
-def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):  # noqa: N803
+def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):
     from moe_gemm.measure.check import verify
 
     _needs_ampere()
@@ -95,7 +95,7 @@ def test_misaligned_pointers_refused_before_launch(which, offset):
     (100, 200, "multiple of BK = 32"),
     (128, 204, "N to be a multiple of 8"),
 ])
-def test_shapes_refused_before_launch(K, N, rule):  # noqa: N803
+def test_shapes_refused_before_launch(K, N, rule):
     from moe_gemm.cuda.device import DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), K, N, values="integer", seed=1)

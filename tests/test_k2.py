@@ -82,7 +82,7 @@ def test_stages_must_be_2_3_or_4():
     (72, 200, "multiple of BK = 64"),
     (0, 2688, "K to be a positive multiple of BK = 64"),
 ])
-def test_shapes_tma_cannot_take(K, N, rule):  # noqa: N803
+def test_shapes_tma_cannot_take(K, N, rule):
     with pytest.raises(ValueError, match=rule):
         check_inputs(K, N)
 

@@ -41,7 +41,7 @@ def test_edge_cases_exact(variant, case):
     (64, 2048, 1024, 2688, 0.0),  # the seed's shape at its small batch
     (3, 300, 192, 136, 0.0),     # K of three steps, N with a partial second panel
 ])
-def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):  # noqa: N803
+def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):
     from moe_gemm.measure.check import verify
 
     _needs_hopper()
@@ -85,7 +85,7 @@ def test_misaligned_pointers_refused_before_launch(which, offset):
     (72, 200, "multiple of BK = 64"),
     (128, 204, "N to be a multiple of 8"),
 ])
-def test_shapes_refused_before_launch(K, N, rule):  # noqa: N803
+def test_shapes_refused_before_launch(K, N, rule):
     from moe_gemm.cuda.device import DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), K, N, values="integer", seed=1)

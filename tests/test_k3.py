@@ -90,7 +90,7 @@ def test_ladder_names_and_configs():
     (1000, 2688, "multiple of BK = 64"),
     (0, 2688, "K to be a positive multiple of BK = 64"),
 ])
-def test_shapes_the_kernel_cannot_take(K, N, rule):  # noqa: N803
+def test_shapes_the_kernel_cannot_take(K, N, rule):
     with pytest.raises(ValueError, match=rule):
         check_inputs(K, N)
 
@@ -102,7 +102,7 @@ def test_misaligned_addresses_are_refused():
 
 # --------------------------------------------------------------------------- cluster pairs
 
-def _pairs(counts, N=2688, bm=128, bn=192):  # noqa: N803
+def _pairs(counts, N=2688, bm=128, bn=192):
     return cluster_pairs(np.array(counts), N, bm, bn).reshape(-1, 2, 4)
 
 

@@ -35,14 +35,14 @@ def test_edge_cases_exact(variant, case, sm90a):
     (8, 1000, 1024, 384, 1.2),   # 16 K steps: the ring wraps many times
     (3, 300, 192, 136, 0.0),     # three K steps, N with a partial box
 ])
-def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew, sm90a):  # noqa: N803
+def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew, sm90a):
     from moe_gemm.measure.check import verify
 
     check = verify(variant, make_problem(experts, tokens, K, N, skew, seed=11))
     assert check.passed, f"{variant.name}: {check.describe()}"
 
 
-def _counts_for_units(variant: K3Wgmma, units: int, N: int) -> np.ndarray:  # noqa: N803
+def _counts_for_units(variant: K3Wgmma, units: int, N: int) -> np.ndarray:
     """Expert sizes (one M tile, two, and a partial one, in turn) giving at least ``units`` units."""
     pattern = [variant.bm, 2 * variant.bm, variant.bm // 2 + 3]
     counts: list[int] = []
@@ -59,7 +59,7 @@ def test_persistent_grids_below_at_and_above_the_sm_slots(variant, where, sm90a)
         pytest.skip("one block per tile: no persistent grid")
     slots = sm90a.sm_count // variant.config.cluster
     units = {"below": slots // 3, "at": slots, "above": 2 * slots + 5}[where]
-    N = variant.bn + 8  # noqa: N806 - a second, 8-column N tile
+    N = variant.bn + 8
     problem = problem_from_counts(_counts_for_units(variant, units, N), 128, N, values="integer", seed=7)
     check = verify(variant, problem, exact=True)
     assert check.passed, f"{variant.name}, {where} ({units} units): {check.describe()}"
@@ -98,7 +98,7 @@ def test_misaligned_pointers_refused_before_launch(which, sm90a):
     (72, 200, "multiple of BK = 64"),
     (128, 204, "N to be a multiple of 8"),
 ])
-def test_shapes_refused_before_launch(K, N, rule):  # noqa: N803
+def test_shapes_refused_before_launch(K, N, rule):
     from moe_gemm.cuda.device import DeviceProblem
 
     problem = problem_from_counts(np.array([40, 90]), K, N, values="integer", seed=1)

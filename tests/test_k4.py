@@ -99,7 +99,7 @@ def test_registry_names_resolve():
     (1000, 2688, "multiple of BK = 64"),
     (0, 2688, "K to be a positive multiple of BK = 64"),
 ])
-def test_shapes_the_kernel_cannot_take(K, N, rule):  # noqa: N803
+def test_shapes_the_kernel_cannot_take(K, N, rule):
     with pytest.raises(ValueError, match=rule):
         k4.check_inputs(K, N)
 

@@ -45,7 +45,7 @@ def test_edge_cases_exact(variant, case):
     (64, 2048, 1024, 2688, 0.0),  # the seed's shape at its small batch
     (3, 300, 192, 136, 0.0),      # three K steps, N ending inside a B box and inside a 32-column chunk
 ])
-def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):  # noqa: N803
+def test_random_data_within_tolerance(variant, experts, tokens, K, N, skew):
     from moe_gemm.measure.check import verify
 
     _needs_blackwell()

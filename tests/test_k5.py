@@ -112,7 +112,7 @@ ROUTINGS += [expert_counts(64, t, s) for t, s in ((512, 1.6), (2048, 0.0), (1638
 
 @pytest.mark.parametrize("counts", ROUTINGS, ids=lambda c: f"E{c.size}-M{int(c.sum())}")
 @pytest.mark.parametrize("N", [200, 2688])
-def test_every_output_element_is_covered_once(counts, N):  # noqa: N803
+def test_every_output_element_is_covered_once(counts, N):
     for policy in POLICIES:
         tiles = mixed_tile_list(counts, N, policy)
         kinds, rows = unpack(tiles)

@@ -49,7 +49,7 @@ def test_edge_cases_exact(variant, case, sm90a):
 def test_extra_cases_exact(variant, name, sm90a):
     from moe_gemm.measure.check import verify
 
-    counts, K, N = EXTRA_CASES[name]  # noqa: N806
+    counts, K, N = EXTRA_CASES[name]
     problem = problem_from_counts(np.array(counts), K, N, values="integer", seed=5)
     check = verify(variant, problem, exact=True)
     assert check.passed, f"{variant.name} on '{name}': {check.describe()}"
@@ -105,7 +105,7 @@ def test_one_graph_replayed_with_changing_routings(sm90a):
     from moe_gemm.model.reference import check_output
     from moe_gemm.model.routing import expert_offsets
 
-    experts, capacity, K, N = 16, 900, 128, 328  # noqa: N806
+    experts, capacity, K, N = 16, 900, 128, 328
     rng = np.random.default_rng(0)
     first = problem_from_counts(np.r_[capacity, np.zeros(experts - 1, dtype=int)], K, N, values="integer", seed=1)
     dev = DeviceProblem(first)
@@ -156,7 +156,7 @@ def test_any_expert_ends_stay_inside_the_tensors(name, ends, sm90a):
     from moe_gemm.measure.check import run_once
     from moe_gemm.variants.k6.walk import walked_offsets
 
-    tokens, K, N = 640, 128, 256  # noqa: N806
+    tokens, K, N = 640, 128, 256
     problem = problem_from_counts(np.array([160, 160, 160, 160]), K, N, values="integer", seed=11)
     dev = DeviceProblem(problem)
     given = np.array(ADVERSARIAL_ENDS[ends], dtype=np.int64).clip(-(2**31), 2**31 - 1)
@@ -192,7 +192,7 @@ SWIGLU_CASES = {
 def test_the_swiglu_epilogue_within_tolerance(name, case, sm90a):
     from moe_gemm.measure.check import verify
 
-    counts, K, N = SWIGLU_CASES[case]  # noqa: N806
+    counts, K, N = SWIGLU_CASES[case]
     check = verify(K6Persistent(name), problem_from_counts(np.array(counts), K, N, seed=7))
     assert check.passed, f"{name} on '{case}': {check.describe()}"
 

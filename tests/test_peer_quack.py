@@ -170,7 +170,7 @@ def no_quack(monkeypatch):
     monkeypatch.setitem(sys.modules, "quack.gemm_interface", None)
 
 
-def small_problem(counts=(3, 0, 5), K=16, N=24):  # noqa: N803
+def small_problem(counts=(3, 0, 5), K=16, N=24):
     return problem_from_counts(np.array(counts), K, N, values="integer", seed=0)
 
 
@@ -235,7 +235,7 @@ def test_broken_quack_install_is_a_value_error(monkeypatch):
     (4, 64, 64, {"A": 8}, "A to start on a 16-byte boundary"),
     (4, 64, 64, {"C": 0x1002}, "C to start on a 16-byte boundary"),
 ])
-def test_quack_rules(experts, K, N, addresses, match):  # noqa: N803
+def test_quack_rules(experts, K, N, addresses, match):
     with pytest.raises(ValueError, match=match):
         qk.check_quack_inputs(experts, K, N, addresses)
     qk.check_quack_inputs(64, 1024, 2688, {"A": 256, "B": 512, "C": 4096})
@@ -425,7 +425,7 @@ def test_gpu_edge_cases_random(quack_peer, case):
     (64, 2048, 1024, 2688, 1.2),  # skewed, same shape: quack's tuning is reused
     (8, 1000, 256, 200, 0.8),    # N with a partial last tile
 ])
-def test_gpu_random_data(quack_peer, experts, tokens, K, N, skew):  # noqa: N803
+def test_gpu_random_data(quack_peer, experts, tokens, K, N, skew):
     from moe_gemm.measure.check import verify
 
     check = verify(quack_peer, make_problem(experts, tokens, K, N, skew, seed=11))

@@ -19,7 +19,7 @@ from moe_gemm.model.problem import (
 from moe_gemm.variants import registry
 
 
-def _inputs(tokens: int = 12, experts: int = 3, K: int = 16, N: int = 8):  # noqa: N803
+def _inputs(tokens: int = 12, experts: int = 3, K: int = 16, N: int = 8):
     a = np.ones((tokens, K), dtype=BF16)
     b = np.ones((experts, K, N), dtype=BF16)
     counts = np.array([5, 0, tokens - 5], dtype=np.int64)

@@ -16,7 +16,7 @@ from moe_gemm.torch import ops  # noqa: E402
 from moe_gemm.torch.layer import MoELayer, permute  # noqa: E402
 
 
-def problem(counts, K=64, N=48, dtype=None, seed=0):  # noqa: N803
+def problem(counts, K=64, N=48, dtype=None, seed=0):
     generator = torch.Generator().manual_seed(seed)
     dtype = dtype or torch.bfloat16
     a = torch.randn(int(sum(counts)), K, generator=generator).to(dtype)

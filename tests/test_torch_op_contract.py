@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 from moe_gemm.torch import ops  # noqa: E402
 
 
-def problem(counts, K=64, N=48, dtype=torch.bfloat16, seed=0, tokens=None):  # noqa: N803
+def problem(counts, K=64, N=48, dtype=torch.bfloat16, seed=0, tokens=None):
     generator = torch.Generator().manual_seed(seed)
     a = torch.randn(tokens or int(sum(counts)), K, generator=generator).to(dtype)
     b = (torch.randn(len(counts), K, N, generator=generator) * K**-0.5).to(dtype)

@@ -24,7 +24,7 @@ def cuda():
     return torch.device("cuda")
 
 
-def routed(counts, K, N, device, seed=0, dtype=torch.bfloat16):  # noqa: N803
+def routed(counts, K, N, device, seed=0, dtype=torch.bfloat16):
     generator = torch.Generator(device="cpu").manual_seed(seed)
     a = torch.randn(int(sum(counts)), K, generator=generator).to(dtype).to(device)
     b = (torch.randn(len(counts), K, N, generator=generator) * K**-0.5).to(dtype).to(device)
@@ -205,7 +205,7 @@ def test_one_graph_replayed_with_changing_routings(cuda):
     """Captured once over fixed buffers; each replay's routing written into offs beforehand."""
     from moe_gemm.torch import grouped_mm
 
-    experts, rows, K, N = 16, 900, 128, 256  # noqa: N806
+    experts, rows, K, N = 16, 900, 128, 256
     a, b, _ = routed([rows] + [0] * (experts - 1), K, N, cuda)
     offs = torch.full((experts,), rows, dtype=torch.int32, device=cuda)
     grouped_mm(a, b, offs)  # compile and warm up outside the capture

@@ -47,7 +47,7 @@ def parse_args(argv: Sequence[str] | None):
     return parser.parse_args(argv)
 
 
-def estimate_title_note(experts: int, K: int, N: int) -> str:  # noqa: N803
+def estimate_title_note(experts: int, K: int, N: int) -> str:
     """The estimate scales a rate measured at the seed's shape; say so when the flags ask for another."""
     if (experts, K, N) == (SEED.experts, SEED.K, SEED.N):
         return SEED_B300_K2_LABEL

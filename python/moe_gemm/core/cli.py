@@ -112,7 +112,7 @@ def add_problem_arguments(parser: argparse.ArgumentParser, defaults: Any, *, sho
     ``show_skews`` leaves --skew unset unless given, for a chapter whose default shows several
     skews, and says which.
     """
-    tokens, experts, K, N = defaults.tokens, defaults.experts, defaults.K, defaults.N  # noqa: N806
+    tokens, experts, K, N = defaults.tokens, defaults.experts, defaults.K, defaults.N
     skew, skew_default_help = (None, show_skews) if show_skews else (defaults.skew, None)
     parser.add_argument("--tokens", type=nonnegative_int("--tokens", MAX_ROWS), default=tokens,
                         help=f"routed rows M_tot, at most {MAX_ROWS.value:,} (default {tokens:,})")

@@ -132,7 +132,7 @@ class TiledMap:
 
 
 # --8<-- [start:checks]
-def check_tma_gemm(kernel: str, K: int, N: int, bk: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
+def check_tma_gemm(kernel: str, K: int, N: int, bk: int, a_address: int = 0, b_address: int = 0) -> None:
     """ValueError naming the first rule of TMA, or of a kernel that loads ``bk`` of K per box, that
     these inputs break (the rules of every TMA-fed kernel here: k2, k3, k4, k5).
 

@@ -64,8 +64,8 @@ def plant_large_values(a: np.ndarray, b: np.ndarray, fmt: OperandFormat) -> None
 class EdgeCase:
     name: str
     counts: tuple[int, ...]
-    K: int = EDGE_K  # noqa: N815
-    N: int = EDGE_N  # noqa: N815
+    K: int = EDGE_K
+    N: int = EDGE_N
     ragged: RaggedAxis = "M"
     fmt: OperandFormat = BF16_OPERANDS
     out_dtype: np.dtype = BF16

@@ -127,11 +127,11 @@ class Problem:
         return int(np.asarray(self.counts).size)
 
     @property
-    def K(self) -> int:  # noqa: N802 - the GEMM's K
+    def K(self) -> int:
         return int(self.a.shape[1])
 
     @property
-    def N(self) -> int:  # noqa: N802 - the GEMM's N
+    def N(self) -> int:
         return int(self.b.shape[-1])
 
     @property
@@ -153,7 +153,7 @@ class Problem:
                         scale_a=self.scale_a, scale_b=self.scale_b)
 
 
-def useful_flops(tokens: int, K: int, N: int) -> int:  # noqa: N803
+def useful_flops(tokens: int, K: int, N: int) -> int:
     """2 * M_tot * K * N: the multiply-adds on real rows, whatever the tiling (and whichever axis is ragged)."""
     return 2 * tokens * K * N
 
@@ -318,7 +318,7 @@ def problem_from_values(
 
 
 def problem_from_counts(
-    counts: np.ndarray, K: int, N: int, *, values: Values = "random", seed: int | None = None,  # noqa: N803
+    counts: np.ndarray, K: int, N: int, *, values: Values = "random", seed: int | None = None,
     skew: float = float("nan"), ragged: RaggedAxis = "M", fmt: OperandFormat = BF16_OPERANDS,
     out_dtype: np.dtype = BF16,
 ) -> Problem:
@@ -335,7 +335,7 @@ def problem_from_counts(
 
 
 def make_problem(
-    experts: int, tokens: int, K: int, N: int, skew: float = 0.0, *,  # noqa: N803
+    experts: int, tokens: int, K: int, N: int, skew: float = 0.0, *,
     values: Values = "random", seed: int | None = None, ragged: RaggedAxis = "M",
     fmt: OperandFormat = BF16_OPERANDS, out_dtype: np.dtype = BF16,
 ) -> Problem:

@@ -23,7 +23,7 @@ from moe_gemm.model.problem import useful_flops
 from moe_gemm.model.workloads import Workload
 
 
-def compulsory_bytes(counts: np.ndarray, K: int, N: int, element_bytes: int = 2) -> int:  # noqa: N803
+def compulsory_bytes(counts: np.ndarray, K: int, N: int, element_bytes: int = 2) -> int:
     """A [M_tot, K] and the B[e] [K, N] of each expert with rows read once, C [M_tot, N] written once."""
     counts = np.asarray(counts)
     tokens, experts_with_rows = int(counts.sum()), int(np.count_nonzero(counts))

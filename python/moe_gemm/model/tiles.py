@@ -43,7 +43,7 @@ def m_tiles_per_expert(counts: np.ndarray, bm: int) -> np.ndarray:
     return ceil_div(checked_counts(counts), bm)
 
 
-def tile_count(counts: np.ndarray, N: int, bm: int, bn: int) -> int:  # noqa: N803
+def tile_count(counts: np.ndarray, N: int, bm: int, bn: int) -> int:
     """sum_e ceil(m_e / BM) * ceil(N / BN): the number of descriptors, i.e. blocks."""
     require_int("N", N, minimum=1)
     require_tile_width("BN", bn)
@@ -51,7 +51,7 @@ def tile_count(counts: np.ndarray, N: int, bm: int, bn: int) -> int:  # noqa: N8
 
 
 # --8<-- [start:tile_list]
-def tile_list(counts: np.ndarray, N: int, bm: int, bn: int) -> np.ndarray:  # noqa: N803
+def tile_list(counts: np.ndarray, N: int, bm: int, bn: int) -> np.ndarray:
     """Expert-major int32 descriptors, shape [tiles, 4], columns :data:`TILE_FIELDS`.
 
     Within an expert, the N tiles of one M tile are adjacent, so consecutive blocks reuse
@@ -93,7 +93,7 @@ def eta_estimate(balanced_tflops: float, eta_skewed: float, eta_balanced: float 
     return balanced_tflops * eta_skewed / eta_balanced
 
 
-def scheduled_flops(counts: np.ndarray, K: int, N: int, bm: int, bn: int) -> int:  # noqa: N803
+def scheduled_flops(counts: np.ndarray, K: int, N: int, bm: int, bn: int) -> int:
     """2 * (BM * M tiles) * K * (BN * N tiles): the math the blocks really issue, padding included."""
     n_tiles = int(ceil_div(N, require_tile_width("BN", bn)))
     return 2 * bm * int(m_tiles_per_expert(counts, bm).sum()) * K * bn * n_tiles

@@ -34,8 +34,8 @@ class Workload:
     tokens: int
     skew: float
     experts: int = SEED_EXPERTS
-    K: int = SEED_K  # noqa: N815
-    N: int = SEED_N  # noqa: N815
+    K: int = SEED_K
+    N: int = SEED_N
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> Workload:

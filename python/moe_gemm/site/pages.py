@@ -91,7 +91,7 @@ from moe_gemm.site.records import DEFAULT_COLUMNS, records_table
 
 
 def _workload(tokens: int = SEED.tokens, skew: float = SEED.skew, experts: int = SEED.experts,
-              K: int = SEED.K, N: int = SEED.N) -> Workload:  # noqa: N803
+              K: int = SEED.K, N: int = SEED.N) -> Workload:
     return Workload(int(tokens), float(skew), int(experts), int(K), int(N))
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # figures are files; no display is needed or wanted
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.text import Text  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.text import Text
 
-from moe_gemm.core.paths import FIGURE_ROOT  # noqa: E402
+from moe_gemm.core.paths import FIGURE_ROOT
 
 DPI = 130
 # The article's width on a 1400 px screen with both sidebars shown (site_docs/stylesheets/extra.css);

@@ -49,7 +49,7 @@ def routing_table(experts: int, workloads: Sequence[TokensSkew]) -> Table:
                         "max/mean: largest expert over the mean.")
 
 
-def tile_count_table(experts: int, N: int, workloads: Sequence[TokensSkew],  # noqa: N803
+def tile_count_table(experts: int, N: int, workloads: Sequence[TokensSkew],
                      shapes: Sequence[tuple[int, int]] = ((64, 64), (128, 128))) -> Table:
     """Per workload and BM x BN: M tiles, N tiles, descriptors (blocks) and eta."""
     rows = []
@@ -65,7 +65,7 @@ def tile_count_table(experts: int, N: int, workloads: Sequence[TokensSkew],  # n
                         "boundary; eta: real rows / scheduled rows.")
 
 
-def eta_detail_table(counts: np.ndarray, K: int, N: int, bms: Sequence[int], bn: int = 128,  # noqa: N803
+def eta_detail_table(counts: np.ndarray, K: int, N: int, bms: Sequence[int], bn: int = 128,
                      title: str | None = None) -> Table:
     """One routing, several BM: scheduled rows, eta, wasted share and scheduled vs useful GFLOP."""
     counts = np.asarray(counts)
@@ -111,7 +111,7 @@ def estimate_table(experts: int, workloads: Sequence[TokensSkew], bms: Sequence[
                         "'-' where no row is routed.")
 
 
-def roofline_table(experts: int, K: int, N: int, tokens_list: Sequence[int]) -> Table:  # noqa: N803
+def roofline_table(experts: int, K: int, N: int, tokens_list: Sequence[int]) -> Table:
     """Useful FLOP, compulsory bytes, arithmetic intensity and the H200 roofline per M_tot (balanced
     routing), at the recorded H200's ceilings."""
     basis = roofline_basis()

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 
 import moe_gemm.torch.combine  # noqa: F401 - registers torch.ops.moe_gemm.combine
 from moe_gemm.model.reference import SWIGLU_BLOCK

@@ -197,7 +197,7 @@ def _launcher(name: str, layout: str, a: torch.Tensor, b: torch.Tensor, offs: to
     ready to repeat (k6's one launch path, moe_gemm.variants.k6.launch, which the harness takes too)."""
     from moe_gemm.variants.k6.rules import b_strides_of
 
-    (tokens, K), (experts, _, N) = a.shape, b.shape  # noqa: N806
+    (tokens, K), (experts, _, N) = a.shape, b.shape
     runner = _Runner(name, layout, a.device.index, tokens, experts, K, N, b_strides_of(b.shape, b.stride()))
     return lambda: runner(a, b, offs, out)
 
@@ -225,7 +225,7 @@ def _choice(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Ten
     from moe_gemm.variants.k6 import auto
     from moe_gemm.variants.k6.config import AUTO_CANDIDATES, FUSED, KMAJOR_CANDIDATES
 
-    (tokens, K), (experts, _, N) = a.shape, b.shape  # noqa: N806
+    (tokens, K), (experts, _, N) = a.shape, b.shape
     key = auto.shape_key(tokens, experts, K, N, layout, _gpu(index)[0], epilogue)
     if (key, index) not in _chosen:
         entry = auto.recall(key)

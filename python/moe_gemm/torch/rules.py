@@ -97,7 +97,7 @@ def route(op: Operands, epilogue: str = "none") -> Route:
     """Our kernel when it can take these operands, else torch._grouped_mm and the reason.
     ``epilogue="swiglu"``: the first GEMM of an MoE layer with k6's fused SwiGLU epilogue."""
     check(op)
-    experts, K, N = op.b_shape  # noqa: N806
+    experts, K, N = op.b_shape
     reasons = []
     if epilogue == "swiglu":
         if N % SWIGLU_COLUMNS:

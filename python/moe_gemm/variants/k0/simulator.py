@@ -116,7 +116,7 @@ class SimulatorResult:
                 f"{len(conversion_probes())} probes: {conversions}; {self.seconds:.1f} s")
 
 
-def simulator_check(counts: Sequence[int] = SIMULATOR_COUNTS, K: int = SIMULATOR_K, N: int = SIMULATOR_N,  # noqa: N803
+def simulator_check(counts: Sequence[int] = SIMULATOR_COUNTS, K: int = SIMULATOR_K, N: int = SIMULATOR_N,
                     seed: int = 0, timeout_s: float = SIMULATOR_TIMEOUT_S) -> SimulatorResult:
     """Run k0 in numba's CUDA simulator in a child process, on integer-valued inputs, checked exactly.
 

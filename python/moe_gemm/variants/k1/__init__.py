@@ -42,7 +42,7 @@ SASS_OPCODES = ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGST
 
 
 # --8<-- [start:checks]
-def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0, c_address: int = 0) -> None:  # noqa: N803
+def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0, c_address: int = 0) -> None:
     """ValueError naming the first rule of the kernel that these inputs break."""
     if K < 1 or K % BK:
         raise ValueError(f"k1 needs K to be a positive multiple of BK = {BK} (whole K slices per pipeline stage, "

@@ -42,13 +42,13 @@ def dynamic_smem_bytes(stages: int) -> int:
     return stages * STAGE_BYTES + SWIZZLE_ALIGN
 
 
-def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
+def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:
     """ValueError naming the first rule of TMA or of the kernel that these inputs break."""
     check_tma_gemm("k2", K, N, BK, a_address, b_address)
 
 
 # --8<-- [start:tensor_maps]
-def tensor_maps(a_address: int, b_address: int, tokens: int, experts: int, K: int, N: int) -> tuple[TiledMap, TiledMap]:  # noqa: N803
+def tensor_maps(a_address: int, b_address: int, tokens: int, experts: int, K: int, N: int) -> tuple[TiledMap, TiledMap]:
     """A [M_tot, K] in boxes of 128 rows x 64 columns; B [E, K, N] in boxes of 64 x 64 of one expert."""
     a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=BM, box_cols=BK)
     b_map = batched_matrix_map("B", b_address, batch=experts, rows=K, cols=N, box_rows=BK, box_cols=PANEL_N)

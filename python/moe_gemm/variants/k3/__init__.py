@@ -61,7 +61,7 @@ class K3Wgmma(NamedConfigVariant):
         self.bm, self.bn = self.config.bm, self.config.bn
         self.warps_per_block = self.config.threads // 32
 
-    def tiles(self, counts: np.ndarray, N: int) -> np.ndarray:  # noqa: N803
+    def tiles(self, counts: np.ndarray, N: int) -> np.ndarray:
         """The descriptors the launch walks: the flat tile list, or its cluster pairs."""
         if self.config.cluster == 2:
             return cluster_pairs(counts, N, self.bm, self.bn)

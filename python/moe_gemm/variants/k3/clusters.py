@@ -9,7 +9,7 @@ from moe_gemm.model.tiles import tile_list
 
 
 # --8<-- [start:pairs]
-def cluster_pairs(counts: np.ndarray, N: int, bm: int, bn: int) -> np.ndarray:  # noqa: N803
+def cluster_pairs(counts: np.ndarray, N: int, bm: int, bn: int) -> np.ndarray:
     """The tile list for clusters of two: int32 [2 * units, 4], the two tiles of unit u in rows 2u, 2u+1.
 
     M tiles 2j and 2j+1 of one expert and one N column form a unit, so the two blocks read the

@@ -105,7 +105,7 @@ CONFIGS: dict[str, K4Config] = {
 # --8<-- [end:ladder]
 
 
-def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
+def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:
     """ValueError naming the first rule of TMA or of the kernel that these inputs break."""
     check_tma_gemm("k4", K, N, BK, a_address, b_address)
 

@@ -52,7 +52,7 @@ from moe_gemm.variants.sm90.maps import check_inputs as sm90_check_inputs
 from moe_gemm.variants.sm90.maps import plan_argument, plans, require_sm90a
 
 
-def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
+def check_inputs(K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:
     """ValueError naming the first rule these inputs break: chapter 04's, whose TMA maps and BK = 64 k5
     loads through. K = 0 above all: the consumers would wait forever on a full barrier no copy arrives at."""
     sm90_check_inputs("k5", K, N, a_address, b_address)
@@ -72,7 +72,7 @@ class K5Adaptive(NamedConfigVariant):
         self.calibration = calibration or nominal_calibration()
         self._chosen: dict[tuple, tuple[Calibration, Policy]] = {}
 
-    def policy_for(self, counts: np.ndarray, K: int, N: int, grid: int) -> Policy:  # noqa: N803
+    def policy_for(self, counts: np.ndarray, K: int, N: int, grid: int) -> Policy:
         choice = self.config.policy
         if isinstance(choice, Policy):
             return choice
@@ -87,7 +87,7 @@ class K5Adaptive(NamedConfigVariant):
             self._chosen[key] = cached
         return cached[1]
 
-    def prediction(self, counts: np.ndarray, K: int, N: int, grid: int) -> tuple[Policy, Prediction]:  # noqa: N803
+    def prediction(self, counts: np.ndarray, K: int, N: int, grid: int) -> tuple[Policy, Prediction]:
         policy = self.policy_for(counts, K, N, grid)
         tiles = mixed_tile_list(counts, N, policy, self.config.order)
         return policy, predict(tiles, counts, self.calibration, grid, K, N)
@@ -140,7 +140,7 @@ class K5Adaptive(NamedConfigVariant):
         if self.config.graph:
             graph = Graph(run)
             keep.append(graph)
-            run = graph.launch  # noqa: F811 - the replay replaces the launch
+            run = graph.launch
         info = {"grid": grid, "tiles": len(tiles_host), "schedule": self.config.schedule,
                 "order": self.config.order, "tile_kinds": kind_counts(tiles_host)}
         return run, keep, info

@@ -30,7 +30,7 @@ def calibrate(copy_tbps: float, iterations: int = 30) -> Calibration:
     for name, (counts, policy) in calibration_routings().items():
         tiles = mixed_tile_list(counts, problem.N, policy)  # rows from 0: the problem has enough of them
         output = dev.new_output()
-        run, keep, _ = variant._launch(dev, output, policy, grid, tiles)  # noqa: SLF001
+        run, keep, _ = variant._launch(dev, output, policy, grid, tiles)
         timing = time_launches(lambda _: run(), warmup=5, iterations=iterations)
         times[name] = timing.median_ms * 1e3
         measurements.append({"list": name, "rows_per_expert": int(counts[0]), "policy": policy.label,

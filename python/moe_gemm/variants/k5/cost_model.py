@@ -59,12 +59,12 @@ class Calibration:
     tile_us: Mapping[str, float]
     overhead_us: float
     copy_tbps: float
-    K: int = SEED_K  # noqa: N815
-    N: int = SEED_N  # noqa: N815
+    K: int = SEED_K
+    N: int = SEED_N
     source: str = "measured"
     measurements: list[dict[str, Any]] = field(default_factory=list)
 
-    def cost(self, kind: int, rows: int, K: int) -> float:  # noqa: N803
+    def cost(self, kind: int, rows: int, K: int) -> float:
         return self.tile_us[cost_key(kind, rows)] * K / self.K
 
     def as_record(self) -> dict[str, Any]:
@@ -102,7 +102,7 @@ class Prediction:
         return "memory" if self.memory_us >= self.overhead_us + self.compute_us else "compute"
 
 
-def fresh_bytes(tiles: np.ndarray, K: int) -> np.ndarray:  # noqa: N803
+def fresh_bytes(tiles: np.ndarray, K: int) -> np.ndarray:
     """Bytes of B each tile is the first in the list to read (whole 64-column boxes of K rows)."""
     kinds, _ = unpack(tiles)
     seen: set[tuple[int, int]] = set()
@@ -115,7 +115,7 @@ def fresh_bytes(tiles: np.ndarray, K: int) -> np.ndarray:  # noqa: N803
     return out
 
 
-def tile_times(tiles: np.ndarray, calibration: Calibration, grid: int, K: int,  # noqa: N803
+def tile_times(tiles: np.ndarray, calibration: Calibration, grid: int, K: int,
                fresh: np.ndarray | None = None) -> np.ndarray:
     """Microseconds of every tile: its shape's cost, or the DRAM time of the B boxes it is the first
     in the list to read, whichever is longer (``fresh``: :func:`fresh_bytes` already computed)."""
@@ -132,8 +132,8 @@ def makespan(times: np.ndarray, grid: int) -> float:
     return float(per_block.max()) if times.size else 0.0
 
 
-def predict(tiles: np.ndarray, counts: np.ndarray, calibration: Calibration, grid: int, K: int,  # noqa: N803
-            N: int) -> Prediction:  # noqa: N803
+def predict(tiles: np.ndarray, counts: np.ndarray, calibration: Calibration, grid: int, K: int,
+            N: int) -> Prediction:
     compute = makespan(tile_times(tiles, calibration, grid, K), grid)
     memory = compulsory_bytes(counts, K, N) / (calibration.copy_tbps * 1e12) * 1e6
     return Prediction(compute, memory, calibration.overhead_us)
@@ -141,7 +141,7 @@ def predict(tiles: np.ndarray, counts: np.ndarray, calibration: Calibration, gri
 
 
 # --8<-- [start:choose]
-def choose_policy(counts: np.ndarray, K: int, N: int, calibration: Calibration, grid: int,  # noqa: N803
+def choose_policy(counts: np.ndarray, K: int, N: int, calibration: Calibration, grid: int,
                   policies: tuple[Policy, ...] = POLICIES) -> tuple[Policy, Prediction]:
     """The policy with the smallest predicted time on this routing (ties: the earlier, simpler one)."""
     best: tuple[Policy, Prediction] | None = None
@@ -153,7 +153,7 @@ def choose_policy(counts: np.ndarray, K: int, N: int, calibration: Calibration, 
     return best
 
 
-def greedy_policy(calibration: Calibration, N: int) -> Policy:  # noqa: N803
+def greedy_policy(calibration: Calibration, N: int) -> Policy:
     """The routing-independent rule a device-scheduled launch uses (it cannot see the counts): for
     each remainder r, the kind whose row of tiles costs least (tile cost x column tiles); then the
     largest swap_max and m64_max thresholds consistent with those choices."""
@@ -208,7 +208,7 @@ def _bisect(f, lo: float, hi: float) -> float:
     return (lo + hi) / 2
 
 
-def calibration_from_times(times_us: Mapping[str, float], copy_tbps: float, K: int, N: int, grid: int,  # noqa: N803
+def calibration_from_times(times_us: Mapping[str, float], copy_tbps: float, K: int, N: int, grid: int,
                            measurements: list[dict[str, Any]]) -> Calibration:
     """Costs and overhead that make the model reproduce the calibration lists' median times (keyed
     as calibration_routings): the 128-row cost from the two full-tile lists (their difference does

@@ -29,7 +29,7 @@ class DeviceLayer:
     def __post_init__(self) -> None:
         from moe_gemm.model.problem import BF16, Problem
 
-        experts, K, N = self.b.shape  # noqa: N806
+        experts, K, N = self.b.shape
         if self.capacity < 1:
             raise ValueError(f"capacity must be >= 1 row (a tensor map needs one), got {self.capacity}")
         counts = np.zeros(experts, dtype=np.int64)

@@ -12,8 +12,8 @@ from moe_gemm.variants.sm90.maps import operand_maps, output_map
 
 
 # --8<-- [start:tensor_maps]
-def tensor_maps(a_address: int, b_address: int, c_address: int, tokens: int, experts: int, K: int,  # noqa: N803
-                N: int) -> tuple[TiledMap, ...]:  # noqa: N803
+def tensor_maps(a_address: int, b_address: int, c_address: int, tokens: int, experts: int, K: int,
+                N: int) -> tuple[TiledMap, ...]:
     """A in 128-row boxes (M128 tiles), A again in 16-row boxes (M64 tiles take four; a SWAP tile
     only the tokens it has, rounded up to 16), B [E, K, N] and C as k3 maps them."""
     a_map, b_map = operand_maps(BM, B_LAYOUT, a_address, b_address, tokens, experts, K, N)

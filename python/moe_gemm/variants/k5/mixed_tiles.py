@@ -75,7 +75,7 @@ POLICIES = tuple(dict.fromkeys(Policy(s, m) for s in range(0, SWAP_MAX_ROWS + 1,
                                if m >= s))
 
 
-def columns(kind: TileKind, N: int) -> int:  # noqa: N803
+def columns(kind: TileKind, N: int) -> int:
     """Column tiles per row tile of ``kind``."""
     return int(ceil_div(N, SWAP_COLS if kind == TileKind.SWAP else BN))
 
@@ -91,7 +91,7 @@ def scheduled_rows(kind: TileKind, rows: int) -> int:
     return 64 if kind == TileKind.M64 else BM
 
 
-def _checked(counts: np.ndarray, N: int) -> np.ndarray:  # noqa: N803
+def _checked(counts: np.ndarray, N: int) -> np.ndarray:
     counts = checked_counts(counts)  # ValueError for negative or fractional counts, before N's
     require_int("N", N, minimum=1)
     return counts
@@ -111,7 +111,7 @@ def row_tiles(counts: np.ndarray, policy: Policy) -> list[tuple[int, int, int, T
 
 
 # --8<-- [start:tile_list]
-def mixed_tile_list(counts: np.ndarray, N: int, policy: Policy, order: Order = "expert") -> np.ndarray:  # noqa: N803
+def mixed_tile_list(counts: np.ndarray, N: int, policy: Policy, order: Order = "expert") -> np.ndarray:
     """int32 [tiles, 4] descriptors ``(expert, row0, rows | kind << 16, col0)`` in ``order``."""
     counts = _checked(counts, N)
     offsets = expert_offsets(counts)
@@ -133,7 +133,7 @@ def unpack(tiles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return z >> KIND_SHIFT, z & ((1 << KIND_SHIFT) - 1)
 
 
-def device_schedule(counts: np.ndarray, N: int, policy: Policy) -> np.ndarray:  # noqa: N803
+def device_schedule(counts: np.ndarray, N: int, policy: Policy) -> np.ndarray:
     """The list the kernel's device schedule walks, computed its way: a prefix sum of the experts'
     tile counts, then tile ``i`` found by a binary search (kernels/k5_adaptive.cu, scheduled_tile)."""
     counts = _checked(counts, N)

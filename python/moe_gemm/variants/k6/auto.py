@@ -59,7 +59,7 @@ def rows_bucket(tokens: int) -> int:
     return -(-tokens // step) * step
 
 
-def shape_key(tokens: int, experts: int, K: int, N: int, b_layout: str, gpu: str,  # noqa: N803
+def shape_key(tokens: int, experts: int, K: int, N: int, b_layout: str, gpu: str,
               epilogue: str = "none") -> str:
     """The cache key: the GPU, M_tot's bucket (:func:`rows_bucket`), E, K, N, B's layout, the epilogue
     (the fused SwiGLU GEMM has its own candidates), and the rule (a choice made by another rule is not

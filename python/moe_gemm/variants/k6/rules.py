@@ -20,7 +20,7 @@ def b_layout(shape: Sequence[int], strides: Sequence[int]) -> BLayout | None:
     torch's other layout), None for anything else (strides in elements). The row and expert strides
     may exceed the dense ones (a slice b[:, :, :N] of a wider tensor, or b[::2]): the batched tensor
     map takes any strides that do not overlap (:func:`b_strides`)."""
-    experts, K, N = shape  # noqa: N806
+    experts, K, N = shape
     if strides[2] == 1 and strides[1] >= N and (experts == 1 or strides[0] >= K * strides[1]):
         return "kn"
     if strides[1] == 1 and strides[2] >= K and (experts == 1 or strides[0] >= N * strides[2]):
@@ -31,7 +31,7 @@ def b_layout(shape: Sequence[int], strides: Sequence[int]) -> BLayout | None:
 def b_strides_of(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, int]:
     """B's row stride and expert stride in elements as the tensor map walks them (rows of B [E, K, N]
     for 'kn', of B^T [E, N, K] for 'nk'); one expert's stride is the dense one, which no load reaches."""
-    experts, K, N = shape  # noqa: N806
+    experts, K, N = shape
     row = strides[1] if strides[2] == 1 else strides[2]
     return row, (strides[0] if experts > 1 else row * (K if strides[2] == 1 else N))
 

@@ -23,7 +23,7 @@ def expert_units(rows: int, n_units: int, unit_rows: int, group: int) -> np.ndar
     return np.array(order, dtype=np.int64).reshape(-1, 2)
 
 
-def unit_list(counts: np.ndarray, N: int, unit_rows: int, unit_cols: int, group: int) -> np.ndarray:  # noqa: N803
+def unit_list(counts: np.ndarray, N: int, unit_rows: int, unit_cols: int, group: int) -> np.ndarray:
     """int32 [units, 4]: (expert, row0, rows, col0) per unit of ``unit_rows`` x ``unit_cols``, experts in order."""
     if group < 1:
         raise ValueError(f"a raster group holds at least one M tile, got {group}")

@@ -88,7 +88,7 @@ INSTALL_HINT = ("pip install -e '.[peers]' (quack-kernels[cu13] 0.6.5 and nvidia
 
 # ---- quack's rules, checked before quack is imported ------------------------------------------
 
-def check_quack_inputs(experts: int, K: int, N: int, addresses: dict[str, int] | None = None,  # noqa: N803
+def check_quack_inputs(experts: int, K: int, N: int, addresses: dict[str, int] | None = None,
                        variant: str = PEER_QUACK) -> None:
     """ValueError naming the first rule of quack's varlen-M GEMM that these inputs break."""
     multiple = QUACK_ELEMENT_MULTIPLE
@@ -107,7 +107,7 @@ def check_device_problem(variant: str, dev: DeviceProblem) -> None:
     """ValueError if the device buffers are not what quack takes: bf16 A [M_tot, K] and B [E, K, N],
     int32 offsets [E + 1], with quack's stride and alignment rules."""
     problem = dev.problem
-    tokens, experts, K, N = problem.tokens, problem.experts, problem.K, problem.N  # noqa: N806
+    tokens, experts, K, N = problem.tokens, problem.experts, problem.K, problem.N
     for name, array, shape, dtype in (("A", dev.a, (tokens, K), BF16), ("B", dev.b, (experts, K, N), BF16),
                                       ("the offsets (cu_seqlens_m)", dev.offsets, (experts + 1,), np.int32)):
         if np.dtype(array.dtype) != np.dtype(dtype) or tuple(array.shape) != shape:

@@ -115,7 +115,7 @@ class TorchOutput:
 
 
 # --8<-- [start:grouped_mm]
-def check_grouped_mm_inputs(experts: int, K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
+def check_grouped_mm_inputs(experts: int, K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:
     """ValueError naming the first rule of torch._grouped_mm that these inputs break."""
     multiple = GROUPED_MM_ELEMENT_MULTIPLE
     if K % multiple or N % multiple:

@@ -16,7 +16,7 @@ from moe_gemm.cuda.tensormap import TiledMap, batched_matrix_map, check_tma_gemm
 from moe_gemm.variants.sm90.config import BK, BOX, PLAN_DTYPE, REQUIRED_CAPABILITY, BLayout
 
 
-def check_inputs(kernel: str, K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:  # noqa: N803
+def check_inputs(kernel: str, K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:
     """ValueError naming the first rule of TMA or of ``kernel`` that these inputs break: K a positive
     multiple of 64, N of 8, both operands 16-byte aligned."""
     check_tma_gemm(kernel, K, N, BK, a_address, b_address)
@@ -47,13 +47,13 @@ def transposed_b(dev: DeviceProblem) -> DeviceArray:
     cached = getattr(dev, "_b_transposed", None)
     if cached is None:
         cached = to_device(np.ascontiguousarray(dev.problem.b.transpose(0, 2, 1)))
-        dev._b_transposed = cached  # noqa: SLF001 - a cache on the harness's upload object
+        dev._b_transposed = cached
     return cached
 
 
 # --8<-- [start:tensor_maps]
 def operand_maps(bm: int, b_layout: BLayout, a_address: int, b_address: int, tokens: int, experts: int,
-                 K: int, N: int) -> tuple[TiledMap, TiledMap]:  # noqa: N803
+                 K: int, N: int) -> tuple[TiledMap, TiledMap]:
     """A [M_tot, K] in boxes of ``bm`` rows x 64 of K; B in 64 x 64 boxes of one expert, either
     B [E, K, N] (64 of K x 64 columns) or B^T [E, N, K] (64 columns x 64 of K). Chapter 05's k4
     loads its operands through the same maps."""
@@ -61,7 +61,7 @@ def operand_maps(bm: int, b_layout: BLayout, a_address: int, b_address: int, tok
     return a_map, weight_map(b_layout, b_address, experts, K, N)
 
 
-def weight_map(b_layout: BLayout, b_address: int, experts: int, K: int, N: int) -> TiledMap:  # noqa: N803
+def weight_map(b_layout: BLayout, b_address: int, experts: int, K: int, N: int) -> TiledMap:
     """B in 64 x 64 boxes of one expert: B [E, K, N] ("kn": 64 of K x 64 columns) or B^T [E, N, K]
     ("nk": 64 columns x 64 of K). Chapter 07's k6 loads its weights through the same map."""
     if b_layout == "kn":
@@ -69,7 +69,7 @@ def weight_map(b_layout: BLayout, b_address: int, experts: int, K: int, N: int) 
     return batched_matrix_map("B^T", b_address, batch=experts, rows=N, cols=K, box_rows=BOX, box_cols=BK)
 
 
-def output_map(c_address: int, tokens: int, N: int) -> TiledMap:  # noqa: N803
+def output_map(c_address: int, tokens: int, N: int) -> TiledMap:
     """C [M_tot, N] in 64 x 64 boxes, for the TMA-store epilogue."""
     return matrix_map("C", c_address, rows=tokens, cols=N, box_rows=64, box_cols=BOX)
 # --8<-- [end:tensor_maps]
