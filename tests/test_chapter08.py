@@ -52,7 +52,7 @@ def recorded_or_skip():
 def test_recorded_targets_and_scoreboard_rows_match_the_records():
     data = recorded_or_skip()
     layer = [r for r in data["records"] if r.get("part") == "layer"]
-    again = RUN.target_rows(layer, data["fused_epilogue"])
+    again = RUN.target_rows(layer, data["fused_epilogue"], data.get("train", []))
     assert [(t["target"], round(t["value"], 6), t["met"]) for t in again] == \
            [(t["target"], round(t["value"], 6), t["met"]) for t in data["targets"]]
     assert RUN.scoreboard_rows(data["records"]) == data["scoreboard_rows"]
@@ -64,43 +64,38 @@ def layer_ms(layer, way, key):
 
 
 def test_the_pages_claims_hold():
-    """What the page says in words. In one run at all three sizes ours beats the torch layer at every
-    point, by 1.25x at the Mixtral-like size at 512 tokens and the Qwen3-like size up to 4,096 tokens,
-    and the quack layer at the DeepSeek-V3-like size at 512 tokens and the Qwen3-like size up to 4,096.
-    quack ran its fused activation everywhere, within 1e-4 of ours. The whole layer reads 0.99 to 1.09
-    times the sum of its steps. Every scoreboard row is a graph replay with quack."""
+    """What the page says in words. At every size and token count ours beats the torch layer and
+    transformers' block as transformers runs it (grouped_mm), and quack's layer wherever quack ran (its
+    GEMM 1 unfused); transformers' per-expert loop is slower than its grouped_mm except at the Mixtral-like
+    size at 32,768 tokens. Our training step is slower than the torch layer's and holds more memory at
+    every point. The op's host time per eager call is within 1.5x of torch._grouped_mm's. Given b K-major
+    the op trails torch only at the Mixtral-sized projection. Every scoreboard row is a graph replay."""
     data = recorded_or_skip()
     layer = [r for r in data["records"] if r.get("part") == "layer"]
-    at_125, ahead_of_quack = {}, {}
     for key in ("qwen3", "mixtral", "deepseek"):
-        ours, torch_way, quack = (layer_ms(layer, way, key) for way in RUN.WAYS[:3])
-        assert sorted(ours) == [512, 4096, 32768]
-        assert all(torch_way[t] > ours[t] for t in ours), key
-        at_125[key] = [t for t in ours if torch_way[t] / ours[t] >= 1.25]
-        ahead_of_quack[key] = [t for t in ours if quack[t] > ours[t]]
-    assert at_125 == {"qwen3": [512, 4096], "mixtral": [512], "deepseek": []}
-    assert ahead_of_quack == {"qwen3": [512, 4096], "mixtral": [], "deepseek": [512]}
-    runs = data["part_runs"]
-    assert runs["layer-qwen3"]["commit"] == runs["layer-mixtral"]["commit"] == runs["layer-deepseek"]["commit"]
+        ours, torch_way, quack, hf, loop = (layer_ms(layer, way, key) for way in (
+            "layer/ours", "layer/torch_grouped_mm", "layer/quack", "layer/transformers", "layer/transformers-eager"))
+        assert sorted(ours) == [4096, 32768], key
+        assert all(torch_way[t] > ours[t] and hf[t] > ours[t] for t in ours), key
+        assert all(quack[t] > ours[t] for t in quack), key
+        slower_loop = [t for t in ours if loop[t] > hf[t]]
+        assert slower_loop == ([4096] if key == "mixtral" else [4096, 32768]), key
     quack_records = [r for r in layer if r["variant"] == "layer/quack"]
-    assert len(quack_records) == 9 and {r["quack_gemm1"] for r in quack_records} == {"gemm_act with its fused SwiGLU"}
-    assert max(r["rel_error_vs_ours"] for r in quack_records) <= 1.5e-4
+    assert quack_records and {r["quack_gemm1"] for r in quack_records} == {"gemm, then SwiGLU as its own pass"}
     assert max(r["rel_error_vs_ours"] for r in layer if r["variant"] == "layer/transformers") < 1e-2
-    ratios = []
-    for s in data["steps"]:
-        whole = next(r["median_ms"] for r in layer if r["variant"] == "layer/ours" and r["hidden"] == s["hidden"]
-                     and r["tokens"] == s["tokens"])
-        ratios.append(whole / sum(s[f"{step}_ms"] for step in RUN.STEPS))
-    assert (round(min(ratios), 2), round(max(ratios), 2)) == (0.99, 1.09)
+    train = data["train"]
+    for ours in (r for r in train if r["variant"] == "train/ours"):
+        torch_way = next(r for r in train if r["variant"] == "train/torch_grouped_mm" and RUN.layer_key(r) ==
+                         RUN.layer_key(ours))
+        assert torch_way["median_ms"] < ours["median_ms"] and torch_way["peak_extra_bytes"] < ours["peak_extra_bytes"]
+    probe = data["host_probe"]
+    assert probe["host_ms_per_call"] <= 1.5 * probe["torch_host_ms_per_call"]
     rows = data["scoreboard_rows"]
-    assert len(rows) == 29 and {r["timed"] for r in rows} == {"graph replays"} and all(r["quack"] for r in rows)
+    assert len(rows) == 29 and {r["timed"] for r in rows} == {"graph replays"}
     models = [r for r in rows if "E=" in r["label"]]
-    assert len(models) == 4 and runs["scoreboard-models"]["commit"] != runs["scoreboard-grid"]["commit"]
-    mixtral = next(r for r in models if r["label"].endswith("N=14336"))
-    assert round(mixtral["torch"], 2) == 1.06 and mixtral["quack"] < 1
-    assert data["compile"]["same_output"] and data["host_probe"]["host_ms_per_call"] > 0
-    assert set(runs) == {"layer-qwen3", "layer-mixtral", "layer-deepseek", "scoreboard-grid", "scoreboard-models",
-                         "fused-qwen3", "fused-mixtral", "fused-deepseek"}
+    assert len(models) == 4 and all(r["quack"] is None for r in models) and all(r["quack"] for r in rows[:25])
+    assert [r["kmajor"] < 1 for r in models] == [r["label"].endswith("N=14336") for r in models]
+    assert data["compile"]["same_output"]
 
 
 def step_of(data, hidden, tokens, key):
@@ -149,8 +144,7 @@ def test_the_fused_epilogue_reads_what_the_page_says():
 
 def test_the_scoreboard_predictions_read_what_the_page_says():
     """As graph replays, the op at 4,096 rows and more reads chapter 07's k6/auto over torch within a few
-    hundredths at every cell (held). The op's host time per eager call is more than a graph replay of
-    the call takes on the GPU, and an eager call takes longer still."""
+    hundredths at every cell (held). The host probe's medians lie within its spreads."""
     from moe_gemm.chapter import recorded
     from moe_gemm.model.workloads import Workload
 
@@ -163,7 +157,8 @@ def test_the_scoreboard_predictions_read_what_the_page_says():
         tokens, skew = int(row["label"].split(" rows")[0].replace(",", "")), float(row["label"].split("s=")[1])
         assert abs(row["torch"] - ch07.ratio(data07["records"], ch07.AUTO, ch07.TORCH, Workload(tokens, skew))) < 0.06
     probe = data["host_probe"]
-    assert probe["eager_ms"] > probe["host_ms_per_call"] > probe["graph_ms"]
+    assert probe["host_ms_min"] <= probe["host_ms_per_call"] <= probe["host_ms_max"]
+    assert probe["torch_host_ms_min"] <= probe["torch_host_ms_per_call"] <= probe["torch_host_ms_max"]
 
 
 def test_the_untuned_default_is_slower_where_the_page_says():
@@ -178,7 +173,8 @@ def test_the_untuned_default_is_slower_where_the_page_says():
         pytest.skip("no recorded results")
     auto = ch07.find(ch07.of_part(data["records"], "models"), ch07.AUTO, Workload(32768, 0.4, 8, 4096, 14336))
     default = "k6/pingpong-bn192"  # the op's DEFAULT_CONFIG (read from its source: the op module needs torch)
-    assert f'DEFAULT_CONFIG = "{default}"' in (Path(__file__).resolve().parents[1] / "python/moe_gemm/torch/ops.py").read_text()
+    ops_source = (Path(__file__).resolve().parents[1] / "python/moe_gemm/torch/ops.py").read_text()
+    assert f'DEFAULT_CONFIG = "{default}"' in ops_source
     assert auto["candidate_ms"][default] / auto["candidate_ms"][auto["choice"]] > 1.3
 
 

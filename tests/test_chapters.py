@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from moe_gemm.core.chapters import CHAPTERS, RECORDED_CAPABILITY, chapter_module
+from moe_gemm.core.chapters import CHAPTERS, RECORDED_CAPABILITY, REFERENCE_PAGES, chapter_module
 from moe_gemm.measure import validation
 from moe_gemm.variants import registry
 
@@ -29,7 +29,7 @@ def test_the_nav_lists_each_chapters_page_under_its_title_in_order():
     nav = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
     entries = [next(iter(entry.items())) for entry in nav]
     assert entries[0] == ("Home", "index.md")
-    assert entries[1:] == [(c.title, c.page) for c in CHAPTERS]
+    assert entries[1:] == [(c.title, c.page) for c in CHAPTERS] + list(REFERENCE_PAGES)
 
 
 def test_each_chapter_has_its_page_and_folder_and_nothing_else_is_numbered():

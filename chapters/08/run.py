@@ -134,8 +134,8 @@ def parse_args(argv: Sequence[str] | None):
 # --------------------------------------------------------------------------- the scoreboard
 
 def scoreboard(cells: Sequence[Workload], timing: dict[str, int], with_quack: bool) -> list[dict[str, Any]]:
-    """op/grouped_mm (both layouts of b), torch._grouped_mm (both layouts) and quack on ``cells``, through the harness's check
-    and timing path, eagerly and as CUDA-graph replays at every cell: a model runs the op captured,
+    """op/grouped_mm (both layouts of b), torch._grouped_mm (both layouts) and quack on ``cells``, through
+    the harness's check and timing path, eagerly and as CUDA-graph replays at every cell: a model runs the op captured,
     and an eager launch also pays the op's host time (the per-launch events hold it when the host is
     slower than the kernel)."""
     from moe_gemm.measure.graph_replay import GraphReplay

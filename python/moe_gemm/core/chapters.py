@@ -77,6 +77,9 @@ CHAPTERS = (
 )
 
 
+# Pages of the site that are not chapters, after the chapters in its nav: (nav title, page).
+REFERENCE_PAGES = (("The API: grouped_mm, MoELayer", "api.md"),)
+
 def measured_chapters() -> tuple[Chapter, ...]:
     """The chapters whose kernels run on the recorded GPU: each has a results file from it."""
     return tuple(c for c in CHAPTERS if c.runs_on_the_recorded_gpu)
