@@ -67,7 +67,8 @@ def test_no_rows_print_dashes_where_eta_is_undefined(capsys) -> None:
 
 
 def test_large_numbers_get_thousands_separators(capsys) -> None:
-    assert chapter_module("00", "run").main(["--experts", "1024", "--tokens", "1000000", "--skew", "0", "-K", "4096"]) == 0
+    args = ["--experts", "1024", "--tokens", "1000000", "--skew", "0", "-K", "4096"]
+    assert chapter_module("00", "run").main(args) == 0
     out = capsys.readouterr().out
     assert out.startswith("problem: E = 1,024 experts, M_tot = 1,000,000 rows, K = 4,096, N = 2,688")
     assert "22,020.1" in out  # useful GFLOP, 2 x 1e6 x 4096 x 2688

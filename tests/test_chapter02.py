@@ -107,16 +107,24 @@ def test_profile_table_puts_the_model_beside_ncu(run02):
 
 # ---- ncu's CSV ------------------------------------------------------------------------------------
 
-NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3)
-==PROF== Profiling "k1_mma_sync": 0%....50%....100% - 12 passes
-"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
-"0","4242","python3","127.0.0.1","void k1_mma_sync<64, false>(const unsigned short *, const unsigned short *, unsigned short *, const int4 *, int, int)","1","13","(256, 1, 1)","(5376, 1, 1)","0","9.0","Command line profiler metrics","smsp__warps_active.avg.per_cycle_active","warp","7.61"
-"0","4242","python3","127.0.0.1","void k1_mma_sync<64, false>(const unsigned short *, const unsigned short *, unsigned short *, const int4 *, int, int)","1","13","(256, 1, 1)","(5376, 1, 1)","0","9.0","Command line profiler metrics","smsp__average_warp_latency_per_inst_issued.ratio","cycle","15.9"
-"0","4242","python3","127.0.0.1","void k1_mma_sync<64, false>(const unsigned short *, const unsigned short *, unsigned short *, const int4 *, int, int)","1","13","(256, 1, 1)","(5376, 1, 1)","0","9.0","Command line profiler metrics","smsp__issue_active.avg.per_cycle_active","","0.46"
-"0","4242","python3","127.0.0.1","void k1_mma_sync<64, false>(const unsigned short *, const unsigned short *, unsigned short *, const int4 *, int, int)","1","13","(256, 1, 1)","(5376, 1, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed.sum","inst","214,350,000"
-"0","4242","python3","127.0.0.1","void k1_mma_sync<64, false>(const unsigned short *, const unsigned short *, unsigned short *, const int4 *, int, int)","1","13","(256, 1, 1)","(5376, 1, 1)","0","9.0","Command line profiler metrics","sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active","%","n/a"
-==PROF== Disconnected from process 4242
-'''
+# ncu --csv --metrics ...: the header, then one row per metric whose first twelve columns repeat the launch
+NCU_HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+              '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
+NCU_LAUNCH = ('"0","4242","python3","127.0.0.1","void k1_mma_sync<64, false>(const unsigned short *, '
+              'const unsigned short *, unsigned short *, const int4 *, int, int)","1","13","(256, 1, 1)",'
+              '"(5376, 1, 1)","0","9.0","Command line profiler metrics"')
+NCU_METRICS = [("smsp__warps_active.avg.per_cycle_active", "warp", "7.61"),
+               ("smsp__average_warp_latency_per_inst_issued.ratio", "cycle", "15.9"),
+               ("smsp__issue_active.avg.per_cycle_active", "", "0.46"),
+               ("smsp__inst_executed.sum", "inst", "214,350,000"),
+               ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%", "n/a")]
+NCU_CSV = "".join(f"{line}\n" for line in [
+    "==PROF== Connected to process 4242 (/usr/bin/python3)",
+    '==PROF== Profiling "k1_mma_sync": 0%....50%....100% - 12 passes',
+    NCU_HEADER,
+    *(f'{NCU_LAUNCH},"{name}","{unit}","{value}"' for name, unit, value in NCU_METRICS),
+    "==PROF== Disconnected from process 4242",
+])
 
 
 def test_ncu_csv_is_parsed_into_the_models_quantities():

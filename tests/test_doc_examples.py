@@ -68,7 +68,7 @@ def run_example(example: Example) -> None:
     code = compile(example.source, f"site_docs/{example.page}:{example.line}", "exec")
     try:
         exec(code, {"__name__": "__doc_example__"})
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever a page's example raises is the failure to report
         pytest.fail(f"the runnable block at site_docs/{example.page}:{example.line} raised:\n"
                     f"{textwrap.indent(example.head(), '    ')}\n    ...\n{traceback.format_exc()}", pytrace=False)
 

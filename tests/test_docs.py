@@ -315,7 +315,7 @@ class Chromium:
     def close(self):
         try:
             self.send("Browser.close", timeout=5)
-        except Exception:
+        except (OSError, RuntimeError):  # Chromium may close the pipe (or time out) before it replies
             pass
         try:
             self.proc.wait(timeout=10)
@@ -348,7 +348,8 @@ READ_PAGE = """
     math_sources: sources.length,
     rendered: document.querySelectorAll("mjx-container").length,
     untypeset: sources.filter(e => !e.querySelector("mjx-container")).map(e => e.textContent.slice(0, 100)),
-    errors: Array.from(document.querySelectorAll("mjx-merror")).map(e => e.getAttribute("data-mjx-error") || e.textContent),
+    errors: Array.from(document.querySelectorAll("mjx-merror"))
+      .map(e => e.getAttribute("data-mjx-error") || e.textContent),
     raw_dollars: document.body.innerText.includes("$$"),
     images: images.map(img => ({src: img.currentSrc || img.src, complete: img.complete, width: img.naturalWidth})),
   };

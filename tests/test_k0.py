@@ -142,7 +142,8 @@ def test_the_numpy_check_passes_where_numpy_has_row_stack(monkeypatch):
 
     monkeypatch.setattr(np, "row_stack", np.vstack, raising=False)
     assert numba_loader.numba_cuda_problem() is None
-    assert numba_loader._version_tuple("0.30.4") == (0, 30, 4) and numba_loader._version_tuple("0.31.0rc1") == (0, 31, 0)
+    assert numba_loader._version_tuple("0.30.4") == (0, 30, 4)
+    assert numba_loader._version_tuple("0.31.0rc1") == (0, 31, 0)
 
 
 def test_k0_is_refused_before_any_compile_with_the_fix(numpy_2_5, monkeypatch):

@@ -101,7 +101,8 @@ def test_sixteen_row_boxes_stack_into_k3s_layout():
     one, four = np.zeros(16384, np.uint8), np.zeros(16384, np.uint8)
     tma_write_box(one, 1024, rows, 128)
     for box in range(64 // TOKEN_BOX_ROWS):
-        tma_write_box(four, 1024 + box * TOKEN_BOX_ROWS * 128, rows[box * TOKEN_BOX_ROWS:(box + 1) * TOKEN_BOX_ROWS], 128)
+        box_rows = rows[box * TOKEN_BOX_ROWS:(box + 1) * TOKEN_BOX_ROWS]
+        tma_write_box(four, 1024 + box * TOKEN_BOX_ROWS * 128, box_rows, 128)
     np.testing.assert_array_equal(one, four)
 
 

@@ -258,8 +258,8 @@ def test_the_documented_examples_hold_on_the_recorded_files():
     import moe_gemm.site.pages
 
     inside = r"(?:(?!``).)*?"  # within one ``...`` span
-    examples = re.findall(rf"``((?:\{{%{inside}%\}})?\{{\{{{inside}\}}\}})``\s+gives\s+``([^`]+)``", moe_gemm.site.pages.__doc__,
-                          re.S)
+    pattern = rf"``((?:\{{%{inside}%\}})?\{{\{{{inside}\}}\}})``\s+gives\s+``([^`]+)``"
+    examples = re.findall(pattern, moe_gemm.site.pages.__doc__, re.S)
     assert len(examples) >= 4
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.globals.update(Pages(REPO).macros())

@@ -1,10 +1,18 @@
-"""The one figure style: text must be readable at the width the page shows a figure."""
+"""The house style: ruff's rules (pyproject.toml's [tool.ruff]) hold over the whole repository, and the one
+figure style keeps text readable at the width the page shows a figure."""
 
 from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from moe_gemm.site.style import DISPLAY_WIDTH_PX, MIN_TEXT_PX, displayed_text_px, new_figure, save_figure
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_text_shrinks_with_a_wide_figure_and_not_below_its_own_size():
@@ -29,3 +37,13 @@ def test_a_readable_figure_is_saved(tmp_path):
     ax.set_title("readable", fontsize=11)
     assert min(displayed_text_px(fig).values()) >= MIN_TEXT_PX
     assert save_figure(fig, "99", "ok", root=tmp_path).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ruff_finds_nothing():
+    if importlib.util.find_spec("ruff") is None:
+        pytest.skip("ruff is not installed: pip install -e '.[test]' brings it")
+    # --no-cache: the check leaves no .ruff_cache behind in the checkout
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(REPO)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode:
+        pytest.fail(f"ruff check found problems:\n{proc.stdout}{proc.stderr}", pytrace=False)

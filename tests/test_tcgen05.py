@@ -133,7 +133,8 @@ def test_matrix_shapes_for_one_cta():
 
 
 @pytest.mark.parametrize(("value", "rule"), [(0x08310490 | 1 << 2, "leaves 0"), (0x08310490 | 1 << 23, "leaves 0"),
-                                             (0x08310490 | 1 << 30, "leaves 0"), (0x08310490 | 2 << 7, "A format code 3")])
+                                             (0x08310490 | 1 << 30, "leaves 0"),
+                                             (0x08310490 | 2 << 7, "A format code 3")])
 def test_instruction_decode_refuses_bits_a_dense_bf16_mma_does_not_use(value, rule):
     with pytest.raises(ValueError, match=rule):
         decode_instr(value)

@@ -341,12 +341,14 @@ def test_k6_is_clean_under_memcheck_for_any_offs_in_a_captured_graph(cuda, tmp_p
               "grouped_mm(a, b, offs); torch.cuda.synchronize()\n"
               "graph = torch.cuda.CUDAGraph()\n"
               "with torch.cuda.graph(graph):\n    out = grouped_mm(a, b, offs)\n"
-              "for ends in ([300, 120, 500, 640], [100, 5000, 9000, 2**31 - 1], [-7, -1, 200, 640], [64, 128, 129, 130]):\n"
+              "for ends in ([300, 120, 500, 640], [100, 5000, 9000, 2**31 - 1], [-7, -1, 200, 640],\n"
+              "             [64, 128, 129, 130]):\n"
               "    offs.copy_(torch.tensor(ends, dtype=torch.int32)); graph.replay()\n"
               "torch.cuda.synchronize(); print('replayed')\n")
     env = {**os.environ, "MOE_GEMM_OP_TUNE": "0", "MOE_GEMM_CACHE": str(tmp_path)}  # no tuning launches under the tool
-    proc = subprocess.run([tool, "--tool", "memcheck", "--report-api-errors", "no", "--kernel-name", "kns=k6_persistent",
-                           sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run([tool, "--tool", "memcheck", "--report-api-errors", "no",
+                           "--kernel-name", "kns=k6_persistent", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=600, env=env)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "replayed" in output, sanitizer_findings(output)
     assert "ERROR SUMMARY: 0 errors" in output, sanitizer_findings(output)

@@ -165,8 +165,8 @@ def progression_figure(records: list[dict], run):
 
 def stages_figure(stage_rows: list[dict]):
     fig, ax = new_figure(7.0, 3.8)
-    labels = [("balanced_tflops", "16k s=0"), ("skewed_tflops", "16k s=1.2"), ("skewed_estimate", "16k s=1.2, eta-only"),
-              ("small_tflops", "2k s=0")]
+    labels = [("balanced_tflops", "16k s=0"), ("skewed_tflops", "16k s=1.2"),
+              ("skewed_estimate", "16k s=1.2, eta-only"), ("small_tflops", "2k s=0")]
     width = 0.8 / len(labels)
     for i, (key, label) in enumerate(labels):
         xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(stage_rows))]
@@ -176,7 +176,8 @@ def stages_figure(stage_rows: list[dict]):
                       color=["#2ca02c", "#1f77b4", "#ffffff", "#9467bd"][i], edgecolor="#333333", linewidth=0.6)
         for bar, value in zip(bars, values):
             if value:
-                ax.text(bar.get_x() + bar.get_width() / 2, value, f"{value:.0f}", ha="center", va="bottom", fontsize=9.5)
+                ax.text(bar.get_x() + bar.get_width() / 2, value, f"{value:.0f}", ha="center", va="bottom",
+                        fontsize=9.5)
     ax.set_xticks(range(len(stage_rows)))
     ax.set_xticklabels([f"{r['variant']}\n{r['registers']} regs, {r['smem_bytes'] / 1024:.0f} KB\n"
                         f"{r['blocks_per_sm']} block(s)/SM" for r in stage_rows], fontsize=9.5)

@@ -158,8 +158,8 @@ def model_table(rows: Sequence[dict[str, Any]]) -> Table:
                  legend="eta 128: real rows / scheduled rows with 128-row tiles only (k3); host policy: the cost "
                         "model's choice for this routing (k5/host), eta under it; device policy: the routing-"
                         "independent greedy rule k5/device uses; pred: max(overhead + the busiest block's "
-                        "calibrated tile costs, compulsory bytes / copy bandwidth); meas: median time in this run; fixed: "
-                        "128-row tiles (k3/tmastore-bn192 measured)")
+                        "calibrated tile costs, compulsory bytes / copy bandwidth); meas: median time in this run; "
+                        "fixed: 128-row tiles (k3/tmastore-bn192 measured)")
 
 
 # --------------------------------------------------------------------------- tables

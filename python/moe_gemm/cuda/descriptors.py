@@ -171,7 +171,8 @@ def canonical_offset(mn: np.ndarray, k: np.ndarray, layout: MatrixLayout, major:
     raise ValueError(f"major must be 'K' or 'MN', got {major!r}")
 
 
-def read_operand(smem: np.ndarray, layout: MatrixLayout, major: Major, mn_extent: int, k_extent: int = 16) -> np.ndarray:
+def read_operand(smem: np.ndarray, layout: MatrixLayout, major: Major, mn_extent: int,
+                 k_extent: int = 16) -> np.ndarray:
     """The [mn_extent, k_extent] bf16 matrix an MMA reads through ``layout`` from ``smem`` (uint8).
 
     Rows are the operand's M (for A) or N (for B) index, columns its K index, whatever the

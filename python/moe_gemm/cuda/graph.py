@@ -17,7 +17,8 @@ class Graph:
         from cuda.bindings import driver
 
         stream = driver.CUstream(stream_handle())
-        check_driver(driver.cuStreamBeginCapture(stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+        mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check_driver(driver.cuStreamBeginCapture(stream, mode))
         enqueue()
         self.graph = check_driver(driver.cuStreamEndCapture(stream))
         self.exec = check_driver(driver.cuGraphInstantiate(self.graph, 0))

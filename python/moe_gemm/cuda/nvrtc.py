@@ -70,7 +70,8 @@ def nvrtc_version() -> str:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("MOE_GEMM_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "moe_gemm"
+    root = (os.environ.get("MOE_GEMM_CACHE")
+            or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "moe_gemm")
     return Path(root) / "nvrtc"
 
 
@@ -141,7 +142,7 @@ def _nvrtc_compile(source: str, source_file: str, name: str, arch: str, defines:
     log = io.StringIO()
     try:
         code = Program(source, "c++", program_options).compile("cubin", name_expressions=[name], logs=log)
-    except Exception as error:  # cuda.core raises a generic error; re-raise with file and log
+    except Exception as error:  # noqa: BLE001 - cuda.core's NVRTCError has no public name; re-raise with file and log
         raise CompileError(f"NVRTC failed to compile {name} from kernels/{source_file} for {arch}:\n"
                            f"{log.getvalue()}\n{error}") from None
     symbol = code.symbol_mapping.get(name, name)

@@ -92,7 +92,8 @@ class TiledMap:
         if inner % 16:
             raise ValueError(f"tensor map {name}: the box's inner extent must be a multiple of 16 bytes, got {inner}")
         if self.swizzle_bytes not in SWIZZLE_BYTES:
-            raise ValueError(f"tensor map {name}: swizzle must be one of {SWIZZLE_BYTES} bytes, got {self.swizzle_bytes}")
+            raise ValueError(f"tensor map {name}: swizzle must be one of {SWIZZLE_BYTES} bytes, "
+                             f"got {self.swizzle_bytes}")
         if self.swizzle_bytes and inner > self.swizzle_bytes:
             raise ValueError(f"tensor map {name}: with a {self.swizzle_bytes}-byte swizzle the box's inner extent "
                              f"must be <= {self.swizzle_bytes} bytes, got {inner}")

@@ -56,7 +56,8 @@ def workload_fields(problem: Problem) -> dict[str, Any]:
     return workload
 
 
-def measure(variant: Variant, sets: list[DeviceProblem], *, check: Check | None = None, **timing: int) -> dict[str, Any]:
+def measure(variant: Variant, sets: list[DeviceProblem], *, check: Check | None = None,
+            **timing: int) -> dict[str, Any]:
     """Time ``variant`` rotating over input ``sets`` (same shape and routing), as a results record.
 
     ``sets[0]`` is checked against the reference first unless ``check`` is given; a wrong
@@ -77,7 +78,8 @@ def measure(variant: Variant, sets: list[DeviceProblem], *, check: Check | None 
         record.update({
             "bm": first.bm, "bn": first.bn, "eta": eta(problem.counts, first.bm),
             "tiles": tile_count(problem.counts, problem.N, first.bm, first.bn),
-            "scheduled_tflops": result.tflops(scheduled_flops(problem.counts, problem.K, problem.N, first.bm, first.bn)),
+            "scheduled_tflops": result.tflops(
+                scheduled_flops(problem.counts, problem.K, problem.N, first.bm, first.bn)),
         })
     record.update(first.launch_info)
     if first.resources is not None:

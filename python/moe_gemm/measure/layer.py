@@ -60,7 +60,8 @@ def ways(layer: Any, with_quack: bool, with_transformers: bool) -> tuple[dict[st
         if "quack_gemm_act_error" in quack_fields:
             progress(f"[quack] gemm_act with SwiGLU failed ({quack_fields['quack_gemm_act_error']}); GEMM 1 runs "
                      "quack's gemm, SwiGLU its own pass")
-    if with_transformers:  # built when first called: each block holds a copy of the weights (22.5 GB at DeepSeek-V3 size)
+    # built when first called: each block holds a copy of the weights (22.5 GB at DeepSeek-V3 size)
+    if with_transformers:
         found.update({way: _built_on_first_call(transformers_forward_of, layer, how)
                       for way, how in TRANSFORMERS_WAYS.items()})
     return found, quack_fields

@@ -117,7 +117,8 @@ def parse_ncu_csv(text: str, metrics: Mapping[str, str]) -> dict[str, float]:
     return values
 
 
-def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | None, skip: int | None) -> tuple[int, str, str]:
+def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | None,
+             skip: int | None) -> tuple[int, str, str]:
     """``skip`` None: profile the first launch inside the target's cuProfilerStart/Stop range."""
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "ncu.csv")

@@ -22,8 +22,10 @@ from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N, Workload
 def check_cases(seed: int) -> list[tuple[str, Problem, bool]]:
     """(name, problem, exact): every edge case on integer-valued inputs, then two random problems."""
     cases = [(case.name, case.exact_problem(seed=seed), True) for case in EDGE_CASES]
-    cases += [("random, 1,000 rows s=1.2, E=8, K=1024, N=384", make_problem(8, 1000, 1024, 384, 1.2, seed=seed), False),
-              ("random, 2,048 rows s=0, seed shape", make_problem(SEED_EXPERTS, 2048, SEED_K, SEED_N, 0.0, seed=seed), False)]
+    cases += [("random, 1,000 rows s=1.2, E=8, K=1024, N=384",
+               make_problem(8, 1000, 1024, 384, 1.2, seed=seed), False),
+              ("random, 2,048 rows s=0, seed shape",
+               make_problem(SEED_EXPERTS, 2048, SEED_K, SEED_N, 0.0, seed=seed), False)]
     return cases
 
 

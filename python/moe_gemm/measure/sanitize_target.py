@@ -44,8 +44,8 @@ def sanitizer_command(tool: str, selectors: Sequence[str], sanitizer: str | None
     sanitizer = sanitizer or find_compute_sanitizer()
     if sanitizer is None:
         raise FileNotFoundError("compute-sanitizer not found: put it on PATH or set COMPUTE_SANITIZER")
-    return [sanitizer, "--tool", tool, "--error-exitcode", "1", sys.executable, "-m", "moe_gemm.measure.sanitize_target",
-            *selectors]
+    return [sanitizer, "--tool", tool, "--error-exitcode", "1",
+            sys.executable, "-m", "moe_gemm.measure.sanitize_target", *selectors]
 
 
 def run_cases(variants: Sequence, *, seed: int = 0) -> int:

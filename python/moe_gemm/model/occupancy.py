@@ -62,7 +62,8 @@ def registers_per_warp(registers_per_thread: int, limits: SMLimits = HOPPER) -> 
     """ceil(32 * R / 256) * 256."""
     require_int("registers_per_thread", registers_per_thread, minimum=1)
     if registers_per_thread > limits.max_registers_per_thread:
-        raise ValueError(f"registers_per_thread must be <= {limits.max_registers_per_thread}, got {registers_per_thread}")
+        raise ValueError(f"registers_per_thread must be <= {limits.max_registers_per_thread}, "
+                         f"got {registers_per_thread}")
     return math.ceil(32 * registers_per_thread / limits.register_unit) * limits.register_unit
 
 

@@ -277,7 +277,8 @@ class Pages:
 
     def macros(self) -> dict[str, Any]:
         names = ("record", "value", "tflops", "ms", "spread", "ratio", "results_table", "section", "entry",
-                 "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance", "compulsory_bytes", "eta", "residency")
+                 "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance",
+                 "compulsory_bytes", "eta", "residency")
         return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change,
                 "command": display_command}
 

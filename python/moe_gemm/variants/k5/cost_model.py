@@ -163,7 +163,8 @@ def greedy_policy(calibration: Calibration, N: int) -> Policy:
     best = {r: min(TileKind, key=lambda kind: (row_cost(kind, r), kind)) if r <= 64 else TileKind.M128
             for r in range(1, BM)}
     swap_max = 0
-    while swap_max < SWAP_MAX_ROWS and all(best[r] == TileKind.SWAP for r in range(swap_max + 1, swap_max + SWAP_STEP + 1)):
+    while swap_max < SWAP_MAX_ROWS and all(best[r] == TileKind.SWAP
+                                           for r in range(swap_max + 1, swap_max + SWAP_STEP + 1)):
         swap_max += SWAP_STEP
     m64 = all(best[r] in (TileKind.SWAP, TileKind.M64) for r in range(swap_max + 1, 65))
     return Policy(swap_max, 64 if m64 and swap_max < 64 else swap_max)
@@ -181,8 +182,8 @@ def greedy_policy(calibration: Calibration, N: int) -> Policy:
 # value that makes the model's makespan of that list equal its measured time.
 CALIBRATION_EXPERTS = 64
 BASE_ROWS = 256  # per expert: two 128-row tiles
-REMAINDERS = {"M64": (64, Policy(0, 64)), **{f"SWAP{w}": (w, Policy(64, 64)) for w in range(SWAP_STEP, SWAP_MAX_ROWS + 1,
-                                                                                                SWAP_STEP)}}
+REMAINDERS = {"M64": (64, Policy(0, 64)),
+              **{f"SWAP{w}": (w, Policy(64, 64)) for w in range(SWAP_STEP, SWAP_MAX_ROWS + 1, SWAP_STEP)}}
 
 
 def calibration_routings() -> dict[str, tuple[np.ndarray, Policy]]:

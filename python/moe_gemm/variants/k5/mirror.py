@@ -22,7 +22,8 @@ def swap_stage_image(tokens: np.ndarray, weights: np.ndarray, stage: int) -> tup
     smem = np.zeros(SWIZZLE_ALIGN + (stage + 1) * stage_bytes, dtype=np.uint8)
     base = SWIZZLE_ALIGN + stage * stage_bytes
     for box in range(tokens.shape[0] // TOKEN_BOX_ROWS):
-        tma_write_box(smem, base + box * TOKEN_BOX_ROWS * BK * 2, tokens[box * TOKEN_BOX_ROWS:(box + 1) * TOKEN_BOX_ROWS], 128)
+        rows = tokens[box * TOKEN_BOX_ROWS:(box + 1) * TOKEN_BOX_ROWS]
+        tma_write_box(smem, base + box * TOKEN_BOX_ROWS * BK * 2, rows, 128)
     for box in range(weights.shape[1] // 64):
         tma_write_box(smem, base + BM * BK * 2 + box * 64 * BK * 2, weights[:, box * 64:(box + 1) * 64], 128)
     return smem, base

@@ -76,8 +76,8 @@ class K6Config:
         mode = 0 if self.mode == "pingpong" else 1
         flag = "true" if self.b_layout == "nk" else "false"
         device = "true" if self.schedule == "device" else "false"
-        along = ", true" if self.cluster_along == "m" else ", false"
-        return f"{entry}<{mode}, {self.bn}, {self.stages}, {flag}, {self.staging_boxes}, {device}{along if self.cluster > 1 else ''}>"
+        along = (", true" if self.cluster_along == "m" else ", false") if self.cluster > 1 else ""
+        return f"{entry}<{mode}, {self.bn}, {self.stages}, {flag}, {self.staging_boxes}, {device}{along}>"
 
     @property
     def label(self) -> str:
@@ -125,8 +125,9 @@ LADDER: dict[str, K6Config] = {
 }
 # --8<-- [end:ladder]
 
-# The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B = [W_gate | W_up], C = silu(gate)
-# * up [M_tot, N / 2]. BN = 128 (64 gate columns and their 64 up columns per tile), the device walk; the cluster rungs are the fused twins of k6/pingpong-cluster-bn128 and
+# The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B = [W_gate | W_up],
+# C = silu(gate) * up [M_tot, N / 2]. BN = 128 (64 gate columns and their 64 up columns per tile), the
+# device walk; the cluster rungs are the fused twins of k6/pingpong-cluster-bn128 and
 # k6/coop256-cluster-bn128, which k6/auto's tuning put ahead of the plain BN = 128 rung at the
 # Mixtral-sized projection (chapter 07).
 FUSED: dict[str, K6Config] = {
