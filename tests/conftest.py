@@ -28,3 +28,13 @@ def sm90a():
     if gpu is None or gpu.compute_capability != (9, 0):
         pytest.skip("needs an sm_90a GPU (compute capability 9.0)")
     return gpu
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    """torch's CUDA device, where it is an sm_90a GPU (the torch op's and the layer's GPU tests); the test
+    is skipped anywhere else."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90a GPU")
+    return torch.device("cuda")

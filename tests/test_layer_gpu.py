@@ -13,13 +13,6 @@ pytestmark = pytest.mark.gpu
 from moe_gemm.torch.layer import MoELayer, torch_grouped_mm  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def cuda():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs an sm_90a GPU")
-    return torch.device("cuda")
-
-
 def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 

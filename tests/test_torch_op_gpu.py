@@ -17,13 +17,6 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def cuda():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs an sm_90a GPU")
-    return torch.device("cuda")
-
-
 def routed(counts, K, N, device, seed=0, dtype=torch.bfloat16):
     generator = torch.Generator(device="cpu").manual_seed(seed)
     a = torch.randn(int(sum(counts)), K, generator=generator).to(dtype).to(device)
