@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -432,11 +433,7 @@ Array.from(document.querySelectorAll("article.md-content__inner pre code")).map(
 @pytest.mark.parametrize("page", CODE_PAGES)
 def test_included_code_renders_inside_a_code_block(browser, served_site, page):
     """Each region a page includes from a source file shows, whole, inside one <pre><code>."""
-    target, session = _open(browser, served_site, page, 1400)
-    try:
-        blocks = browser.evaluate(session, CODE_BLOCKS)
-    finally:
-        browser.send("Target.closeTarget", {"targetId": target})
+    blocks = _read(browser, served_site, page, 1400, CODE_BLOCKS)
     shown = ["\n".join(line.strip() for line in block.splitlines() if line.strip()) for block in blocks]
     missing = [f"{path}:{section} (line {i + 1})" for i, path, section in code_includes(page)
                if not any(section_text(path, section) in block for block in shown)]
@@ -445,15 +442,19 @@ def test_included_code_renders_inside_a_code_block(browser, served_site, page):
 
 # ---- what a reader sees: the table of contents, the width, the lightbox --------------------
 
-def _open(browser, served_site: str, page: str, width: int) -> tuple[str, str]:
-    """A tab showing ``page`` at ``width`` CSS pixels, math typeset and images loaded."""
+def _read(browser, served_site: str, page: str, width: int, script: str) -> Any:
+    """``script``'s value in a tab showing ``page`` at ``width`` CSS pixels, math typeset and images
+    loaded; the tab is closed after."""
     target, session = browser.open_page()
-    browser.send("Emulation.setDeviceMetricsOverride",
-                 {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=session)
-    browser.send("Page.navigate", {"url": served_site + page_dir(page)}, session=session)
-    browser.wait_event("Page.loadEventFired", session)
-    browser.evaluate(session, READ_PAGE)
-    return target, session
+    try:
+        browser.send("Emulation.setDeviceMetricsOverride",
+                     {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=session)
+        browser.send("Page.navigate", {"url": served_site + page_dir(page)}, session=session)
+        browser.wait_event("Page.loadEventFired", session)
+        browser.evaluate(session, READ_PAGE)
+        return browser.evaluate(session, script)
+    finally:
+        browser.send("Target.closeTarget", {"targetId": target})
 
 
 # Tables, code, display math and figures that reach past the article (or the window) without a
@@ -496,11 +497,7 @@ def test_nothing_is_cut_off(browser, served_site, page, width):
     """Nothing reaches past the column outside a scroll container, and the page body never scrolls
     sideways: at 400 px a wide table scrolls inside its own wrapper, long inline math does not
     push the page wider (06-adaptive.md's grid is written in words for that)."""
-    target, session = _open(browser, served_site, page, width)
-    try:
-        seen = browser.evaluate(session, CLIPPED)
-    finally:
-        browser.send("Target.closeTarget", {"targetId": target})
+    seen = _read(browser, served_site, page, width, CLIPPED)
     assert not seen["clipped"], f"{page} at {width} px: cut off outside a scroll container: {seen['clipped']}"
     assert not seen["page_scrolls_sideways"], f"{page} at {width} px: the whole page scrolls sideways"
     if page != "index.md":
@@ -542,11 +539,7 @@ def test_tables_fit_the_column_at_1400_px(browser, served_site, page):
     A table too wide for the column is shortened where it is written (shorter headers, the long
     meaning in the legend under it) or split where it has two jobs, not left to scroll.
     """
-    target, session = _open(browser, served_site, page, 1400)
-    try:
-        seen = browser.evaluate(session, TABLE_WIDTHS)
-    finally:
-        browser.send("Target.closeTarget", {"targetId": target})
+    seen = _read(browser, served_site, page, 1400, TABLE_WIDTHS)
     wide = [f"{t['header']!r}: content {max(t['scroll'], t['wrapper_scroll'])} px in "
             f"{t['wrapper_client'] or t['client']} px" for t in seen["tables"]
             if t["scroll"] > t["client"] + 1 or t["wrapper_scroll"] > t["wrapper_client"] + 1]
@@ -562,11 +555,7 @@ Array.from(document.querySelectorAll(".md-nav--secondary .md-nav__link, .md-nav-
 
 @pytest.mark.parametrize("page", NAV_PAGES)
 def test_table_of_contents_has_no_math(browser, served_site, page):
-    target, session = _open(browser, served_site, page, 1400)
-    try:
-        entries = browser.evaluate(session, TOC)
-    finally:
-        browser.send("Target.closeTarget", {"targetId": target})
+    entries = _read(browser, served_site, page, 1400, TOC)
     assert len(entries) >= len(NAV_PAGES), f"{page}: no navigation found: {entries}"
     raw = [t for t in entries if "\\(" in t or "$" in t or "\\[" in t]
     assert not raw, f"{page}: raw LaTeX in the table of contents: {raw}"
@@ -593,10 +582,6 @@ LIGHTBOX = """
 
 @pytest.mark.parametrize("page", ("01-fp32-baseline.md", "03-tma-warp-specialization.md"))
 def test_figures_open_full_size_in_the_lightbox(browser, served_site, page):
-    target, session = _open(browser, served_site, page, 1400)
-    try:
-        seen = browser.evaluate(session, LIGHTBOX)
-    finally:
-        browser.send("Target.closeTarget", {"targetId": target})
+    seen = _read(browser, served_site, page, 1400, LIGHTBOX)
     assert seen["figures"] >= 2 and not seen["unwrapped"], seen
     assert seen["shown"] == seen["href"] and seen["shown_width"] > 0, f"{page}: the lightbox did not open: {seen}"
