@@ -228,13 +228,19 @@ def tuning(monkeypatch, tmp_path):
     return timed, first_end
 
 
+def tuned_problem(first_end: list[int]) -> tuple[torch.Tensor, ...]:
+    """The routing the tuning tests' made-up timings are for (256 rows over 4 experts, N = 256), with its
+    first expert end noted for the stand-in timer, and an output to tune on."""
+    a, b, offs = problem([100, 28, 0, 128], K=64, N=256)
+    first_end[0] = int(offs[0])
+    return a, b, offs, torch.empty(a.shape[0], 256, dtype=torch.bfloat16)
+
+
 def test_the_op_tunes_an_unseen_shape_once_and_keeps_the_robust_choice(tuning):
     from moe_gemm.variants.k6 import auto
 
     timed, first_end = tuning
-    a, b, offs = problem([100, 28, 0, 128], K=64, N=256)
-    first_end[0] = int(offs[0])
-    out = torch.empty(a.shape[0], 256, dtype=torch.bfloat16)
+    a, b, offs, out = tuned_problem(first_end)
     # the fastest on this routing (pingpong-bn192) is 2.5x the best on the skewed one: the robust rule
     # keeps coop256-cluster-bn192 (10% and 0% off)
     assert ops._choice(a, b, offs, out, "kn", "none", 0) == "k6/coop256-cluster-bn192"
@@ -331,9 +337,7 @@ def test_the_choice_is_kept_per_gpu_index(tuning):
     from moe_gemm.variants.k6 import auto
 
     timed, first_end = tuning
-    a, b, offs = problem([100, 28, 0, 128], K=64, N=256)
-    first_end[0] = int(offs[0])
-    out = torch.empty(a.shape[0], 256, dtype=torch.bfloat16)
+    a, b, offs, out = tuned_problem(first_end)
     assert ops._choice(a, b, offs, out, "kn", "none", 0) == "k6/coop256-cluster-bn192"
     count = len(timed)
     assert ops._choice(a, b, offs, out, "kn", "none", 1) == "k6/coop256-cluster-bn192"
