@@ -141,21 +141,13 @@ def _gpu(index: int) -> tuple[str, int]:
 
 @functools.cache
 def _slots(name: str, layout: str, index: int) -> int:
-    """Blocks (clusters) a persistent launch of ``name`` runs at once on GPU ``index``: one per SM and,
-    for clusters, no more than that GPU's driver says can be resident together; the carveout set
-    there first (K6Persistent.slots does the same for the harness's one device)."""
-    from moe_gemm.cuda.launch import max_active_clusters, prefer_shared_memory
-    from moe_gemm.variants.k6.config import THREADS
+    """Blocks (clusters) a persistent launch of ``name`` runs at once on GPU ``index``, as k6's launch
+    path counts them for the harness (moe_gemm.variants.k6.launch.resident_slots)."""
+    from moe_gemm.variants.k6.launch import resident_slots
 
     variant = _k6(name, layout)
-    kernel, config = variant.compile(), variant.config
     with torch.cuda.device(index):  # the occupancy query runs in that GPU's context
-        prefer_shared_memory(kernel, device=index)  # 200-220 KB of ring per block: the carveout leans to shared
-        slots = _gpu(index)[1] // config.cluster
-        if config.cluster > 1:
-            resident = max_active_clusters(kernel, THREADS, config.dynamic_smem_bytes, config.cluster, device=index)
-            slots = min(slots, resident or slots)
-    return slots
+        return resident_slots(variant.compile(), variant.config, _gpu(index)[1], device=index)
 
 
 class _Runner:
@@ -195,10 +187,7 @@ def _launcher(name: str, layout: str, a: torch.Tensor, b: torch.Tensor, offs: to
               out: torch.Tensor) -> Callable[[], None]:
     """One launch of configuration ``name`` on these tensors, on torch's current stream of their GPU,
     ready to repeat (k6's one launch path, moe_gemm.variants.k6.launch, which the harness takes too)."""
-    from moe_gemm.variants.k6.rules import b_strides_of
-
-    (tokens, K), (experts, _, N) = a.shape, b.shape
-    runner = _Runner(name, layout, a.device.index, tokens, experts, K, N, b_strides_of(b.shape, b.stride()))
+    runner = _runner(name, layout, a, b)
     return lambda: runner(a, b, offs, out)
 
 

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from moe_gemm.cuda.device import DeviceArray, DeviceProblem, to_device
-from moe_gemm.cuda.launch import max_active_clusters, prefer_shared_memory
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.edge_cases import EdgeCase
 from moe_gemm.variants.compiled import NamedConfigVariant
@@ -115,13 +114,7 @@ class K6Persistent(NamedConfigVariant):
         """Blocks (clusters) a persistent launch runs at once: one 384-thread block per SM and, for
         clusters, no more than the driver says can be resident together (asked once per variant)."""
         if getattr(self, "_slots", None) is None:
-            kernel = self.compile()
-            prefer_shared_memory(kernel)  # 200-220 KB of ring per block: the carveout leans fully to shared
-            slots = sm_count // self.config.cluster
-            if self.config.cluster > 1:
-                resident = max_active_clusters(kernel, THREADS, self.config.dynamic_smem_bytes, self.config.cluster)
-                slots = min(slots, resident or slots)
-            self._slots = slots
+            self._slots = launch.resident_slots(self.compile(), self.config, sm_count)
         return self._slots
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from moe_gemm.cuda.launch import PackedArguments, TensorMapArg, launch
+from moe_gemm.cuda.launch import PackedArguments, TensorMapArg, launch, max_active_clusters, prefer_shared_memory
 from moe_gemm.cuda.nvrtc import CompiledKernel
 from moe_gemm.cuda.tensormap import TiledMap, matrix_map
 from moe_gemm.variants.k6.config import THREADS, K6Config
@@ -70,6 +70,19 @@ def packed_arguments(config: K6Config, a_address: int, b_address: int, c_address
     return PackedArguments(tuple(TensorMapArg(arg.encode()) if isinstance(arg, TiledMap) else arg for arg in args))
 
 
+def resident_slots(kernel: CompiledKernel, config: K6Config, sm_count: int, device: int | None = None) -> int:
+    """Blocks (clusters) a persistent launch of ``kernel`` runs at once on GPU ``device`` (None: the
+    harness's): one 384-thread block per SM and, for clusters, no more than the driver says can be
+    resident together; the carveout is set to lean fully to shared memory first (200-220 KB of ring per
+    block). The caller keeps the answer: each query is a driver call."""
+    prefer_shared_memory(kernel, device=device)
+    slots = sm_count // config.cluster
+    if config.cluster > 1:
+        resident = max_active_clusters(kernel, THREADS, config.dynamic_smem_bytes, config.cluster, device=device)
+        slots = min(slots, resident or slots)
+    return slots
+
+
 def grid(config: K6Config, slots: int, units: int = 0) -> int:
     """Blocks to launch: every slot for the device walk, which finds its units whatever the routing; for
     the host walk, no more slots than it has units (and at least one)."""
@@ -97,7 +110,7 @@ def launcher(kernel: CompiledKernel, config: K6Config, slots: int, a_address: in
              ends_address: int, tokens: int, experts: int, K: int, N: int, *, stream: int | None = None,
              units_address: int = 0, units: int = 0, b_strides: BStrides = None, device: int | None = None) -> Launch:
     """k6 built as ``config`` (``kernel``) on these operands: ``slots`` is how many blocks (clusters)
-    the device holds at once (K6Persistent.slots), ``ends_address`` the expert ends (torch's offs),
+    the device holds at once (:func:`resident_slots`), ``ends_address`` the expert ends (torch's offs),
     ``units_address`` and ``units`` the host walk's unit list (the -host rungs), ``b_strides`` B's row
     and expert strides when they are not the dense ones."""
     args = packed_arguments(config, a_address, b_address, c_address, ends_address, tokens, experts, K, N,
