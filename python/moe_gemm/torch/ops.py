@@ -76,24 +76,17 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def operands(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype) -> rules.Operands:
-    """The rules' view of real tensors: shapes, strides, dtypes, devices, the GPU's target, addresses."""
-    capability = torch.cuda.get_device_capability(a.device) if a.is_cuda else None
+def operands(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype, *,
+             meta: bool = False) -> rules.Operands:
+    """The rules' view of the tensors: shapes, strides, dtypes and devices, and for real tensors the GPU's
+    target and the addresses (``meta``: fake tensors at trace time have neither)."""
+    real = {} if meta else {"capability": torch.cuda.get_device_capability(a.device) if a.is_cuda else None,
+                            "a_address": a.data_ptr(), "b_address": b.data_ptr()}
     return rules.Operands(a_shape=tuple(a.shape), a_strides=a.stride(), a_dtype=_dtype_name(a.dtype),
                           b_shape=tuple(b.shape), b_strides=b.stride(), b_dtype=_dtype_name(b.dtype),
                           offs_shape=tuple(offs.shape), offs_dtype=_dtype_name(offs.dtype),
                           out_dtype=_dtype_name(out_dtype), a_device=str(a.device), b_device=str(b.device),
-                          offs_device=str(offs.device), capability=capability,
-                          a_address=a.data_ptr(), b_address=b.data_ptr())
-
-
-def operands_meta(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype) -> rules.Operands:
-    """The rules' view of fake tensors: shapes, strides, dtypes and devices, no addresses or device queries."""
-    return rules.Operands(a_shape=tuple(a.shape), a_strides=a.stride(), a_dtype=_dtype_name(a.dtype),
-                          b_shape=tuple(b.shape), b_strides=b.stride(), b_dtype=_dtype_name(b.dtype),
-                          offs_shape=tuple(offs.shape), offs_dtype=_dtype_name(offs.dtype),
-                          out_dtype=_dtype_name(out_dtype), a_device=str(a.device), b_device=str(b.device),
-                          offs_device=str(offs.device))
+                          offs_device=str(offs.device), **real)
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -307,7 +300,7 @@ def _run(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.
 def _fake(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None,
           epilogue: str) -> torch.Tensor:
     out_dtype = a.dtype if out_dtype is None else out_dtype
-    rules.check(operands_meta(a, b, offs, out_dtype))  # the shape rules hold at trace time too
+    rules.check(operands(a, b, offs, out_dtype, meta=True))  # the shape rules hold at trace time too
     return a.new_empty((a.shape[0], b.shape[2] // (2 if epilogue == "swiglu" else 1)), dtype=out_dtype)
 
 
