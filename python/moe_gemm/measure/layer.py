@@ -367,5 +367,5 @@ def compile_check(shape: LayerShape = LAYERS["qwen3"], tokens: int = 1024) -> di
     with torch.no_grad():
         eager = layer(x)
         compiled = torch.compile(layer, fullgraph=True)(x)  # a graph break raises under fullgraph
-    error = ((compiled.float() - eager.float()).norm() / eager.float().norm()).item()
+    error = relative_error(compiled, eager)
     return {"fullgraph": True, "rel_error": error, "same_output": error < 1e-2}
