@@ -133,13 +133,16 @@ def test_the_op_tuning_reads_what_the_page_says():
 
 
 def test_the_fused_epilogue_reads_what_the_page_says():
-    """In interleaved rounds the fused target holds at 7 of 9 points and fails at the DeepSeek-V3-like
-    size at 32,768 tokens and the Mixtral-like size at 512 tokens."""
+    """In interleaved rounds the fused target holds at 6 of 9 points and fails at the DeepSeek-V3-like
+    size at 4,096 and 32,768 tokens and the Mixtral-like size at 512 tokens; where the fused launch reads
+    faster than GEMM 1 alone (512 tokens), the SwiGLU pass it is measured in is under 0.1 ms."""
     data = recorded_or_skip()
     fused = {(f["hidden"], f["tokens"]): f for f in data["fused_epilogue"]}
     extras = {key: RUN.fused_extra(f) for key, f in fused.items()}
     assert len(extras) == 9
-    assert sorted(key for key, v in extras.items() if v > RUN.TARGET_FUSED_SHARE) == [(4096, 512), (7168, 32768)]
+    assert sorted(key for key, v in extras.items() if v > RUN.TARGET_FUSED_SHARE) == \
+        [(4096, 512), (7168, 4096), (7168, 32768)]
+    assert all(key[1] == 512 and fused[key]["swiglu_ms"] < 0.1 for key, v in extras.items() if v < 0)
 
 
 def test_the_scoreboard_predictions_read_what_the_page_says():
