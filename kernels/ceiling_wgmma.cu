@@ -40,7 +40,7 @@ ceiling_wgmma(float* __restrict__ out, int iterations, unsigned long long k_majo
         wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < CEILING_WGMMA_K16; ++kk)  // 32 bytes of K per k16 step in a 128-byte row
-            wgmma_bf16<CEILING_WGMMA_N, false, false>(acc, matrix_descriptor(k_major_bits, a + 32 * kk),
+            wgmma_16bit<CEILING_WGMMA_N, false, false>(acc, matrix_descriptor(k_major_bits, a + 32 * kk),
                                                       matrix_descriptor(k_major_bits, b + 32 * kk), true);
         wgmma_commit();
         wgmma_wait<1>();

@@ -10,8 +10,32 @@
 
 namespace sm90 {
 
+// --8<-- [start:elements]
+// The element types of the 16-bit wgmma kernels (k6's IN and OUT template parameters): wgmma takes
+// bf16 or fp16 operands at one rate into fp32 accumulators, which the epilogue rounds to bf16 or
+// fp16, or stores as they are (fp32: a weight gradient kept in full, torch's out_dtype=float32).
+enum Element : int { BF16 = 0, F16 = 1, F32 = 2 };
+
+// Two accumulators rounded to a 16-bit OUT and packed, `lo` at the lower address.
+template <int OUT>
+__device__ __forceinline__ unsigned pack_pair(float lo, float hi) {
+    static_assert(OUT == BF16 || OUT == F16, "a packed pair of 16-bit outputs");
+    return OUT == BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+}
+
+// C[index], C[index + 1] = lo, hi in OUT: one 4-byte store for 16-bit outputs, one 8-byte store for
+// fp32 (index is even: a thread's pair of accumulator columns, 8j + 2t and the next).
+template <int OUT>
+__device__ __forceinline__ void store_pair(void* C, long long index, float lo, float hi) {
+    if constexpr (OUT == F32)
+        *reinterpret_cast<float2*>(static_cast<float*>(C) + index) = make_float2(lo, hi);
+    else
+        *reinterpret_cast<unsigned*>(static_cast<unsigned short*>(C) + index) = pack_pair<OUT>(lo, hi);
+}
+// --8<-- [end:elements]
+
 // --8<-- [start:epilogue]
-// Register-direct epilogue, as in k1 and k2: the wgmma accumulator layout (ptx.cuh, wgmma_bf16)
+// Register-direct epilogue, as in k1 and k2: the wgmma accumulator layout (ptx.cuh, wgmma_16bit)
 // puts D[16w + 8h + g][8j + 2t .. +1] in d[4j + 2h .. +1], one bf16x2 word per store. Rows at or
 // past tile.z belong to the next expert (or lie past M_tot) and are dropped, as are columns at
 // or past N (N % 8 == 0 and the column is even, so a pair is wholly inside or outside).

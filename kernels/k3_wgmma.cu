@@ -54,7 +54,7 @@ __device__ __forceinline__ void multiply_tile(float (&acc)[Cfg::M_ITERS][Cfg::WG
             for (int i = 0; i < Cfg::M_ITERS; ++i) {
                 const unsigned long long desc_a =
                     matrix_descriptor(plan_a.bits, a_tile + i * plan_a.mn64_bytes + kk * plan_a.k16_bytes);
-                wgmma_bf16<Cfg::WG_COLS, false, !B_K_MAJOR>(acc[i], desc_a, desc_b, ks > 0 || kk > 0);
+                wgmma_16bit<Cfg::WG_COLS, false, !B_K_MAJOR>(acc[i], desc_a, desc_b, ks > 0 || kk > 0);
             }
         }
         wgmma_commit();

@@ -250,7 +250,7 @@ __device__ __forceinline__ void multiply_wide(float (&acc)[1][BN / 2], int k_ste
         const unsigned a_tile = base + a_slice * plan_k.mn64_bytes, b_tile = base + K3<STAGES>::A_BYTES;
 #pragma unroll
         for (int kk = 0; kk < sm90::BK / 16; ++kk)
-            wgmma_bf16<BN, false, true>(acc[0], matrix_descriptor(plan_k.bits, a_tile + kk * plan_k.k16_bytes),
+            wgmma_16bit<BN, false, true>(acc[0], matrix_descriptor(plan_k.bits, a_tile + kk * plan_k.k16_bytes),
                                         matrix_descriptor(plan_mn.bits, b_tile + kk * plan_mn.k16_bytes),
                                         !first || kk > 0);
     });
@@ -293,7 +293,7 @@ __device__ __forceinline__ void swap_tile(int4 tile, int warpgroup, int k_steps,
         const unsigned weights = base + K3<STAGES>::A_BYTES + warpgroup * sm90::BOX_BYTES, tokens = base;
 #pragma unroll
         for (int kk = 0; kk < sm90::BK / 16; ++kk)
-            wgmma_bf16<TN, true, false>(acc, matrix_descriptor(plan_mn.bits, weights + kk * plan_mn.k16_bytes),
+            wgmma_16bit<TN, true, false>(acc, matrix_descriptor(plan_mn.bits, weights + kk * plan_mn.k16_bytes),
                                         matrix_descriptor(plan_k.bits, tokens + kk * plan_k.k16_bytes),
                                         !first || kk > 0);
     });

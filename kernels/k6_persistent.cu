@@ -25,6 +25,7 @@
 // that the shared memory goes to the operand ring instead: one ring per warpgroup in cooperative
 // mode, where both store at once, and one ring for the block in ping-pong, where the epilogues take
 // turns as the main loops do (as CUTLASS's and quack's ping-pong kernels do).
+#include "epilogues.cuh"
 #include "named_barriers.cuh"
 #include "ptx.cuh"
 #include "tile_walk.cuh"
@@ -147,7 +148,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
 // waiting for the last ones to finish. SLICES is a template parameter, not a test inside the loop:
 // a wgmma under a run-time branch makes ptxas serialize every wgmma of the kernel (its warning
 // C7520, "wgmma.mma_async instructions are serialized").
-template <class Cfg, int SLICES, int STAGES, int CLUSTER, bool B_K_MAJOR, class HandOver>
+template <class Cfg, int SLICES, int STAGES, int CLUSTER, bool B_K_MAJOR, bool F16, class HandOver>
 __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], int a_slice, int k_steps,
                                          unsigned ring, const OperandPlan& plan_a, const OperandPlan& plan_b,
                                          unsigned long long* full, unsigned long long* empty, int& stage,
@@ -164,7 +165,7 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N 
                 const unsigned long long desc_b = matrix_descriptor(plan_b.bits, b_tile + kk * plan_b.k16_bytes);
 #pragma unroll
                 for (int i = 0; i < SLICES; ++i)
-                    wgmma_bf16<Cfg::TILE_N, false, !B_K_MAJOR>(
+                    wgmma_16bit<Cfg::TILE_N, false, !B_K_MAJOR, F16>(
                         acc[i], matrix_descriptor(plan_a.bits, a_tile + i * plan_a.mn64_bytes + kk * plan_a.k16_bytes),
                         desc_b, ks > 0 || kk > 0);
             }
@@ -191,11 +192,13 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N 
 // stored by TMA, the box's previous store having finished reading it. A slice with fewer than 64
 // rows (the expert's last) is stored from registers with a row guard, since a TMA store writes
 // whole boxes and the rows past it belong to the next expert.
-// COLS is the tile's width in C: BN, or BN / 2 after the SwiGLU epilogue.
-template <class Cfg, int STAGING_BOXES, int COLS>
+// COLS is the tile's width in C: BN, or BN / 2 after the SwiGLU epilogue. An fp32 C (OUT = F32) is
+// stored from registers throughout: stmatrix moves 16-bit elements only, and a 64-column fp32 box is
+// 256 bytes wide, twice what the 128-byte swizzle lets one TMA box span.
+template <class Cfg, int STAGING_BOXES, int COLS, int OUT>
 __device__ __forceinline__ void store(const float (&acc)[Cfg::M_ITERS][COLS / 2], int row0, int rows, int col0,
                                       int warpgroup, unsigned staging, int& stored, const CUtensorMap* tmap_c,
-                                      unsigned short* __restrict__ C, int N) {
+                                      void* __restrict__ C, int N) {
     constexpr int BN = COLS;
     const bool issuer = threadIdx.x % sm90::WARPGROUP == 0;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % sm90::WARPGROUP) / 32;
@@ -204,45 +207,47 @@ __device__ __forceinline__ void store(const float (&acc)[Cfg::M_ITERS][COLS / 2]
         const int slice_rows = rows - 64 * i;
         if (slice_rows <= 0) break;
         const int slice_row0 = row0 + 64 * i;
-        if (slice_rows < 64) {  // register stores: D[16 warp + 8h + g][8j + 2t + c] is acc[i][4j + 2h + c]
+        if (OUT == sm90::F32 || slice_rows < 64) {  // registers: D[16 warp + 8h + g][8j + 2t + c] is acc[i][4j + 2h + c]
             const int g = lane / 4, t = lane % 4;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = warp * 16 + h * 8 + g;
                 if (r >= slice_rows) continue;
-                unsigned short* c_row = C + static_cast<long long>(slice_row0 + r) * N;
+                const long long c_row = static_cast<long long>(slice_row0 + r) * N;
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) {
                     const int col = col0 + j * 8 + 2 * t;
-                    if (col < N)
-                        *reinterpret_cast<unsigned*>(c_row + col) =
-                            pack_bf16x2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+                    if (col < N) sm90::store_pair<OUT>(C, c_row + col, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
                 }
             }
             continue;
         }
-        const int m = lane / 8, r = warp * 16 + (m % 2) * 8 + lane % 8;  // stmatrix: lane l, row l%8 of matrix l/8
+        if constexpr (OUT != sm90::F32) {  // (an fp32 C never gets here: no 16-bit pairs to stage)
+            const int m = lane / 8, r = warp * 16 + (m % 2) * 8 + lane % 8;  // stmatrix: lane l, row l%8 of matrix l/8
 #pragma unroll
-        for (int b = 0; b < COLS / sm90::BOX; ++b) {
-            if (col0 + b * sm90::BOX >= N) break;
-            const unsigned box = staging + (stored % STAGING_BOXES) * sm90::BOX_BYTES;
-            if (issuer) bulk_wait_read<STAGING_BOXES - 1>();  // the box's last store has read it
-            named_barrier_sync(STAGING_BARRIER + warpgroup, sm90::WARPGROUP);
+            for (int b = 0; b < COLS / sm90::BOX; ++b) {
+                if (col0 + b * sm90::BOX >= N) break;
+                const unsigned box = staging + (stored % STAGING_BOXES) * sm90::BOX_BYTES;
+                if (issuer) bulk_wait_read<STAGING_BOXES - 1>();  // the box's last store has read it
+                named_barrier_sync(STAGING_BARRIER + warpgroup, sm90::WARPGROUP);
 #pragma unroll
-            for (int jj = 4 * b; jj < 4 * b + 4; ++jj) {  // 16 columns each
-                const unsigned chunk = ((jj % 4) * 16 + (m / 2) * 8) / 8;
-                const unsigned fragment[4] = {
-                    pack_bf16x2(acc[i][8 * jj + 0], acc[i][8 * jj + 1]), pack_bf16x2(acc[i][8 * jj + 2], acc[i][8 * jj + 3]),
-                    pack_bf16x2(acc[i][8 * jj + 4], acc[i][8 * jj + 5]), pack_bf16x2(acc[i][8 * jj + 6], acc[i][8 * jj + 7])};
-                stmatrix_x4(box + r * 128 + ((chunk ^ (r % 8)) << 4), fragment);
+                for (int jj = 4 * b; jj < 4 * b + 4; ++jj) {  // 16 columns each
+                    const unsigned chunk = ((jj % 4) * 16 + (m / 2) * 8) / 8;
+                    const unsigned fragment[4] = {
+                        sm90::pack_pair<OUT>(acc[i][8 * jj + 0], acc[i][8 * jj + 1]),
+                        sm90::pack_pair<OUT>(acc[i][8 * jj + 2], acc[i][8 * jj + 3]),
+                        sm90::pack_pair<OUT>(acc[i][8 * jj + 4], acc[i][8 * jj + 5]),
+                        sm90::pack_pair<OUT>(acc[i][8 * jj + 6], acc[i][8 * jj + 7])};
+                    stmatrix_x4(box + r * 128 + ((chunk ^ (r % 8)) << 4), fragment);
+                }
+                fence_proxy_async_shared();  // stmatrix's writes, before TMA (the async proxy) reads them
+                named_barrier_sync(STAGING_BARRIER + warpgroup, sm90::WARPGROUP);
+                if (issuer) {
+                    tma_store_2d(tmap_c, col0 + b * sm90::BOX, slice_row0, box);
+                    bulk_commit();
+                }
+                ++stored;
             }
-            fence_proxy_async_shared();  // stmatrix's writes, before TMA (the async proxy) reads them
-            named_barrier_sync(STAGING_BARRIER + warpgroup, sm90::WARPGROUP);
-            if (issuer) {
-                tma_store_2d(tmap_c, col0 + b * sm90::BOX, slice_row0, box);
-                bulk_commit();
-            }
-            ++stored;
         }
     }
 }
@@ -280,14 +285,18 @@ __device__ __forceinline__ void skip(int& stage, unsigned& phase, int steps) {
 }
 
 // --8<-- [start:body]
+// IN: the operands' element type (BF16 or F16), OUT: C's (BF16, F16 or F32).
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
-          bool DEVICE_SCHEDULE, bool SWIGLU = false>
+          bool DEVICE_SCHEDULE, bool SWIGLU, int IN, int OUT>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
-                                        const CUtensorMap* tmap_c, unsigned short* C, const int4* units_list,
+                                        const CUtensorMap* tmap_c, void* C, const int4* units_list,
                                         int num_units, const int* ends, int tokens, int experts, int group, int K,
                                         int N, const OperandPlan& plan_a, const OperandPlan& plan_b) {
+    static_assert((IN == sm90::BF16 || IN == sm90::F16) && OUT >= sm90::BF16 && OUT <= sm90::F32,
+                  "bf16 or fp16 operands; a bf16, fp16 or fp32 output");
     using Cfg = Config<MODE, BN, STAGES, CLUSTER_M, CLUSTER_N, B_K_MAJOR, STAGING_BOXES>;
     constexpr int CLUSTER = Cfg::CLUSTER;
+    constexpr bool F16 = IN == sm90::F16;
     __shared__ alignas(8) unsigned long long full[STAGES];
     __shared__ alignas(8) unsigned long long empty[STAGES];
     __shared__ walk::Walk<Cfg::UNIT_ROWS, Cfg::UNIT_COLS> order;  // DEVICE_SCHEDULE only (2 KB)
@@ -357,13 +366,13 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             };
             const int a_slice = MODE == PINGPONG ? 0 : warpgroup;
             if (slices == 2)
-                multiply<Cfg, 2, STAGES, CLUSTER, B_K_MAJOR>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
+                multiply<Cfg, 2, STAGES, CLUSTER, B_K_MAJOR, F16>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
                                                              stage, phase, hand_over);
             else if (slices == 1)
-                multiply<Cfg, 1, STAGES, CLUSTER, B_K_MAJOR>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
+                multiply<Cfg, 1, STAGES, CLUSTER, B_K_MAJOR, F16>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
                                                              stage, phase, hand_over);
             else
-                multiply<Cfg, 0, STAGES, CLUSTER, B_K_MAJOR>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
+                multiply<Cfg, 0, STAGES, CLUSTER, B_K_MAJOR, F16>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
                                                              stage, phase, hand_over);
             // Ping-pong: the epilogues take turns on the one staging ring. Each starts at its first
             // box and, before handing over, waits until TMA has read every box it filled (bulk
@@ -375,11 +384,11 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
                 if (slices > 0) {
                     float act[Cfg::M_ITERS][BN / 4];
                     swiglu<Cfg>(acc, act, slices);
-                    store<Cfg, STAGING_BOXES, BN / 2>(act, tile.y + row_offset, rows, tile.w / 2, warpgroup,
+                    store<Cfg, STAGING_BOXES, BN / 2, OUT>(act, tile.y + row_offset, rows, tile.w / 2, warpgroup,
                                                       my_staging, stored, tmap_c, C, N / 2);
                 }
             } else if (slices > 0) {
-                store<Cfg, STAGING_BOXES, BN>(acc, tile.y + row_offset, rows, tile.w, warpgroup, my_staging, stored,
+                store<Cfg, STAGING_BOXES, BN, OUT>(acc, tile.y + row_offset, rows, tile.w, warpgroup, my_staging, stored,
                                               tmap_c, C, N);
             }
             if (MODE == PINGPONG) {
@@ -403,24 +412,26 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     const __grid_constant__ CUtensorMap tmap_a,  /* A [M_tot, K]: box {64, BM / CLUSTER_N}                 */ \
     const __grid_constant__ CUtensorMap tmap_b,  /* B [E, K, N]: {N, K, E}; B^T [E, N, K]: {K, N, E}; 64 x 64 */ \
     const __grid_constant__ CUtensorMap tmap_c,  /* C [M_tot, N]: box {64, 64}                              */ \
-    unsigned short* __restrict__ C,              /* [M_tot, N] bf16                                         */ \
+    void* __restrict__ C,                        /* [M_tot, N] in OUT: bf16, fp16 or fp32                   */ \
     const int4* __restrict__ units_list,         /* host walk: (expert, row0, rows, col0) per unit          */ \
     int num_units,                               /* host walk: the list's length                            */ \
     const int* __restrict__ ends,                /* device walk: [E] cumulative row ends (torch's offs)     */ \
     int tokens,                                  /* M_tot: the rows of A and C; every end is clamped to it  */ \
     int experts, int group, int K, int N, const OperandPlan plan_a, const OperandPlan plan_b
 
-template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE>
+template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, int IN, int OUT>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAMS) {
-    k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE>(
+    k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, false, IN, OUT>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
 }
 
 // ALONG_M: the cluster's two blocks take two M tiles of one N column (B shared), else two N tiles
 // of one M tile (A shared).
-template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M>
+template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M,
+          int IN, int OUT>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_cluster2(K6_PARAMS) {
-    k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE>(
+    k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, false,
+                IN, OUT>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
 }
 
@@ -428,15 +439,15 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP,
 // (A W_up) [M_tot, N / 2]; a 128-column tile holds one 64-column gate block and its up block;
 // BN = 128, the device walk; alone, or in a cluster of two along N (A multicast: each block's tile is
 // its own pair, and the partner of an odd last tile, past N, multiplies and stores nothing).
-template <int MODE, int STAGES, int STAGING_BOXES>
+template <int MODE, int STAGES, int STAGING_BOXES, int IN, int OUT>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_swiglu(K6_PARAMS) {
-    k6::k6_body<MODE, 128, STAGES, 1, 1, false, STAGING_BOXES, true, true>(
+    k6::k6_body<MODE, 128, STAGES, 1, 1, false, STAGING_BOXES, true, true, IN, OUT>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
 }
 
-template <int MODE, int STAGES, int STAGING_BOXES>
+template <int MODE, int STAGES, int STAGING_BOXES, int IN, int OUT>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_swiglu_cluster2(K6_PARAMS) {
-    k6::k6_body<MODE, 128, STAGES, 1, 2, false, STAGING_BOXES, true, true>(
+    k6::k6_body<MODE, 128, STAGES, 1, 2, false, STAGING_BOXES, true, true, IN, OUT>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
 }
 // --8<-- [end:kernels]

@@ -104,6 +104,15 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return packed;
 }
 
+// The same for fp16 (.f16x2, sm_53 and newer): 10 stored mantissa bits against bf16's 7, 5
+// exponent bits against 8, so values past 65,504 become infinities.
+// PTX ISA "Data Movement and Conversion Instructions: cvt"   #data-movement-and-conversion-instructions-cvt
+__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
+    unsigned packed;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+
 // ============================================================================================
 // k2: TMA and mbarrier wrappers go below this line.
 // ============================================================================================
@@ -283,59 +292,59 @@ __device__ __forceinline__ unsigned long long matrix_descriptor(unsigned long lo
                 PTX_R10(8) "%90, %91, %92, %93, %94, %95"
 #define PTX_R128 PTX_R10() PTX_R10(1) PTX_R10(2) PTX_R10(3) PTX_R10(4) PTX_R10(5) PTX_R10(6) PTX_R10(7) \
                  PTX_R10(8) PTX_R10(9) PTX_R10(10) PTX_R10(11) "%120, %121, %122, %123, %124, %125, %126, %127"
-// The instruction text; D, A, B, P, TA, TB are the operand numbers of the accumulator list, the
-// two descriptors, the accumulate flag and the A- and B-transpose immediates.
-#define PTX_WGMMA(N, D, A, B, P, TA, TB)                                                          \
+// The instruction text; T is the input type ("bf16" or "f16"); D, A, B, P, TA, TB are the operand
+// numbers of the accumulator list, the two descriptors, the accumulate flag and the A- and
+// B-transpose immediates.
+#define PTX_WGMMA(N, T, D, A, B, P, TA, TB)                                                       \
     "{\n"                                                                                         \
     "  .reg .pred accumulate;\n"                                                                  \
     "  setp.ne.b32 accumulate, %" #P ", 0;\n"                                                     \
-    "  wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" D "}, %" #A ", %" #B ",\n"    \
+    "  wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" D "}, %" #A ", %" #B ",\n"  \
     "      accumulate, 1, 1, %" #TA ", %" #TB ";\n"                                               \
     "}\n"
 
 // --8<-- [start:wgmma]
-// D[64 x N] (+)= A[64 x 16] * B[16 x N], bf16 in, fp32 accumulators in registers, both operands
-// read from shared memory through 64-bit matrix descriptors (SASS: HGMMA.64xNx16.F32.BF16).
+// D[64 x N] (+)= A[64 x 16] * B[16 x N], bf16 in (or fp16: F16, the same rate and layouts), fp32
+// accumulators in registers, both operands read from shared memory through 64-bit matrix
+// descriptors (SASS: HGMMA.64xNx16.F32.BF16, or .F32.F16).
 // Issued by all 128 threads of a warpgroup; warp w of the warpgroup holds rows 16w .. 16w+15 of
 // D and, with g = lane/4 and t = lane%4, thread element d[4j + 2h + c] is
 //   D[16w + 8h + g][8j + 2t + c]      (j < N/8, h and c in {0, 1})
 // the mma.sync m16n8 pattern repeated across N. `accumulate` false means D = A * B: the first
 // k16 step of a tile needs no zeroed registers. TRANS_A says A is MN-major in shared memory (M
 // contiguous; chapter 06's swap-AB tiles feed B [K, N] as A), TRANS_B that B is (B [K, N]
-// row-major, N contiguous); bf16 allows both, and K-major is the untransposed default.
+// row-major, N contiguous); bf16 and fp16 allow both, and K-major is the untransposed default.
 // PTX ISA 9.7.15.5.2 "wgmma.mma_async"   #asynchronous-warpgroup-level-matrix-instructions-wgmma-mma-async
 // PTX ISA "Register Fragments and Shared Memory Matrix Layouts"
 //   #asynchronous-warpgroup-level-matrix-register-fragment-wgmma-64nnk16 (the accumulator layout)
 //   #asynchronous-warpgroup-level-matrix-shared-memory-layout-matrix-descriptor (the descriptor)
-template <int N, bool TRANS_A, bool TRANS_B>
-__device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], unsigned long long desc_a,
-                                           unsigned long long desc_b, bool accumulate) {
+template <int N, bool TRANS_A, bool TRANS_B, bool F16 = false>
+__device__ __forceinline__ void wgmma_16bit(float (&d)[N / 2], unsigned long long desc_a,
+                                            unsigned long long desc_b, bool accumulate) {
     static_assert(N % 16 == 0 && (N <= 64 || N % 64 == 0) && N <= 256,
                   "wgmma widths used here: 16, 32, 48, 64, 128, 192, 256");
     const int acc = accumulate;
     constexpr int TA = TRANS_A, TB = TRANS_B;
-    if constexpr (N == 16)
-        asm volatile(PTX_WGMMA(16, PTX_R8, 8, 9, 10, 11, 12)
-                     : PTX_F8(0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
-    if constexpr (N == 32)
-        asm volatile(PTX_WGMMA(32, PTX_R16, 16, 17, 18, 19, 20)
-                     : PTX_F8(0), PTX_F8(8) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
-    if constexpr (N == 48)
-        asm volatile(PTX_WGMMA(48, PTX_R24, 24, 25, 26, 27, 28)
-                     : PTX_F8(0), PTX_F8(8), PTX_F8(16) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
-    if constexpr (N == 64)
-        asm volatile(PTX_WGMMA(64, PTX_R32, 32, 33, 34, 35, 36)
-                     : PTX_F32(0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
-    if constexpr (N == 128)
-        asm volatile(PTX_WGMMA(128, PTX_R64, 64, 65, 66, 67, 68)
-                     : PTX_F32(0), PTX_F32(32) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
-    if constexpr (N == 192)
-        asm volatile(PTX_WGMMA(192, PTX_R96, 96, 97, 98, 99, 100)
-                     : PTX_F32(0), PTX_F32(32), PTX_F32(64) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
-    if constexpr (N == 256)
-        asm volatile(PTX_WGMMA(256, PTX_R128, 128, 129, 130, 131, 132)
-                     : PTX_F32(0), PTX_F32(32), PTX_F32(64), PTX_F32(96)
-                     : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));
+// One asm statement per element type: the instruction's type is part of its text, which must be a
+// literal. The trailing arguments are the accumulator list (PTX_F8 / PTX_F32 pieces), the rest
+// PTX_WGMMA's.
+#define WGMMA_16BIT(N, REGS, A, B, P, TA_, TB_, ...)                                                \
+    if constexpr (F16)                                                                             \
+        asm volatile(PTX_WGMMA(N, "f16", REGS, A, B, P, TA_, TB_)                                   \
+                     : __VA_ARGS__ : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB));         \
+    else                                                                                           \
+        asm volatile(PTX_WGMMA(N, "bf16", REGS, A, B, P, TA_, TB_)                                  \
+                     : __VA_ARGS__ : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(TA), "n"(TB))
+    if constexpr (N == 16) { WGMMA_16BIT(16, PTX_R8, 8, 9, 10, 11, 12, PTX_F8(0)); }
+    if constexpr (N == 32) { WGMMA_16BIT(32, PTX_R16, 16, 17, 18, 19, 20, PTX_F8(0), PTX_F8(8)); }
+    if constexpr (N == 48) { WGMMA_16BIT(48, PTX_R24, 24, 25, 26, 27, 28, PTX_F8(0), PTX_F8(8), PTX_F8(16)); }
+    if constexpr (N == 64) { WGMMA_16BIT(64, PTX_R32, 32, 33, 34, 35, 36, PTX_F32(0)); }
+    if constexpr (N == 128) { WGMMA_16BIT(128, PTX_R64, 64, 65, 66, 67, 68, PTX_F32(0), PTX_F32(32)); }
+    if constexpr (N == 192) { WGMMA_16BIT(192, PTX_R96, 96, 97, 98, 99, 100, PTX_F32(0), PTX_F32(32), PTX_F32(64)); }
+    if constexpr (N == 256) {
+        WGMMA_16BIT(256, PTX_R128, 128, 129, 130, 131, 132, PTX_F32(0), PTX_F32(32), PTX_F32(64), PTX_F32(96));
+    }
+#undef WGMMA_16BIT
 }
 // --8<-- [end:wgmma]
 

@@ -16,6 +16,7 @@ from moe_gemm.cuda.tensormap import TiledMap
 from moe_gemm.variants.k6 import K6Persistent, ladder
 from moe_gemm.variants.k6.config import (
     AUTO_CANDIDATES,
+    ELEMENT_CODES,
     FUSED,
     LADDER,
     MAX_EXPERTS,
@@ -213,12 +214,44 @@ def test_every_kernel_name_fills_its_template_in_order():
         assert len(values) == len(parameters), name
         wanted = {"MODE": 0 if config.mode == "pingpong" else 1, "BN": config.bn, "STAGES": config.stages,
                   "B_K_MAJOR": config.b_layout == "nk", "STAGING_BOXES": config.staging_boxes,
-                  "DEVICE_SCHEDULE": config.schedule == "device", "ALONG_M": config.cluster_along == "m"}
+                  "DEVICE_SCHEDULE": config.schedule == "device", "ALONG_M": config.cluster_along == "m",
+                  "IN": ELEMENT_CODES[config.element], "OUT": ELEMENT_CODES[config.out]}
         for (kind, parameter), value in zip(parameters, values):
             given = {"true": True, "false": False}[value] if kind == "bool" else int(value)
             assert given == wanted[parameter] and type(given) is type(wanted[parameter]), (name, parameter, value)
         used.add(entry)
     assert used == set(entries)  # every entry point is some configuration's
+
+
+def test_the_element_codes_are_the_kernels():
+    """K6Config's element names map to kernels/epilogues.cuh's sm90::Element values, and a configuration's
+    types reach its kernel name as the IN and OUT arguments."""
+    enum = re.search(r"enum Element : int \{ BF16 = (\d), F16 = (\d), F32 = (\d) \};",
+                     (KERNELS / "epilogues.cuh").read_text())
+    assert tuple(map(int, enum.groups())) == (ELEMENT_CODES["bf16"], ELEMENT_CODES["fp16"], ELEMENT_CODES["fp32"])
+    typed = LADDER["k6/pingpong-bn128"].replace(element="fp16", out="fp32")
+    assert typed.kernel_name.endswith(", 1, 2>") and typed.label.endswith("fp16->fp32")
+    with pytest.raises(ValueError, match="bf16 or fp16 operands"):
+        LADDER["k6/pingpong-bn128"].replace(element="fp32")
+
+
+@pytest.mark.parametrize("name", ["k6/pingpong-bn128", "k6/pingpong-mcluster-bn192", "k6/pingpong-cluster-bn192-kmajor",
+                                  "k6/swiglu-coop256-cluster"])
+@pytest.mark.parametrize("types", [("fp16", "fp16"), ("bf16", "fp32"), ("fp16", "fp32")])
+def test_every_type_builds_with_its_wgmma_and_its_stores(name, types):
+    """fp16 operands: HGMMA without the .BF16 suffix (fp16 is the default type); an fp32 C: 8-byte register
+    stores and no staging (no STSM, no TMA store); a 16-bit C keeps the staged TMA-store epilogue."""
+    from moe_gemm.cuda.sass import opcode_counts
+
+    config = {**LADDER, **FUSED}[name].replace(element=types[0], out=types[1])
+    kernel = K6Persistent(name, config).compile("sm_90a")
+    assert kernel.report.spill_store_bytes == 0 and "C7520" not in kernel.log
+    sass = kernel.sass()
+    wgmmas = set(re.findall(r"HGMMA\.64x\d+x16\.F32(\.BF16)?", sass))
+    assert wgmmas == ({""} if types[0] == "fp16" else {".BF16"})
+    counts = opcode_counts(sass, ("STSM", "UTMASTG", "STG.E.64"))
+    fp32 = types[1] == "fp32"
+    assert (counts["STSM"] == 0 and counts["UTMASTG"] == 0) == fp32 and (counts["STG.E.64"] > 0) == fp32
 
 
 def test_the_arguments_are_k6_params_in_number_kind_and_order():

@@ -6,11 +6,13 @@ with changing routings; and the refusals. Skipped where there is no sm_90a GPU."
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from moe_gemm.model.edge_cases import EDGE_CASES
-from moe_gemm.model.problem import Problem, make_problem, problem_from_counts
+from moe_gemm.model.edge_cases import EDGE_CASES, EdgeCase
+from moe_gemm.model.problem import BF16_OPERANDS, FP16, FP16_OPERANDS, FP32, Problem, make_problem, problem_from_counts
 from moe_gemm.variants.k6 import K6Persistent
 from moe_gemm.variants.k6.config import FUSED, LADDER
 
@@ -195,6 +197,56 @@ def test_the_swiglu_epilogue_within_tolerance(name, case, sm90a):
     counts, K, N = SWIGLU_CASES[case]
     check = verify(K6Persistent(name), problem_from_counts(np.array(counts), K, N, seed=7))
     assert check.passed, f"{name} on '{case}': {check.describe()}"
+
+
+# fp16 operands and fp16 or fp32 outputs, bf16 operands and an fp32 output: each rung compiled for the
+# problem's types (K6Persistent.typed). Rungs of both modes, clusters along N and M, the raster walk, the
+# host walk and B^T; the edge cases plus an odd last N tile and a long K, exact on integer values (fp16
+# holds every integer up to 2,048 exactly and the sums here stay far below its 65,504).
+TYPED_RUNGS = ("k6/pingpong-bn128", "k6/pingpong-cluster-bn192-g8", "k6/coop256-cluster-bn192",
+               "k6/pingpong-mcluster-bn192", "k6/pingpong-cluster-bn192-kmajor", "k6/pingpong-cluster-bn192-host")
+TYPES = {"fp16 -> fp16": (FP16_OPERANDS, FP16), "bf16 -> fp32": (BF16_OPERANDS, FP32),
+         "fp16 -> fp32": (FP16_OPERANDS, FP32)}
+TYPED_CASES = (*EDGE_CASES, EdgeCase("N = 2000, an odd last N tile", (300, 0, 129, 7), K=128, N=2000),
+               EdgeCase("K = 4096", (260, 33), K=4096, N=264))
+
+
+@pytest.mark.parametrize("types", list(TYPES))
+@pytest.mark.parametrize("name", TYPED_RUNGS)
+def test_other_types_exact_on_the_edge_cases(name, types, sm90a):
+    from moe_gemm.measure.check import verify
+
+    fmt, out_dtype = TYPES[types]
+    variant = K6Persistent(name)
+    for case in TYPED_CASES:
+        problem = dataclasses.replace(case, fmt=fmt, out_dtype=out_dtype).exact_problem(seed=3)
+        check = verify(variant, problem, exact=True)
+        assert check.passed, f"{name} {types} on '{case.name}': {check.describe()}"
+
+
+@pytest.mark.parametrize("types", list(TYPES))
+def test_other_types_on_random_data_within_their_tolerance(types, sm90a):
+    """fp16's tolerance is five times tighter than bf16's (2e-3: 11 significant bits against 8), fp32's 1e-3."""
+    from moe_gemm.measure.check import verify
+
+    fmt, out_dtype = TYPES[types]
+    problem = make_problem(64, 2048, 1024, 2688, 1.2, seed=11, fmt=fmt, out_dtype=out_dtype)
+    for name in ("k6/pingpong-bn192", "k6/coop256-cluster-bn128-g8", "k6/pingpong-bn192-kmajor"):
+        check = verify(K6Persistent(name), problem)
+        assert check.passed, f"{name} {types}: {check.describe()}"
+
+
+@pytest.mark.parametrize("types", list(TYPES))
+@pytest.mark.parametrize("name", list(FUSED))
+def test_the_swiglu_epilogue_in_other_types(name, types, sm90a):
+    from moe_gemm.measure.check import verify
+
+    fmt, out_dtype = TYPES[types]
+    for case in ("ragged, an empty expert", "K = 8192"):
+        counts, K, N = SWIGLU_CASES[case]
+        problem = problem_from_counts(np.array(counts), K, N, seed=7, fmt=fmt, out_dtype=out_dtype)
+        check = verify(K6Persistent(name), problem)
+        assert check.passed, f"{name} {types} on '{case}': {check.describe()}"
 
 
 def test_the_swiglu_epilogue_refuses_n_not_a_multiple_of_128(sm90a):

@@ -73,8 +73,9 @@ def test_the_torch_op_falls_back_with_k6s_reasons():
                   a_address=8)
     k6 = refusals(300, 96, 2690, (200, 1), (96 * 2690, 2690, 1), 8, 0)
     assert len(k6) == 5 and route(op) == Route("torch", reason="; ".join(k6))
-    with_dtype = route(dataclasses.replace(op, out_dtype="float32")).reason
-    assert with_dtype == "; ".join(["our kernels take bf16 in and out, got bfloat16 in, float32 out", *k6])
+    with_dtype = route(dataclasses.replace(op, out_dtype="float16")).reason
+    assert with_dtype == "; ".join(["our kernels take bf16 or fp16 in and the same or fp32 out, got bfloat16 in, "
+                                    "float16 out", *k6])
 
 
 def test_b_layouts():

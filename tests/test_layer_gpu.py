@@ -70,6 +70,30 @@ def test_the_training_step_captures_and_replays_to_the_eager_gradients(cuda):
         assert relative(got, want) < 1e-3
 
 
+def test_the_fp16_layer_trains_on_our_kernels_fused(cuda):
+    """fp16 parameters: GEMM 1 with the fused SwiGLU epilogue, GEMM 2 and dA on k6 built for fp16 (no
+    fallback warning), forward and backward as the fp32 layer gives them, within fp16's rounding."""
+    import warnings
+
+    torch.manual_seed(4)
+    layer = MoELayer(256, 128, 8, 2, dtype=torch.float16, device=cuda)
+    assert layer.fused
+    x = torch.randn(3, 40, 256, device=cuda).to(torch.float16).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = layer(x)
+        out.float().sum().backward()
+    full = MoELayer(256, 128, 8, 2, dtype=torch.float32, device=cuda)
+    full.load_state_dict({k: v.float() for k, v in layer.state_dict().items()})
+    x32 = x.detach().float().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fp32: the op's fallback, warned
+        want = full(x32)
+        want.sum().backward()
+    assert relative(out, want) < 5e-3
+    assert relative(layer.w_down.grad, full.w_down.grad) < 1e-2 and relative(x.grad, x32.grad) < 1e-2
+
+
 def test_the_fp32_layer_runs_on_the_gpu_through_torchs_grouped_gemm(cuda):
     torch.manual_seed(2)
     layer = MoELayer(256, 128, 8, 2, dtype=torch.float32, device=cuda)

@@ -336,7 +336,7 @@ def _fp8_inputs():
     (lambda a, dc, c: {"counts": np.array([[5, 7]])}, "one row count per expert"),
     (lambda a, dc, c: {"b": np.ones((12, 0), dtype=BF16)}, "K and N must be >= 1"),
     (lambda a, dc, c: {"fmt": FP8_ROWWISE}, "defined for ragged-M problems only"),
-    (lambda a, dc, c: {"out_dtype": FP16}, "output must be bf16 or fp32"),
+    (lambda a, dc, c: {"out_dtype": np.float64}, "output must be bf16, fp16 or fp32"),
     (lambda a, dc, c: {"ragged": "N"}, "ragged axis must be one of"),
 ])
 def test_bad_ragged_k_inputs_raise(change, pattern: str) -> None:
@@ -384,8 +384,8 @@ def test_bad_operand_formats_raise(args, pattern: str) -> None:
 def test_constructors_refuse_undefined_kinds_before_drawing() -> None:
     with pytest.raises(ValueError, match="ragged-M problems only"):
         make_problem(4, 100, 128, 128, ragged="K", fmt=FP8_BLOCKWISE)
-    with pytest.raises(ValueError, match="output must be bf16 or fp32"):
-        problem_from_counts(np.array([3]), 8, 8, out_dtype=FP16)
+    with pytest.raises(ValueError, match="output must be bf16, fp16 or fp32"):
+        problem_from_counts(np.array([3]), 8, 8, out_dtype=np.float64)
 
 
 # ---- device buffers and records, without a GPU -----------------------------------------------------
@@ -550,11 +550,11 @@ def _unsupported_problems():
 def test_the_protocol_check_needs_only_the_problem() -> None:
     from moe_gemm.variants.compiled import require_takes
 
-    require_takes("k6/pingpong-bn192", problem_from_counts(np.array([40, 90]), 128, 200, seed=1))
+    require_takes("k2/tma-ws", problem_from_counts(np.array([40, 90]), 128, 200, seed=1))
     for problem, says in _unsupported_problems():
-        with pytest.raises(ValueError, match=rf"^k6/pingpong-bn192 takes ragged-M bf16 problems with bf16 "
+        with pytest.raises(ValueError, match=rf"^k2/tma-ws takes ragged-M bf16 problems with bf16 "
                                              rf"output; {says}$"):
-            require_takes("k6/pingpong-bn192", problem)
+            require_takes("k2/tma-ws", problem)
 
 
 def test_every_compiled_variant_refuses_other_kinds_in_prepare(monkeypatch) -> None:
@@ -564,8 +564,13 @@ def test_every_compiled_variant_refuses_other_kinds_in_prepare(monkeypatch) -> N
     compiled = [v for v in _one_variant_per_family() if isinstance(v, CompiledVariant)]
     assert {v.name.split("/")[0] for v in compiled} == {"k1", "k2", "k3", "k4", "k5", "k6"}
     for variant in compiled:
-        assert (variant.ragged_axes, variant.formats, variant.out_dtypes) == (("M",), (BF16_OPERANDS,), (BF16,))
+        k6 = variant.name.startswith("k6/")  # bf16 or fp16 operands, a bf16, fp16 or fp32 output
+        assert (variant.ragged_axes, variant.formats, variant.out_dtypes) == \
+            (("M",), (BF16_OPERANDS, FP16_OPERANDS), (BF16, FP16, FP32)) if k6 else \
+            (("M",), (BF16_OPERANDS,), (BF16,))
         for problem, says in _unsupported_problems():
+            if k6 and problem.out_dtype == FP32:
+                continue
             with pytest.raises(ValueError, match=rf"^{variant.name} takes ragged-M bf16 .*; {says}$"):
                 variant.prepare(_FakeDeviceProblem(problem))
 

@@ -213,7 +213,7 @@ def tuning(monkeypatch, tmp_path):
                "k6/swiglu-bn128": (2.0, 2.0), "k6/swiglu-coop256-cluster": (1.5, 1.6),
                "k6/pingpong-bn192-kmajor": (1.0, 1.0)}
 
-    def launcher(name, layout, a, b, offs, out):
+    def launcher(name, layout, types, a, b, offs, out):
         routing = int(offs[0])  # the routing at hand starts with its own first end; the skewed one differs
         return lambda: timed.append((name, routing))
 
@@ -243,17 +243,17 @@ def test_the_op_tunes_an_unseen_shape_once_and_keeps_the_robust_choice(tuning):
     a, b, offs, out = tuned_problem(first_end)
     # the fastest on this routing (pingpong-bn192) is 2.5x the best on the skewed one: the robust rule
     # keeps coop256-cluster-bn192 (10% and 0% off)
-    assert ops._choice(a, b, offs, out, "kn", "none", 0) == "k6/coop256-cluster-bn192"
+    assert ops._choice(a, b, offs, out, "kn", "none", ("bf16", "bf16"), 0) == "k6/coop256-cluster-bn192"
     key = auto.shape_key(256, 4, 64, 256, "kn", "Test GPU")
     entry = auto.recall(key)
     assert entry["choice"] == "k6/coop256-cluster-bn192" and entry["robust_skew"] == auto.ROBUST_SKEW
     assert {name for name, _ in timed} == set(auto.AUTO_CANDIDATES)
     count = len(timed)
     ops._chosen.clear()  # a new process: the file answers, nothing is timed
-    assert ops._choice(a, b, offs, out, "kn", "none", 0) == "k6/coop256-cluster-bn192"
+    assert ops._choice(a, b, offs, out, "kn", "none", ("bf16", "bf16"), 0) == "k6/coop256-cluster-bn192"
     assert len(timed) == count
     # the fused GEMM has its own key and candidates
-    assert ops._choice(a, b, offs, out[:, :128], "kn", "swiglu", 0) == "k6/swiglu-coop256-cluster"
+    assert ops._choice(a, b, offs, out[:, :128], "kn", "swiglu", ("bf16", "bf16"), 0) == "k6/swiglu-coop256-cluster"
     assert auto.recall(auto.shape_key(256, 4, 64, 256, "kn", "Test GPU", "swiglu"))["choice"] == \
         "k6/swiglu-coop256-cluster"
 
@@ -263,13 +263,13 @@ def test_without_tuning_the_op_chooses_nothing_and_runs_its_defaults(tuning, mon
     a, b, offs = problem([10, 20], K=64, N=128)
     out = torch.empty(30, 128, dtype=torch.bfloat16)
     monkeypatch.setenv("MOE_GEMM_OP_TUNE", "0")
-    assert ops._choice(a, b, offs, out, "kn", "none", 0) is None
-    assert ops._choice(a, b, offs, out, "kn", "swiglu", 0) is None
+    assert ops._choice(a, b, offs, out, "kn", "none", ("bf16", "bf16"), 0) is None
+    assert ops._choice(a, b, offs, out, "kn", "swiglu", ("bf16", "bf16"), 0) is None
     assert [ops._default(*case) for case in (("kn", "none"), ("kn", "swiglu"), ("nk", "none"))] == \
         [ops.DEFAULT_CONFIG, ops.FUSED_CONFIG, ops.K_MAJOR_CONFIG]
     monkeypatch.delenv("MOE_GEMM_OP_TUNE")
     monkeypatch.setattr(ops, "_capturing_or_compiling", lambda: True)  # inside a graph capture: nothing timed
-    assert ops._choice(a, b, offs, out, "kn", "none", 0) is None
+    assert ops._choice(a, b, offs, out, "kn", "none", ("bf16", "bf16"), 0) is None
     assert timed == [] and ops._chosen == {}
 
 
@@ -283,7 +283,7 @@ def test_b_given_k_major_tunes_among_the_k_major_rungs(tuning):
     a, b, offs = problem([10, 20], K=64, N=128)
     first_end[0] = int(offs[0])
     out = torch.empty(30, 128, dtype=torch.bfloat16)
-    assert ops._choice(a, b, offs, out, "nk", "none", 0) == "k6/pingpong-bn192-kmajor"
+    assert ops._choice(a, b, offs, out, "nk", "none", ("bf16", "bf16"), 0) == "k6/pingpong-bn192-kmajor"
     assert {name for name, _ in timed} == set(KMAJOR_CANDIDATES) and 3 <= len(KMAJOR_CANDIDATES) <= 4
     assert all(LADDER[name].b_layout == "nk" for name in KMAJOR_CANDIDATES)
     assert ops.K_MAJOR_CONFIG in KMAJOR_CANDIDATES
@@ -301,7 +301,7 @@ def test_a_variable_batch_tunes_once_per_bucket(tuning):
         a, b, offs = problem([rows // 2, rows - rows // 2], K=64, N=128)
         first_end[0] = int(offs[0])
         before = len(timed)
-        ops._choice(a, b, offs, torch.empty(rows, 128, dtype=torch.bfloat16), "kn", "none", 0)
+        ops._choice(a, b, offs, torch.empty(rows, 128, dtype=torch.bfloat16), "kn", "none", ("bf16", "bf16"), 0)
         tuned.append(len(timed) > before)
     assert tuned == [True, False, False, True]
     assert auto.shape_key(4000, 2, 64, 128, "kn", "G") == auto.shape_key(3900, 2, 64, 128, "kn", "G")
@@ -338,8 +338,8 @@ def test_the_choice_is_kept_per_gpu_index(tuning):
 
     timed, first_end = tuning
     a, b, offs, out = tuned_problem(first_end)
-    assert ops._choice(a, b, offs, out, "kn", "none", 0) == "k6/coop256-cluster-bn192"
+    assert ops._choice(a, b, offs, out, "kn", "none", ("bf16", "bf16"), 0) == "k6/coop256-cluster-bn192"
     count = len(timed)
-    assert ops._choice(a, b, offs, out, "kn", "none", 1) == "k6/coop256-cluster-bn192"
+    assert ops._choice(a, b, offs, out, "kn", "none", ("bf16", "bf16"), 1) == "k6/coop256-cluster-bn192"
     key = auto.shape_key(256, 4, 64, 256, "kn", "Test GPU")
     assert len(timed) == count and set(ops._chosen) == {(key, 0), (key, 1)}

@@ -35,7 +35,7 @@ def problem(counts, K=64, N=48, dtype=torch.bfloat16, seed=0, tokens=None):
 def stubbed_k6(monkeypatch):
     """The op's k6 path on CPU tensors: the rules told the tensors are on an sm_90a GPU, the
     configuration fixed, and each launch recorded (configuration, B's layout, B's strides as the
-    tensor map takes them, whether offs is contiguous) instead of run."""
+    tensor map takes them, whether offs is contiguous, the operand and output types) instead of run."""
     from moe_gemm.variants.k6.rules import b_strides_of
 
     real = ops.operands
@@ -47,9 +47,9 @@ def stubbed_k6(monkeypatch):
         return dataclasses.replace(real(a, b, offs, out_dtype), a_device="cuda:0", b_device="cuda:0",
                                    offs_device="cuda:0", capability=(9, 0))
 
-    def runner(name, layout, a, b):
+    def runner(name, layout, types, a, b):
         return lambda a, b, offs, out: launches.append((name, layout, b_strides_of(b.shape, b.stride()),
-                                                        offs.is_contiguous()))
+                                                        offs.is_contiguous(), types))
 
     monkeypatch.setattr(ops, "operands", on_gpu)
     monkeypatch.setattr(ops, "_runner", runner)
@@ -70,15 +70,29 @@ def test_out_dtype_none_is_as_dtype_and_offs_none_is_a_value_error():
         torch._grouped_mm(a, b)
 
 
-def test_fp16_runs_and_gives_torchs_answer_with_the_reason_warned_once():
-    a, b, offs = problem([5, 0, 7], dtype=torch.float16)
+def test_fp32_operands_run_and_give_torchs_answer_with_the_reason_warned_once():
+    a, b, offs = problem([5, 0, 7], dtype=torch.float32)
     ops._warned.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = ops.grouped_mm(a, b, offs)
-    assert out.dtype == torch.float16
+    assert out.dtype == torch.float32
     torch.testing.assert_close(out, torch._grouped_mm(a, b, offs=offs), rtol=0, atol=0)
-    assert any("bf16 in and out, got float16 in, float16 out" in str(w.message) for w in caught)
+    assert any("bf16 or fp16 in and the same or fp32 out, got float32 in, float32 out" in str(w.message)
+               for w in caught)
+
+
+@pytest.mark.parametrize("dtype, out_dtype, types", [(torch.float16, None, ("fp16", "fp16")),
+                                                     (torch.bfloat16, torch.float32, ("bf16", "fp32")),
+                                                     (torch.float16, torch.float32, ("fp16", "fp32"))])
+def test_fp16_and_an_fp32_output_run_k6_built_for_them(stubbed_k6, dtype, out_dtype, types):
+    launches, _ = stubbed_k6
+    a, b, offs = problem([5, 0, 7], dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning: k6 runs
+        out = ops.grouped_mm(a, b, offs, out_dtype=out_dtype)
+    assert out.dtype == (out_dtype or dtype)
+    assert launches[-1][4] == types
 
 
 def test_a_non_contiguous_offs_gives_the_contiguous_answer(stubbed_k6):
@@ -230,7 +244,7 @@ def test_the_python_overhead_per_call(stubbed_k6, monkeypatch, record_property):
     launch replaced, called directly (what a GPU call runs after its dispatch checks) and through torch's
     dispatcher (what a call that records autograd, or runs under a mode, pays on top)."""
     a, b, offs = problem([4, 4, 4, 4], K=64, N=128)
-    monkeypatch.setattr(ops, "_runner", lambda name, layout, a, b: lambda a, b, offs, out: None)  # no recording
+    monkeypatch.setattr(ops, "_runner", lambda name, layout, types, a, b: lambda a, b, offs, out: None)  # no recording
 
     def per_call_us(call, calls=5000):
         for _ in range(500):

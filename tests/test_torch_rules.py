@@ -18,11 +18,19 @@ def operands(M=1000, K=1024, N=2688, E=64, **changes):  # noqa: N803
 def test_well_formed_bf16_inputs_go_to_k6_in_either_layout():
     assert route(operands()).kernel == "k6" and route(operands()).b_layout == "kn"
     column_major = operands(b_strides=(1024 * 2688, 1, 1024))
-    assert route(column_major) == route(column_major).__class__("k6", "nk", None)
+    assert route(column_major) == route(column_major).__class__("k6", "nk", None, "bf16", "bf16")
     every_other_expert = operands(b_strides=(2 * 1024 * 2688, 2688, 1))  # b[::2] of 128 experts
     wider = operands(b_strides=(1024 * 2752, 2752, 1))  # b[:, :, :2688] of a [64, 1024, 2752] tensor
     assert route(every_other_expert).kernel == route(wider).kernel == "k6"
     assert route(operands(a_device="cuda:1", b_device="cuda:1", offs_device="cuda:1")).kernel == "k6"
+
+
+@pytest.mark.parametrize("a_dtype, out_dtype, types", [
+    ("bfloat16", "bfloat16", ("bf16", "bf16")), ("bfloat16", "float32", ("bf16", "fp32")),
+    ("float16", "float16", ("fp16", "fp16")), ("float16", "float32", ("fp16", "fp32"))])
+def test_bf16_and_fp16_with_their_own_or_an_fp32_output_go_to_k6_built_for_them(a_dtype, out_dtype, types):
+    chosen = route(operands(a_dtype=a_dtype, b_dtype=a_dtype, out_dtype=out_dtype))
+    assert chosen.kernel == "k6" and (chosen.element, chosen.out) == types
 
 
 @pytest.mark.parametrize("changes, rule", [
@@ -45,8 +53,9 @@ def test_malformed_inputs_raise_naming_the_rule(changes, rule):
 
 
 @pytest.mark.parametrize("changes, reason", [
-    (dict(a_dtype="float16", b_dtype="float16"), "bf16 in and out"),
-    (dict(out_dtype="float32"), "bf16 in and out"),
+    (dict(a_dtype="float32", b_dtype="float32", out_dtype="float32"), "bf16 or fp16 in and the same or fp32 out"),
+    (dict(out_dtype="float16"), "got bfloat16 in, float16 out"),
+    (dict(a_dtype="float16", b_dtype="float16", out_dtype="bfloat16"), "got float16 in, bfloat16 out"),
     (dict(a_shape=(1000, 96), a_strides=(96, 1), b_shape=(64, 96, 2688), b_strides=(96 * 2688, 2688, 1)),
      "K = 96 is not a multiple of 64"),
     (dict(capability=(8, 0)), "sm_90a GPU"),

@@ -6,6 +6,7 @@ SwiGLU epilogue, and the scoreboard.
     python chapters/08/run.py --parts scoreboard   # only the scoreboard (each part merges into the results)
     python chapters/08/run.py --tokens 4096    # some token counts only
     python chapters/08/run.py --layers qwen3   # some layer sizes only (mixtral, qwen3, deepseek)
+    python chapters/08/run.py --parts bucketing    # what tuning M_tot in buckets costs the op
 
 With an sm_90a GPU and torch (the recorded numbers come from an H200) it builds one MoE layer per
 size (Mixtral-8x7B-like H=4096, I=14336, E=8, top-2; Qwen3-30B-A3B-like H=2048, I=768, E=128, top-8;
@@ -29,7 +30,9 @@ transformers' grouped_mm block, at --train-tokens (4,096 and 32,768), eagerly an
 its peak memory over the weights, inputs and gradients. The scoreboard then times our op as a model
 calls it (op/grouped_mm: moe_gemm.torch.grouped_mm on torch tensors) beside torch._grouped_mm and quack
 over chapter 06's grid (M_tot 512 .. 65,536 x s 0 .. 1.6) and the model projections chapter 07 times,
-eagerly and as CUDA-graph replays. Results go to chapters/08/results/<gpu>.json, written after each
+eagerly and as CUDA-graph replays. The bucketing part tunes the op exactly at both ends of three M_tot
+buckets of each model projection and times, at each end, the other end's choice against its own
+(moe_gemm.measure.bucketing). Results go to chapters/08/results/<gpu>.json, written after each
 layer size, fused test, training-step size and scoreboard group; what the run does not measure stays
 from the file it finds.
 
@@ -62,6 +65,7 @@ from moe_gemm.chapter import (
 )
 from moe_gemm.core.checks import MAX_LAYER_TOKENS, MAX_ROWS
 from moe_gemm.core.cli import positive_int
+from moe_gemm.measure.bucketing import EDGES, bucket_ends
 from moe_gemm.measure.layer import (
     STEPS,
     TRAIN_TOKENS,
@@ -86,9 +90,9 @@ TARGET_TRAIN_VS_TORCH = 1.0  # the training step at least as fast as the same la
 TARGETS_LEGEND = ("layer: the other way's forward time over ours, at every layer size measured with 4,096 tokens or "
                   "more (the worst named); fused: the fused launch's extra time over GEMM 1 alone, in SwiGLU passes; "
                   "train: the torch layer's training step over ours, likewise")
-PARTS = ("layer", "fused", "train", "scoreboard")
+PARTS = ("layer", "fused", "train", "scoreboard", "bucketing")
 SECTIONS = frozenset({"provenance", "records", "steps", "fused_epilogue", "train", "compile", "targets",
-                      "scoreboard_rows", "host_probe", "part_runs"})
+                      "scoreboard_rows", "host_probe", "bucketing", "part_runs"})
 SHORT = {"layer/ours": "ours", "layer/torch_grouped_mm": "torch", "layer/quack": "quack",
          "layer/transformers": "hf", "layer/transformers-eager": "hf eager",
          "layer/transformers-batched_mm": "hf batched", "train/ours": "ours",
@@ -119,9 +123,9 @@ def parse_args(argv: Sequence[str] | None):
                         default=list(TRAIN_TOKENS), metavar="T",
                         help=f"the training step's token counts (default {' '.join(map(str, TRAIN_TOKENS))})")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="what to measure (default: all four): layer (every way and the step split), fused (the "
-                             "fused epilogue's test), train (the training step), scoreboard; a part's rows replace "
-                             "only its own in the file")
+                        help="what to measure (default: all five): layer (every way and the step split), fused (the "
+                             "fused epilogue's test), train (the training step), scoreboard, bucketing (what tuning "
+                             "M_tot in buckets costs); a part's rows replace only its own in the file")
     parser.add_argument("--rows", type=positive_int("--rows", MAX_ROWS), nargs="*", default=list(GRID_TOKENS),
                         metavar="M",
                         help=f"the scoreboard grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))}; "
@@ -232,6 +236,18 @@ def fused_table(fused: Sequence[dict[str, Any]]) -> Table:
                         "writes nor reads back")
 
 
+def bucketing_table(rows: Sequence[dict[str, Any]]) -> Table:
+    body = tuple((r["projection"], f"{r['tokens']:,}", f"{r['bucket']:,}", r["own"].removeprefix("k6/"),
+                  r["other"].removeprefix("k6/"), "-" if r["own_ms"] is None else f"{r['own_ms']:.4f}",
+                  "-" if r["other_ms"] is None else f"{r['other_ms']:.4f}", f"{r['slowdown']:.3f}") for r in rows)
+    return Table(("projection", "M_tot", "bucket", "tuned here", "tuned at the other end", "here ms", "other ms",
+                  "slowdown"), body,
+                 title="What tuning M_tot in buckets costs",
+                 legend="both ends of a bucket tuned exactly (the op's own loop); at each end the other end's choice "
+                        "timed against this end's (CUDA-graph replays, interleaved rounds); slowdown: other / here, 1 "
+                        "where both chose alike")
+
+
 def target_rows(records: Sequence[dict[str, Any]], fused: Sequence[dict[str, Any]],
                 train: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     rows = []
@@ -270,6 +286,8 @@ def report(data: dict[str, Any]) -> None:
     if eager.rows:
         show(eager)
     show(scoreboard_table(records))
+    if data.get("bucketing"):
+        show(bucketing_table(data["bucketing"]))
     probe = data.get("host_probe")
     if probe:
         print(f"the op's host time per eager call at {probe['tokens']:,} rows (seed shape, balanced): "
@@ -357,6 +375,14 @@ def run_on_gpu(args, gpu) -> int:
                 grid_rows.append(label)
                 results.ran("scoreboard-grid", f"the grid's cells, rows {', '.join(grid_rows)}: the op and the peers")
             save()
+    if "bucketing" in args.parts:
+        from moe_gemm.measure.bucketing import measure_bucketing
+        from moe_gemm.model.workloads import MODEL_PROJECTIONS
+
+        results.put(bucketing=measure_bucketing(MODEL_PROJECTIONS))
+        buckets = ", ".join(f"{lo:,} .. {hi:,}" for lo, hi in map(bucket_ends, EDGES))
+        results.ran("bucketing", f"the model projections tuned exactly at both ends of the buckets {buckets}")
+        save()
     path = save()
     report(recorded(CHAPTER, gpu.slug))
     print(f"results written to {path}")

@@ -73,7 +73,7 @@ CHAPTERS = (
     Chapter("07", "07 · The last mile (k6)", "07-last-mile.md", "k6", (9, 0),
             gpu_tests=("tests/test_k6_gpu.py",), sanitized=True, in_parts=True),
     Chapter("08", "08 · In a model: op, layer, scoreboard", "08-in-a-model.md", "torch", (9, 0),
-            gpu_tests=("tests/test_torch_op_gpu.py",), in_parts=True),
+            gpu_tests=("tests/test_torch_op_gpu.py", "tests/test_layer_gpu.py"), in_parts=True),
 )
 
 

@@ -18,14 +18,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-from moe_gemm.model.problem import BF16, FP32, Problem
+from moe_gemm.model.problem import BF16, FP16, FP32, Problem
 from moe_gemm.model.quantize import E4M3
 from moe_gemm.model.routing import expert_offsets
 
 # The canonical quiet NaNs: poison for outputs a kernel must write, so an element it missed fails the check.
 BF16_NAN_BITS = 0x7FC0
 FP32_NAN_BITS = 0x7FC00000
-NAN_BITS: dict[np.dtype, int] = {BF16: BF16_NAN_BITS, FP32: FP32_NAN_BITS}
+FP16_NAN_BITS = 0x7E00
+NAN_BITS: dict[np.dtype, int] = {BF16: BF16_NAN_BITS, FP16: FP16_NAN_BITS, FP32: FP32_NAN_BITS}
 
 # Types numba and torch do not read from __cuda_array_interface__, handed over as raw words of their size.
 RAW_TYPESTRS: dict[np.dtype, str] = {BF16: "<u2", E4M3: "|u1"}

@@ -29,18 +29,21 @@ MAX_BOX = 256  # boxDim[i] <= 256
 GLOBAL_ALIGN = 16  # the base address and every stride are multiples of 16 bytes
 SWIZZLE_BYTES = (0, 32, 64, 128)  # CU_TENSOR_MAP_SWIZZLE_NONE / 32B / 64B / 128B
 L2_PROMOTION_BYTES = (0, 64, 128, 256)
+# The element types encoded here: the driver's data type and the bytes of one element. TMA copies bytes
+# and converts nothing; the type matters to the driver's checks and to the box's width in bytes.
+ELEMENTS: dict[str, tuple[str, int]] = {"bf16": ("BFLOAT16", 2), "fp16": ("FLOAT16", 2), "fp32": ("FLOAT32", 4)}
 
 
 @dataclass(frozen=True)
 class TiledMap:
-    """One tiled tensor map for a bf16 tensor. Dimensions innermost first; strides in bytes."""
+    """One tiled tensor map for a bf16, fp16 or fp32 tensor. Dimensions innermost first; strides in bytes."""
 
     name: str  # for error messages, e.g. "A"
     address: int  # device address of element (0, 0, ...)
     dims: tuple[int, ...]  # elements per dimension, innermost first
     strides: tuple[int, ...]  # bytes between consecutive indices of dims[1:], so rank - 1 of them
     box: tuple[int, ...]  # elements one copy moves per dimension
-    element_bytes: int = 2  # bf16
+    element: str = "bf16"  # a key of ELEMENTS
     swizzle_bytes: int = 128
     # 256-byte L2 promotion: every box row here is 128 bytes, and the neighbouring 128 bytes of the
     # same global row are wanted next (A: the following K step; B: the tile's second 64-column
@@ -55,6 +58,10 @@ class TiledMap:
         return len(self.dims)
 
     @property
+    def element_bytes(self) -> int:
+        return ELEMENTS[self.element][1]
+
+    @property
     def box_bytes(self) -> int:
         """Bytes one copy writes to shared memory: the whole box, out-of-bounds parts included."""
         total = self.element_bytes
@@ -65,6 +72,9 @@ class TiledMap:
     def validate(self) -> TiledMap:
         """ValueError naming the first cuTensorMapEncodeTiled rule these numbers break."""
         name, rank = self.name, len(self.dims)
+        if self.element not in ELEMENTS:
+            raise ValueError(f"tensor map {name}: the element must be one of {', '.join(ELEMENTS)}, got "
+                             f"{self.element!r}")
         if not 1 <= rank <= MAX_RANK:
             raise ValueError(f"tensor map {name}: rank must be 1..{MAX_RANK}, got {rank}")
         if len(self.strides) != rank - 1 or len(self.box) != rank:
@@ -100,8 +110,6 @@ class TiledMap:
         if self.l2_promotion_bytes not in L2_PROMOTION_BYTES:
             raise ValueError(f"tensor map {name}: L2 promotion must be one of {L2_PROMOTION_BYTES} bytes, "
                              f"got {self.l2_promotion_bytes}")
-        if self.element_bytes != 2:
-            raise ValueError(f"tensor map {name}: only bf16 (2-byte) tensors are encoded here")
         return self
 
     # --8<-- [start:encode]
@@ -115,7 +123,7 @@ class TiledMap:
         swizzle = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}[self.swizzle_bytes]
         promotion = {0: "NONE", 64: "L2_64B", 128: "L2_128B", 256: "L2_256B"}[self.l2_promotion_bytes]
         return check_driver(driver.cuTensorMapEncodeTiled(
-            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{ELEMENTS[self.element][0]}"),
             self.rank,
             self.address,
             [driver.cuuint64_t(d) for d in self.dims],  # list arguments must be wrapped: a plain
@@ -161,13 +169,16 @@ def check_tma_gemm(kernel: str, K: int, N: int, bk: int, a_address: int = 0, b_a
 # --8<-- [end:checks]
 
 
-def matrix_map(name: str, address: int, rows: int, cols: int, box_rows: int, box_cols: int, **options: Any) -> TiledMap:
-    """A row-major [rows, cols] bf16 matrix, boxes of box_rows x box_cols."""
-    return TiledMap(name, address, (cols, rows), (cols * 2,), (box_cols, box_rows), **options)
+def matrix_map(name: str, address: int, rows: int, cols: int, box_rows: int, box_cols: int, element: str = "bf16",
+               **options: Any) -> TiledMap:
+    """A row-major [rows, cols] matrix of ``element`` (bf16 unless said), boxes of box_rows x box_cols."""
+    size = ELEMENTS[element][1] if element in ELEMENTS else 2  # an unknown element: TiledMap says so
+    return TiledMap(name, address, (cols, rows), (cols * size,), (box_cols, box_rows), element=element, **options)
 
 
 def batched_matrix_map(name: str, address: int, batch: int, rows: int, cols: int, box_rows: int, box_cols: int,
-                       **options: Any) -> TiledMap:
-    """A row-major [batch, rows, cols] bf16 tensor, boxes of box_rows x box_cols within one matrix."""
-    return TiledMap(name, address, (cols, rows, batch), (cols * 2, rows * cols * 2), (box_cols, box_rows, 1),
-                    **options)
+                       element: str = "bf16", **options: Any) -> TiledMap:
+    """A row-major [batch, rows, cols] tensor of ``element``, boxes of box_rows x box_cols within one matrix."""
+    size = ELEMENTS[element][1] if element in ELEMENTS else 2
+    return TiledMap(name, address, (cols, rows, batch), (cols * size, rows * cols * size), (box_cols, box_rows, 1),
+                    element=element, **options)

@@ -47,7 +47,9 @@ FP32 = np.dtype(np.float32)
 Values = Literal["random", "integer"]
 RaggedAxis = Literal["M", "K"]
 RAGGED_AXES: tuple[RaggedAxis, ...] = ("M", "K")
-OUT_DTYPES = (BF16, FP32)  # what a kernel writes: bf16, or fp32 where a weight gradient is kept in full
+# what a kernel writes: bf16 or fp16 (rounded as torch rounds a 16-bit output), or fp32 where a weight
+# gradient is kept in full
+OUT_DTYPES = (BF16, FP16, FP32)
 
 # Integer-valued inputs stay exact through bf16 (8 significant bits hold |x| <= 256) and
 # through fp32 accumulation (|sum| <= K * 3 * 3 stays far below 2**24), so a kernel's output
@@ -180,7 +182,7 @@ def _validate_kind(ragged: RaggedAxis, fmt: OperandFormat, out_dtype: np.dtype) 
         raise ValueError(f"{fmt} operands are defined for ragged-M problems only (their scale groups run along "
                          f"K, which the weight gradient reduces per expert); ragged K takes bf16 or fp16")
     if np.dtype(out_dtype) not in OUT_DTYPES:
-        raise ValueError(f"the output must be bf16 or fp32, got {np.dtype(out_dtype)}")
+        raise ValueError(f"the output must be bf16, fp16 or fp32, got {np.dtype(out_dtype)}")
 
 
 def _require_array(name: str, array: object, dtype: np.dtype, ndim: int) -> None:

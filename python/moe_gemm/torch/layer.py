@@ -30,9 +30,9 @@ from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
 GroupedMM = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-# The parameters' dtypes the layer runs: bf16 on our kernels; fp16 and fp32 through the op's fallback
-# to torch._grouped_mm (moe_gemm.torch.rules: our kernels take bf16 only), whose path for them on the
-# GPU loops over the experts with the offsets read back to the host, so it cannot be graph-captured.
+# The parameters' dtypes the layer runs: bf16 and fp16 on our kernels; fp32 through the op's fallback
+# to torch._grouped_mm (moe_gemm.torch.rules: k6's wgmma takes 16-bit operands), whose path for it on
+# the GPU loops over the experts with the offsets read back to the host, so it cannot be graph-captured.
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -126,12 +126,13 @@ class MoELayer(torch.nn.Module):
     them per token -> ``hidden``, on inputs [..., hidden] of any leading shape (flattened to tokens and
     back).
 
-    Dtypes: the parameters are made in ``dtype`` and the input must have it. bf16 runs our kernels;
-    fp16 and fp32 run the same code through the op's fallback to torch._grouped_mm (eagerly: torch's
-    path for them reads the expert offsets back to the host, so it cannot be graph-captured); any
-    other dtype is refused here with a ValueError.
+    Dtypes: the parameters are made in ``dtype`` and the input must have it. bf16 and fp16 run our
+    kernels (the combine kernel is bf16's; fp16 combines with torch operations); fp32 runs the same code
+    through the op's fallback to torch._grouped_mm (eagerly: torch's path for it reads the expert
+    offsets back to the host, so it cannot be graph-captured); any other dtype is refused here with a
+    ValueError.
 
-    ``fused`` (bf16, the intermediate size a multiple of 64): GEMM 1 runs with the SwiGLU epilogue,
+    ``fused`` (bf16 or fp16, the intermediate size a multiple of 64): GEMM 1 runs with the SwiGLU epilogue,
     which reads W_gate_up itself (no copy of it that could go stale after load_state_dict or an edit
     of the weights).
 
@@ -151,13 +152,13 @@ class MoELayer(torch.nn.Module):
         if not 1 <= top_k <= experts:
             raise ValueError(f"top_k must be in 1 .. experts ({experts}), got {top_k}")
         if dtype not in DTYPES:
-            raise ValueError(f"MoELayer runs bf16 (our kernels), fp16 or fp32 (torch._grouped_mm), got {dtype}")
+            raise ValueError(f"MoELayer runs bf16 or fp16 (our kernels) or fp32 (torch._grouped_mm), got {dtype}")
         factory = {"dtype": dtype, "device": device}
         self.top_k, self.normalize = top_k, normalize
         self.gate = torch.nn.Parameter(torch.randn(experts, hidden, **factory) * hidden**-0.5)
         self.w_gate_up = torch.nn.Parameter(torch.randn(experts, hidden, 2 * intermediate, **factory) * hidden**-0.5)
         self.w_down = torch.nn.Parameter(torch.randn(experts, intermediate, hidden, **factory) * intermediate**-0.5)
-        self.fused = fused and dtype == torch.bfloat16 and intermediate % SWIGLU_BLOCK == 0
+        self.fused = fused and dtype != torch.float32 and intermediate % SWIGLU_BLOCK == 0
 
     def forward(self, x: torch.Tensor, gemm: GroupedMM = our_grouped_mm) -> torch.Tensor:
         if x.dtype != self.gate.dtype:

@@ -116,14 +116,18 @@ def _capturing_or_compiling() -> bool:
     return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
+Types = tuple[str, str]  # k6's operand and output types: ("bf16", "bf16"), ("bf16", "fp32"), ("fp16", "fp16"), ...
+
+
 @functools.cache
-def _k6(name: str, layout: str) -> Any:
-    """One K6Persistent per configuration and B layout: compile() keeps its answer on it (re-reading the
-    disk cache on every call cost the eager op 1.3-2.4 ms of host time, measured on the H200)."""
+def _k6(name: str, layout: str, types: Types) -> Any:
+    """One K6Persistent per configuration, B layout and types: compile() keeps its answer on it (re-reading
+    the disk cache on every call cost the eager op 1.3-2.4 ms of host time, measured on the H200)."""
     from moe_gemm.variants.k6 import K6Persistent
     from moe_gemm.variants.k6.config import FUSED, LADDER
 
-    return K6Persistent(name, FUSED[name] if name in FUSED else LADDER[name].replace(b_layout=layout))
+    config = FUSED[name] if name in FUSED else LADDER[name].replace(b_layout=layout)
+    return K6Persistent(name, config.replace(element=types[0], out=types[1]))
 
 
 @functools.cache
@@ -133,12 +137,12 @@ def _gpu(index: int) -> tuple[str, int]:
 
 
 @functools.cache
-def _slots(name: str, layout: str, index: int) -> int:
+def _slots(name: str, layout: str, types: Types, index: int) -> int:
     """Blocks (clusters) a persistent launch of ``name`` runs at once on GPU ``index``, as k6's launch
     path counts them for the harness (moe_gemm.variants.k6.launch.resident_slots)."""
     from moe_gemm.variants.k6.launch import resident_slots
 
-    variant = _k6(name, layout)
+    variant = _k6(name, layout, types)
     with torch.cuda.device(index):  # the occupancy query runs in that GPU's context
         return resident_slots(variant.compile(), variant.config, _gpu(index)[1], device=index)
 
@@ -150,11 +154,11 @@ class _Runner:
 
     MAX_PACKED = 64  # distinct pointer sets kept; past that the oldest are dropped
 
-    def __init__(self, name: str, layout: str, index: int, tokens: int, experts: int, K: int, N: int,
+    def __init__(self, name: str, layout: str, types: Types, index: int, tokens: int, experts: int, K: int, N: int,
                  b_strides: tuple[int, int]) -> None:
-        variant = _k6(name, layout)
+        variant = _k6(name, layout, types)
         self.kernel, self.config = variant.compile(), variant.config
-        self.index, self.slots = index, _slots(name, layout, index)
+        self.index, self.slots = index, _slots(name, layout, types, index)
         self.shape, self.b_strides = (tokens, experts, K, N), b_strides
         self.launches: dict[tuple[int, ...], Callable[[], None]] = {}
 
@@ -176,11 +180,11 @@ class _Runner:
                 run()
 
 
-def _launcher(name: str, layout: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
+def _launcher(name: str, layout: str, types: Types, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
               out: torch.Tensor) -> Callable[[], None]:
     """One launch of configuration ``name`` on these tensors, on torch's current stream of their GPU,
     ready to repeat (k6's one launch path, moe_gemm.variants.k6.launch, which the harness takes too)."""
-    runner = _runner(name, layout, a, b)
+    runner = _runner(name, layout, types, a, b)
     return lambda: runner(a, b, offs, out)
 
 
@@ -197,7 +201,7 @@ _chosen: dict[tuple[str, int], str] = {}  # (shape key, GPU index) -> configurat
 
 
 def _choice(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, layout: str, epilogue: str,
-            index: int) -> str | None:
+            types: Types, index: int) -> str | None:
     """k6's configuration for this shape on GPU ``index``: the one k6/auto's cache file holds for it
     (chapter 07's tuning and this op's share the file and the rule; two GPUs of one name share an
     entry), else, on an eager call, tuned now on these operands as k6/auto tunes (every candidate on
@@ -208,7 +212,7 @@ def _choice(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Ten
     from moe_gemm.variants.k6.config import AUTO_CANDIDATES, FUSED, KMAJOR_CANDIDATES
 
     (tokens, K), (experts, _, N) = a.shape, b.shape
-    key = auto.shape_key(tokens, experts, K, N, layout, _gpu(index)[0], epilogue)
+    key = auto.shape_key(tokens, experts, K, N, layout, _gpu(index)[0], epilogue, types)
     if (key, index) not in _chosen:
         entry = auto.recall(key)
         if entry is None:
@@ -222,7 +226,7 @@ def _choice(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Ten
                                                                    device=offs.device)
 
             entry = auto.tune(key, candidates, experts, tokens, routed=routed,
-                              launcher=lambda ends, name: _launcher(name, layout, a, b, ends, out),
+                              launcher=lambda ends, name: _launcher(name, layout, types, a, b, ends, out),
                               median_ms=lambda run: _median_ms(run, auto.TUNE_LAUNCHES, index))
         _chosen[key, index] = entry["choice"]
     return _chosen[key, index]
@@ -236,12 +240,13 @@ class _Plan:
     """What every call with one key (:func:`_key`) runs, worked out on the first: torch's fallback and
     its reason, or k6 in B's layout with the runner of the configuration chosen for the shape."""
 
-    __slots__ = ("reason", "out_shape", "layout", "epilogue", "index", "runner")
+    __slots__ = ("reason", "out_shape", "layout", "types", "epilogue", "index", "runner")
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype,
                  epilogue: str) -> None:
         chosen = rules.route(operands(a, b, offs, out_dtype), epilogue=epilogue)
         self.reason, self.layout, self.epilogue = chosen.reason, chosen.b_layout, epilogue
+        self.types = (chosen.element, chosen.out)
         self.out_shape = (a.shape[0], b.shape[2] // (2 if epilogue == "swiglu" else 1))
         self.index = a.device.index if a.is_cuda else None
         self.runner: _Runner | None = None  # chosen on the first launch (tuning needs the output)
@@ -249,23 +254,23 @@ class _Plan:
     def launch(self, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> None:
         runner = self.runner
         if runner is None:
-            name = _choice(a, b, offs, out, self.layout, self.epilogue, self.index)
-            runner = _runner(name or _default(self.layout, self.epilogue), self.layout, a, b)
+            name = _choice(a, b, offs, out, self.layout, self.epilogue, self.types, self.index)
+            runner = _runner(name or _default(self.layout, self.epilogue), self.layout, self.types, a, b)
             if name is not None:  # kept once chosen; a default (nothing could be timed) is asked again next call
                 self.runner = runner
         runner(a, b, offs, out)
 
 
 @functools.lru_cache(maxsize=256)
-def _runner_of(name: str, layout: str, index: int, tokens: int, experts: int, K: int, N: int,
+def _runner_of(name: str, layout: str, types: Types, index: int, tokens: int, experts: int, K: int, N: int,
                b_strides: tuple[int, int]) -> _Runner:
-    return _Runner(name, layout, index, tokens, experts, K, N, b_strides)
+    return _Runner(name, layout, types, index, tokens, experts, K, N, b_strides)
 
 
-def _runner(name: str, layout: str, a: torch.Tensor, b: torch.Tensor) -> _Runner:
+def _runner(name: str, layout: str, types: Types, a: torch.Tensor, b: torch.Tensor) -> _Runner:
     from moe_gemm.variants.k6.rules import b_strides_of
 
-    return _runner_of(name, layout, a.device.index, a.shape[0], b.shape[0], a.shape[1], b.shape[2],
+    return _runner_of(name, layout, types, a.device.index, a.shape[0], b.shape[0], a.shape[1], b.shape[2],
                       b_strides_of(b.shape, b.stride()))
 
 
@@ -415,8 +420,8 @@ _grouped_mm_swiglu_op = torch.ops.moe_gemm.grouped_mm_swiglu.default
 
 def grouped_mm_swiglu(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of the grouped product a @ b for b = [W_gate | W_up] [E, K, 2I] (the gate
-    columns, then the up columns, as a checkpoint stores them): [M_tot, I] in a's dtype, for bf16 in one launch with
-    k6's fused epilogue, which pairs each 64 gate columns with the 64 up columns I further. Autograd
+    columns, then the up columns, as a checkpoint stores them): [M_tot, I] in a's dtype, for bf16 and fp16 in one
+    launch with k6's fused epilogue, which pairs each 64 gate columns with the 64 up columns I further. Autograd
     recomputes a @ b and differentiates the unfused formulas."""
     if _dispatch_adds_nothing(a, b):
         return _run(a, b, offs, a.dtype, "swiglu")

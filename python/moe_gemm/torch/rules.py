@@ -7,10 +7,11 @@ Two kinds of answer:
   that does not match, offs of the wrong length or dtype or on another device than a): raised before
   any launch, where torch._grouped_mm's own checks raise (a kernel given offs in host memory would
   read host addresses on the GPU);
-* a :class:`Route`: our kernel (k6, device-walked, B in either layout), or torch._grouped_mm with the
-  reason ours cannot take the inputs (a dtype other than bf16, K not a multiple of 64, a GPU other
-  than sm_90a, ...). The op warns once per reason. What k6 itself takes (shapes, strides, addresses)
-  is k6's to say: moe_gemm.variants.k6.rules, which the harness's variants ask too.
+* a :class:`Route`: our kernel (k6, device-walked, B in either layout, bf16 or fp16 in, the input's
+  dtype or fp32 out), or torch._grouped_mm with the reason ours cannot take the inputs (fp32 operands,
+  K not a multiple of 64, a GPU other than sm_90a, ...). The op warns once per reason. What k6 itself
+  takes (shapes, strides, addresses) is k6's to say: moe_gemm.variants.k6.rules, which the harness's
+  variants ask too.
 """
 
 from __future__ import annotations
@@ -45,11 +46,19 @@ class Operands:
     b_address: int = 0
 
 
+# The (operands, output) dtypes k6 runs, by torch's names, and k6's names for them (K6Config.element, .out):
+# wgmma takes bf16 and fp16 at one rate; the epilogue rounds to the operands' type or keeps fp32.
+K6_ELEMENTS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+K6_TYPES = {("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float16"), ("float16", "float32")}
+
+
 @dataclass(frozen=True)
 class Route:
     kernel: str  # "k6" or "torch"
     b_layout: str | None = None  # "kn": B [E, K, N] row-major; "nk": each B[e] column-major (B^T row-major)
     reason: str | None = None  # why torch._grouped_mm runs instead
+    element: str | None = None  # k6's operand type, "bf16" or "fp16"
+    out: str | None = None  # k6's output type, "bf16", "fp16" or "fp32"
 
 
 def check(op: Operands) -> None:
@@ -109,9 +118,11 @@ def route(op: Operands, epilogue: str = "none") -> Route:
         reasons.append(f"the tensors are on {op.a_device}, not a CUDA GPU")
     elif (have := other_target(op.capability)) is not None:
         reasons.append(f"our kernels need an sm_90a GPU (wgmma); this is {have}")
-    if op.a_dtype != "bfloat16" or op.out_dtype != "bfloat16":
-        reasons.append(f"our kernels take bf16 in and out, got {op.a_dtype} in, {op.out_dtype} out")
+    if (op.a_dtype, op.out_dtype) not in K6_TYPES:
+        reasons.append(f"our kernels take bf16 or fp16 in and the same or fp32 out, got {op.a_dtype} in, "
+                       f"{op.out_dtype} out")
     reasons += refusals(experts, K, N, op.a_strides, op.b_strides, op.a_address, op.b_address)
     if reasons:
         return Route("torch", reason="; ".join(reasons))
-    return Route("k6", b_layout=b_layout(op.b_shape, op.b_strides))
+    return Route("k6", b_layout=b_layout(op.b_shape, op.b_strides), element=K6_ELEMENTS[op.a_dtype],
+                 out=K6_ELEMENTS[op.out_dtype])

@@ -28,6 +28,7 @@ import numpy as np
 from moe_gemm.cuda.device import DeviceArray, DeviceProblem, to_device
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.edge_cases import EdgeCase
+from moe_gemm.model.problem import BF16, BF16_OPERANDS, FP16, FP16_OPERANDS, FP32, Problem, dtype_name
 from moe_gemm.variants.compiled import NamedConfigVariant
 from moe_gemm.variants.k6 import launch
 from moe_gemm.variants.k6.config import (
@@ -55,11 +56,20 @@ class K6Persistent(NamedConfigVariant):
     configs = {**LADDER, **FUSED}
     family = "k6"
     warps_per_block = THREADS // 32
+    # bf16 or fp16 operands, a bf16, fp16 or fp32 C: each rung is compiled for the problem's types (typed)
+    formats = (BF16_OPERANDS, FP16_OPERANDS)
+    out_dtypes = (BF16, FP16, FP32)
     # compute-sanitizer's extra case: the edge cases give most blocks one tile; this one gives every
     # block several, so both ping-pong warpgroups, the hand-over and the staging ring all run.
+    # The other types run too: fp16 through the staged TMA store, fp32 through the register stores.
     sanitize_cases = (EdgeCase("several tiles per block", (300,) * 40, K=128, N=392),
                       EdgeCase("several tiles per block, N for SwiGLU", (300,) * 40, K=128, N=384),
-                      EdgeCase("ragged, N for SwiGLU", (0, 70, 1, 129, 300), K=64, N=256))
+                      EdgeCase("ragged, N for SwiGLU", (0, 70, 1, 129, 300), K=64, N=256),
+                      EdgeCase("fp16, several tiles per block", (300,) * 40, K=128, N=384, fmt=FP16_OPERANDS,
+                               out_dtype=FP16),
+                      EdgeCase("bf16 in, fp32 out, ragged", (0, 70, 1, 129, 300), K=64, N=384, out_dtype=FP32),
+                      EdgeCase("fp16 in, fp32 out, ragged", (0, 70, 1, 129, 300), K=128, N=392, fmt=FP16_OPERANDS,
+                               out_dtype=FP32))
 
     def __init__(self, name: str, config: K6Config | None = None) -> None:
         if config is None:
@@ -75,9 +85,22 @@ class K6Persistent(NamedConfigVariant):
             raise ValueError(f"{self.name}: {self.config.dynamic_smem_bytes:,} B of shared memory plus the static "
                              f"part pass the {SMEM_LIMIT:,} B a block may have")
 
+    def typed(self, problem: Problem) -> K6Persistent:
+        """This rung instantiated for the problem's operand and output types: the same tiles, ring and walk;
+        the wgmma's input type and the epilogue's rounding (or its fp32 register stores) differ."""
+        types = (problem.fmt.element, dtype_name(problem.out_dtype))
+        if types == (self.config.element, self.config.out):
+            return self
+        typed = self.__dict__.setdefault("_typed", {})
+        if types not in typed:
+            typed[types] = K6Persistent(self.name, self.config.replace(element=types[0], out=types[1]))
+        return typed[types]
+
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem, config = dev.problem, self.config
         self.require_inputs(dev)
+        if self.typed(problem) is not self:
+            return self.typed(problem).prepare(dev)
         b = transposed_b(dev) if config.b_layout == "nk" and problem.tokens else dev.b
         check_inputs(config, problem.experts, problem.K, problem.N, dev.a.ptr, b.ptr, self.name)
         if config.epilogue == "swiglu" and problem.N % (2 * BOX):

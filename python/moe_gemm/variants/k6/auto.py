@@ -28,6 +28,7 @@ from moe_gemm.cuda.device import DeviceProblem, synchronize
 from moe_gemm.cuda.nvrtc import cache_dir
 from moe_gemm.cuda.timing import time_launches
 from moe_gemm.cuda.variant import Prepared
+from moe_gemm.model.problem import dtype_name
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.variants.k6 import K6Persistent
 from moe_gemm.variants.k6.config import AUTO_CANDIDATES, KERNEL_FUNCTION, LADDER, Schedule
@@ -61,12 +62,15 @@ def rows_bucket(tokens: int) -> int:
 
 
 def shape_key(tokens: int, experts: int, K: int, N: int, b_layout: str, gpu: str,
-              epilogue: str = "none") -> str:
+              epilogue: str = "none", types: tuple[str, str] = ("bf16", "bf16")) -> str:
     """The cache key: the GPU, M_tot's bucket (:func:`rows_bucket`), E, K, N, B's layout, the epilogue
-    (the fused SwiGLU GEMM has its own candidates), and the rule (a choice made by another rule is not
-    reused)."""
+    (the fused SwiGLU GEMM has its own candidates), the operand and output types other than bf16's (an
+    fp32 C is stored from registers: another epilogue), and the rule (a choice made by another rule is
+    not reused)."""
     fused = "" if epilogue == "none" else f"/{epilogue}"
-    return f"{gpu}/M-to-{rows_bucket(tokens)}/E{experts}/K{K}/N{N}/{b_layout}{fused}/robust-s{ROBUST_SKEW:g}"
+    typed = "" if types == ("bf16", "bf16") else f"/{types[0]}-to-{types[1]}"
+    return (f"{gpu}/M-to-{rows_bucket(tokens)}/E{experts}/K{K}/N{N}/{b_layout}{fused}{typed}"
+            f"/robust-s{ROBUST_SKEW:g}")
 
 
 def cache_file() -> Path:
@@ -164,7 +168,8 @@ class K6Auto:
         """The cached choice for this shape, or a fresh tuning (kept on disk)."""
         problem = dev.problem
         gpu = require_sm90a(self.name)
-        key = shape_key(problem.tokens, problem.experts, problem.K, problem.N, self.b_layout, gpu.name)
+        key = shape_key(problem.tokens, problem.experts, problem.K, problem.N, self.b_layout, gpu.name,
+                        types=(problem.fmt.element, dtype_name(problem.out_dtype)))
         entry = recall(key, self.cache_file)
         if entry is not None:
             return {**entry, "tuning": "cached"}

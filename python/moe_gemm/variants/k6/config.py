@@ -22,6 +22,10 @@ WG_ROWS = 128  # every consumer warpgroup owns 128 rows
 THREADS = 3 * WARPGROUP  # two consumer warpgroups and a producer warpgroup (the kernels' __launch_bounds__)
 Mode = Literal["pingpong", "cooperative"]
 Schedule = Literal["device", "host"]
+InElement = Literal["bf16", "fp16"]
+OutElement = Literal["bf16", "fp16", "fp32"]
+# kernels/epilogues.cuh, sm90::Element: the IN and OUT template arguments
+ELEMENT_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp32": 2}
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,13 @@ class K6Config:
     schedule: Schedule = "device"
     b_layout: BLayout = "kn"
     epilogue: Literal["none", "swiglu"] = "none"  # swiglu: C = silu(gate) * up, [M_tot, N / 2]
+    element: InElement = "bf16"  # A's and B's (wgmma .bf16 or .f16: one rate, one layout)
+    out: OutElement = "bf16"  # C's: rounded to bf16 or fp16, or the fp32 accumulators as they are
+
+    def __post_init__(self) -> None:
+        if self.element not in ("bf16", "fp16") or self.out not in ("bf16", "fp16", "fp32"):
+            raise ValueError(f"k6 takes bf16 or fp16 operands and writes bf16, fp16 or fp32; got {self.element} "
+                             f"operands and {self.out} out")
 
     @property
     def bm(self) -> int:
@@ -69,22 +80,24 @@ class K6Config:
 
     @property
     def kernel_name(self) -> str:
+        types = f"{ELEMENT_CODES[self.element]}, {ELEMENT_CODES[self.out]}"
         if self.epilogue == "swiglu":
             entry = f"{KERNEL_FUNCTION}_swiglu" + ("" if self.cluster == 1 else "_cluster2")
-            return f"{entry}<{0 if self.mode == 'pingpong' else 1}, {self.stages}, {self.staging_boxes}>"
+            return f"{entry}<{0 if self.mode == 'pingpong' else 1}, {self.stages}, {self.staging_boxes}, {types}>"
         entry = KERNEL_FUNCTION if self.cluster == 1 else f"{KERNEL_FUNCTION}_cluster2"
         mode = 0 if self.mode == "pingpong" else 1
         flag = "true" if self.b_layout == "nk" else "false"
         device = "true" if self.schedule == "device" else "false"
         along = (", true" if self.cluster_along == "m" else ", false") if self.cluster > 1 else ""
-        return f"{entry}<{mode}, {self.bn}, {self.stages}, {flag}, {self.staging_boxes}, {device}{along}>"
+        return f"{entry}<{mode}, {self.bn}, {self.stages}, {flag}, {self.staging_boxes}, {device}{along}, {types}>"
 
     @property
     def label(self) -> str:
         """What a results record keeps of the configuration: '128x192 pingpong 1x2 g8 s4'."""
         cluster = "" if self.cluster == 1 else " 1x2" if self.cluster_along == "n" else " 2x1"
         group = f" g{self.group}" if self.group > 1 else ""
-        return f"{self.bm}x{self.bn} {self.mode}{cluster}{group} s{self.stages}"
+        types = "" if (self.element, self.out) == ("bf16", "bf16") else f" {self.element}->{self.out}"
+        return f"{self.bm}x{self.bn} {self.mode}{cluster}{group} s{self.stages}{types}"
 
     def replace(self, **changes) -> K6Config:
         return dataclasses.replace(self, **changes)

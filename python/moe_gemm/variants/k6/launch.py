@@ -23,25 +23,26 @@ BStrides = tuple[int, int] | None  # B's (row, expert) strides in elements; None
 
 
 def strided_weight_map(b_layout: str, b_address: int, experts: int, K: int, N: int,
-                       b_strides: BStrides) -> TiledMap:
+                       b_strides: BStrides, element: str = "bf16") -> TiledMap:
     """B's map (sm90.maps.weight_map) with the row and expert strides a torch view has (b[:, :, :N] of a
     wider tensor, b[::2]): the same boxes, the copy engine steps by the given strides."""
-    dense = weight_map(b_layout, b_address, experts, K, N)
+    dense = weight_map(b_layout, b_address, experts, K, N, element)
     if b_strides is None:
         return dense
     row, expert = b_strides
-    return TiledMap(dense.name, b_address, dense.dims, (row * 2, expert * 2), dense.box)
+    size = dense.element_bytes
+    return TiledMap(dense.name, b_address, dense.dims, (row * size, expert * size), dense.box, element=element)
 
 
 def tensor_maps(config: K6Config, a_address: int, b_address: int, c_address: int, tokens: int, experts: int,
                 K: int, N: int, b_strides: BStrides = None) -> tuple[TiledMap, TiledMap, TiledMap]:
     """A in boxes of BM / CLUSTER rows (each block of a cluster along N loads its share), B in 64 x 64
     boxes of one expert (B [E, K, N] or B^T [E, N, K]), C in 64 x 64 boxes (N / 2 columns wide after
-    the SwiGLU epilogue)."""
+    the SwiGLU epilogue), each in the configuration's element types."""
     a_rows = config.bm // config.cluster if config.cluster_along == "n" else config.bm
-    a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=a_rows, box_cols=BK)
-    return (a_map, strided_weight_map(config.b_layout, b_address, experts, K, N, b_strides),
-            output_map(c_address, tokens, N // config.out_columns_divisor))
+    a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=a_rows, box_cols=BK, element=config.element)
+    return (a_map, strided_weight_map(config.b_layout, b_address, experts, K, N, b_strides, config.element),
+            output_map(c_address, tokens, N // config.out_columns_divisor, config.out))
 
 
 def arguments(config: K6Config, a_address: int, b_address: int, c_address: int, ends_address: int, tokens: int,

@@ -61,17 +61,23 @@ def operand_maps(bm: int, b_layout: BLayout, a_address: int, b_address: int, tok
     return a_map, weight_map(b_layout, b_address, experts, K, N)
 
 
-def weight_map(b_layout: BLayout, b_address: int, experts: int, K: int, N: int) -> TiledMap:
+def weight_map(b_layout: BLayout, b_address: int, experts: int, K: int, N: int, element: str = "bf16") -> TiledMap:
     """B in 64 x 64 boxes of one expert: B [E, K, N] ("kn": 64 of K x 64 columns) or B^T [E, N, K]
-    ("nk": 64 columns x 64 of K). Chapter 07's k6 loads its weights through the same map."""
+    ("nk": 64 columns x 64 of K), of bf16 or fp16 (``element``). Chapter 07's k6 loads its weights
+    through the same map."""
     if b_layout == "kn":
-        return batched_matrix_map("B", b_address, batch=experts, rows=K, cols=N, box_rows=BK, box_cols=BOX)
-    return batched_matrix_map("B^T", b_address, batch=experts, rows=N, cols=K, box_rows=BOX, box_cols=BK)
+        return batched_matrix_map("B", b_address, batch=experts, rows=K, cols=N, box_rows=BK, box_cols=BOX,
+                                  element=element)
+    return batched_matrix_map("B^T", b_address, batch=experts, rows=N, cols=K, box_rows=BOX, box_cols=BK,
+                              element=element)
 
 
-def output_map(c_address: int, tokens: int, N: int) -> TiledMap:
-    """C [M_tot, N] in 64 x 64 boxes, for the TMA-store epilogue."""
-    return matrix_map("C", c_address, rows=tokens, cols=N, box_rows=64, box_cols=BOX)
+def output_map(c_address: int, tokens: int, N: int, element: str = "bf16") -> TiledMap:
+    """C [M_tot, N] in 64 x 64 boxes, for the TMA-store epilogue; an fp32 C in 64 x 32 boxes (a box row
+    may span at most the swizzle's 128 bytes), which k6 encodes but does not store through (its fp32
+    epilogue writes from registers)."""
+    return matrix_map("C", c_address, rows=tokens, cols=N, box_rows=64, box_cols=BOX if element != "fp32" else 32,
+                      element=element)
 # --8<-- [end:tensor_maps]
 
 
