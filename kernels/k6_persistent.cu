@@ -51,9 +51,13 @@ struct Config {
     static constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
     static constexpr int B_BOXES = BN / sm90::BOX;
     // Along N each block loads A_SHARE_ROWS of A's box and multicasts them to both; along M each
-    // loads every other B box for both.
+    // loads B_SHARE_ROWS of every B box (its rows: K for B, N for B^T) for both, an equal share at any
+    // BN (whole boxes in turn gave one block two of BN = 192's three). Half a box starts 4 KB in: a
+    // multiple of the 1 KB the 128-byte swizzle repeats over, so both halves land as one box would.
     static constexpr int A_SHARE_ROWS = BM / CLUSTER_N;
     static constexpr unsigned A_SHARE_BYTES = A_BYTES / CLUSTER_N;
+    static constexpr int B_SHARE_ROWS = sm90::BOX / CLUSTER_M;
+    static constexpr unsigned B_SHARE_BYTES = sm90::BOX_BYTES / CLUSTER_M;
     // A unit of work: UNIT_ROWS x UNIT_COLS, one tile per block of the cluster.
     static constexpr int UNIT_ROWS = BM * CLUSTER_M, UNIT_COLS = BN * CLUSTER_N;
     // Consumer warpgroups that read each stage: one in ping-pong (the stage belongs to one tile),
@@ -71,8 +75,9 @@ struct Config {
     // the device walk's 2 KB, the slots).
     static_assert(STAGES * STAGE_BYTES + STAGING_BYTES + sm90::SWIZZLE_ALIGN <= 232448 - 2304,
                   "the ring and the C staging fit the shared memory of one block");
-    static_assert(STAGE_BYTES % sm90::SWIZZLE_ALIGN == 0 && A_SHARE_BYTES % sm90::SWIZZLE_ALIGN == 0,
-                  "every stage, box and A half starts on a 1 KB boundary (the 128-byte swizzle's period)");
+    static_assert(STAGE_BYTES % sm90::SWIZZLE_ALIGN == 0 && A_SHARE_BYTES % sm90::SWIZZLE_ALIGN == 0 &&
+                      B_SHARE_BYTES % sm90::SWIZZLE_ALIGN == 0,
+                  "every stage, box and share of one starts on a 1 KB boundary (the 128-byte swizzle's period)");
 };
 
 // The producer writes each unit's tile into a slot before it announces the unit's first stage;
@@ -85,6 +90,33 @@ struct Slots {
     int4 tile[COUNT];
 };
 // --8<-- [end:config]
+
+// --8<-- [start:descriptors]
+// The descriptors' fixed fields for the 128-byte-swizzled boxes TMA writes, as compile-time constants:
+// A (and a K-major B) K-major, a k16 step 32 bytes along the row, 64 rows 8 KB; a row-major B
+// MN-major, 64-column panels 8 KB apart (LBO), a k16 step 16 rows, 2 KB. The host's
+// moe_gemm.cuda.descriptors.operand_plan derives the same numbers from the ISA's layout rules
+// (tests/test_k6.py holds the two equal); k3 and k5 take them as a run-time argument.
+constexpr OperandPlan K_MAJOR_PLAN{0x4000004000010000ull, 32, 8192};
+constexpr OperandPlan MN_MAJOR_PLAN{0x4000004002000000ull, 2048, 8192};
+
+// A descriptor `bytes` further into shared memory: the start-address field (bits 0-13) counts 16-byte
+// units, and the ring ends below 256 KB, so the sum never carries out of the field. Adding a constant
+// to a descriptor held in uniform registers is one uniform add per wgmma, where rebuilding it from
+// the address costs a mask, a shift, an OR and two register-to-uniform moves (CUTLASS's descriptor
+// iterator does the same).
+__device__ __forceinline__ constexpr unsigned long long descriptor_step(unsigned bytes) {
+    return bytes >> 4;
+}
+
+// Every lane of the warp holds the same value; a shuffle from lane 0 lets the compiler know it, so
+// that the descriptor lives in uniform registers, as HGMMA reads it.
+__device__ __forceinline__ unsigned long long warp_uniform(unsigned long long value) {
+    const unsigned lo = __shfl_sync(0xffffffffu, static_cast<unsigned>(value), 0);
+    const unsigned hi = __shfl_sync(0xffffffffu, static_cast<unsigned>(value >> 32), 0);
+    return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
+// --8<-- [end:descriptors]
 
 // --8<-- [start:producer]
 // One thread issues every copy. Unit j's tile for this block is (expert, row0, rows, col0 + rank
@@ -126,8 +158,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
                 const int n = SWIGLU ? box * (N / 2) + tile.w / 2 : tile.w + box * sm90::BOX;
                 const int c0 = B_K_MAJOR ? k : n, c1 = B_K_MAJOR ? n : k;  // B: (n, k, e); B^T: (k, n, e)
                 const unsigned b_dst = a_dst + Cfg::A_BYTES + box * sm90::BOX_BYTES;
-                if constexpr (Cfg::ALONG_M == 2) {
-                    if (box % 2 == static_cast<int>(rank)) tma_load_3d_multicast(b_dst, tmap_b, c0, c1, tile.x, bar, 0b11);
+                if constexpr (Cfg::ALONG_M == 2) {  // rank r: rows 32r .. 32r + 31 of every box, for both blocks
+                    tma_load_3d_multicast(b_dst + rank * Cfg::B_SHARE_BYTES, tmap_b, c0,
+                                          c1 + static_cast<int>(rank) * Cfg::B_SHARE_ROWS, tile.x, bar, 0b11);
                 } else {
                     tma_load_3d(b_dst, tmap_b, c0, c1, tile.x, bar);
                 }
@@ -150,24 +183,26 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
 // C7520, "wgmma.mma_async instructions are serialized").
 template <class Cfg, int SLICES, int STAGES, int CLUSTER, bool B_K_MAJOR, bool F16, class HandOver>
 __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], int a_slice, int k_steps,
-                                         unsigned ring, const OperandPlan& plan_a, const OperandPlan& plan_b,
-                                         unsigned long long* full, unsigned long long* empty, int& stage,
-                                         unsigned& phase, HandOver&& hand_over) {
+                                         unsigned ring, unsigned long long* full, unsigned long long* empty,
+                                         int& stage, unsigned& phase, HandOver&& hand_over) {
+    constexpr OperandPlan PLAN_A = K_MAJOR_PLAN, PLAN_B = B_K_MAJOR ? K_MAJOR_PLAN : MN_MAJOR_PLAN;
     int previous = -1;
     for (int ks = 0; ks < k_steps; ++ks) {
         mbarrier_wait_parity(smem_u32(&full[stage]), phase);
         if constexpr (SLICES > 0) {
-            const unsigned a_tile = ring + stage * Cfg::STAGE_BYTES + a_slice * Cfg::M_ITERS * plan_a.mn64_bytes;
-            const unsigned b_tile = ring + stage * Cfg::STAGE_BYTES + Cfg::A_BYTES;
+            // Two descriptors per stage; every wgmma's is one of them plus a compile-time step.
+            const unsigned stage_base = ring + stage * Cfg::STAGE_BYTES;
+            const unsigned long long desc_a =
+                warp_uniform(matrix_descriptor(PLAN_A.bits, stage_base + a_slice * Cfg::M_ITERS * PLAN_A.mn64_bytes));
+            const unsigned long long desc_b = warp_uniform(matrix_descriptor(PLAN_B.bits, stage_base + Cfg::A_BYTES));
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < sm90::BK / 16; ++kk) {
-                const unsigned long long desc_b = matrix_descriptor(plan_b.bits, b_tile + kk * plan_b.k16_bytes);
 #pragma unroll
                 for (int i = 0; i < SLICES; ++i)
                     wgmma_16bit<Cfg::TILE_N, false, !B_K_MAJOR, F16>(
-                        acc[i], matrix_descriptor(plan_a.bits, a_tile + i * plan_a.mn64_bytes + kk * plan_a.k16_bytes),
-                        desc_b, ks > 0 || kk > 0);
+                        acc[i], desc_a + descriptor_step(i * PLAN_A.mn64_bytes + kk * PLAN_A.k16_bytes),
+                        desc_b + descriptor_step(kk * PLAN_B.k16_bytes), ks > 0 || kk > 0);
             }
             wgmma_commit();
             wgmma_wait<1>();  // the previous stage's wgmmas are done: hand it back (k3's loop)
@@ -291,7 +326,7 @@ template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_M
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C, const int4* units_list,
                                         int num_units, const int* ends, int tokens, int experts, int group, int K,
-                                        int N, const OperandPlan& plan_a, const OperandPlan& plan_b) {
+                                        int N) {
     static_assert((IN == sm90::BF16 || IN == sm90::F16) && OUT >= sm90::BF16 && OUT <= sm90::F32,
                   "bf16 or fp16 operands; a bf16, fp16 or fp32 output");
     using Cfg = Config<MODE, BN, STAGES, CLUSTER_M, CLUSTER_N, B_K_MAJOR, STAGING_BOXES>;
@@ -366,13 +401,13 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             };
             const int a_slice = MODE == PINGPONG ? 0 : warpgroup;
             if (slices == 2)
-                multiply<Cfg, 2, STAGES, CLUSTER, B_K_MAJOR, F16>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
+                multiply<Cfg, 2, STAGES, CLUSTER, B_K_MAJOR, F16>(acc, a_slice, k_steps, ring, full, empty,
                                                              stage, phase, hand_over);
             else if (slices == 1)
-                multiply<Cfg, 1, STAGES, CLUSTER, B_K_MAJOR, F16>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
+                multiply<Cfg, 1, STAGES, CLUSTER, B_K_MAJOR, F16>(acc, a_slice, k_steps, ring, full, empty,
                                                              stage, phase, hand_over);
             else
-                multiply<Cfg, 0, STAGES, CLUSTER, B_K_MAJOR, F16>(acc, a_slice, k_steps, ring, plan_a, plan_b, full, empty,
+                multiply<Cfg, 0, STAGES, CLUSTER, B_K_MAJOR, F16>(acc, a_slice, k_steps, ring, full, empty,
                                                              stage, phase, hand_over);
             // Ping-pong: the epilogues take turns on the one staging ring. Each starts at its first
             // box and, before handing over, waits until TMA has read every box it filled (bulk
@@ -417,12 +452,12 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     int num_units,                               /* host walk: the list's length                            */ \
     const int* __restrict__ ends,                /* device walk: [E] cumulative row ends (torch's offs)     */ \
     int tokens,                                  /* M_tot: the rows of A and C; every end is clamped to it  */ \
-    int experts, int group, int K, int N, const OperandPlan plan_a, const OperandPlan plan_b
+    int experts, int group, int K, int N
 
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, int IN, int OUT>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, false, IN, OUT>(
-        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 
 // ALONG_M: the cluster's two blocks take two M tiles of one N column (B shared), else two N tiles
@@ -432,7 +467,7 @@ template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool 
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_cluster2(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, false,
                 IN, OUT>(
-        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 
 // An MoE layer's first GEMM with the SwiGLU epilogue: B is [W_gate | W_up] and C = silu(A W_gate) *
@@ -442,12 +477,12 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP,
 template <int MODE, int STAGES, int STAGING_BOXES, int IN, int OUT>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_swiglu(K6_PARAMS) {
     k6::k6_body<MODE, 128, STAGES, 1, 1, false, STAGING_BOXES, true, true, IN, OUT>(
-        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 
 template <int MODE, int STAGES, int STAGING_BOXES, int IN, int OUT>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_swiglu_cluster2(K6_PARAMS) {
     k6::k6_body<MODE, 128, STAGES, 1, 2, false, STAGING_BOXES, true, true, IN, OUT>(
-        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, plan_a, plan_b);
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 // --8<-- [end:kernels]

@@ -26,7 +26,7 @@ from moe_gemm.variants.k6.config import (
 )
 from moe_gemm.variants.k6.launch import arguments
 from moe_gemm.variants.k6.walk import expert_units, unit_list
-from moe_gemm.variants.sm90.config import PLAN_DTYPE, SMEM_LIMIT
+from moe_gemm.variants.sm90.config import SMEM_LIMIT
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 SOURCE = (KERNELS / "k6_persistent.cu").read_text()
@@ -254,6 +254,33 @@ def test_every_type_builds_with_its_wgmma_and_its_stores(name, types):
     assert (counts["STSM"] == 0 and counts["UTMASTG"] == 0) == fp32 and (counts["STG.E.64"] > 0) == fp32
 
 
+def test_the_descriptor_constants_are_the_hosts_plans():
+    """k6 builds its descriptors from compile-time plans; they are what moe_gemm.cuda.descriptors derives
+    from the ISA's layout rules for the 128-byte-swizzled boxes (and what k3 and k5 get at run time)."""
+    from moe_gemm.cuda.descriptors import operand_plan
+
+    for name, major in (("K_MAJOR_PLAN", "K"), ("MN_MAJOR_PLAN", "MN")):
+        bits, k16, mn64 = re.search(rf"constexpr OperandPlan {name}\{{(0x[0-9a-f]+)ull, (\d+), (\d+)\}};",
+                                    SOURCE).groups()
+        plan = operand_plan(major)
+        assert (int(bits, 16), int(k16), int(mn64)) == (plan.bits, plan.k16_bytes, plan.mn64_bytes), name
+
+
+# The main loop's instructions per k-step and warp, for two m64 slices (8 HGMMA) and one (4): with the
+# descriptors rebuilt from a run-time plan at every wgmma it was 134 and 93 at the M-pair cluster rung.
+MAIN_LOOP_LIMIT = {8: 80, 4: 70}
+
+
+@pytest.mark.parametrize("name", ["k6/pingpong-mcluster-bn192", "k6/pingpong-bn192", "k6/coop256-cluster-bn128",
+                                  "k6/pingpong-cluster-bn192-kmajor", "k6/swiglu-coop256-cluster"])
+def test_the_main_loop_adds_constant_steps_to_two_descriptors(name):
+    from moe_gemm.cuda.sass import main_loop_instructions
+
+    sass = K6Persistent(name).compile("sm_90a").sass()
+    for wgmmas, limit in MAIN_LOOP_LIMIT.items():
+        assert main_loop_instructions(sass, wgmmas) <= limit, (name, wgmmas)
+
+
 def test_the_arguments_are_k6_params_in_number_kind_and_order():
     macro = re.search(r"#define K6_PARAMS(.*?)\n\n", SOURCE, re.S).group(1)
     parameters = [p.split() for p in re.sub(r"/\*.*?\*/|\\", " ", macro).split(",")]
@@ -268,7 +295,7 @@ def test_the_arguments_are_k6_params_in_number_kind_and_order():
 
     config = LADDER["k6/pingpong-cluster-bn192-host"]
     args = arguments(config, 0x10000, 0x20000, 0x30000, 0x40004, 1000, 64, 1024, 2688, 0x50000, 37)
-    kinds = ["tensor map" if isinstance(arg, TiledMap) else "plan" if getattr(arg, "dtype", None) == PLAN_DTYPE
+    kinds = ["tensor map" if isinstance(arg, TiledMap)
              else "int" if isinstance(arg, np.int32) else "pointer" if type(arg) is int else repr(arg) for arg in args]
     assert kinds == [kind(p) for p in parameters]
     by_name = dict(zip((p[-1] for p in parameters), args))

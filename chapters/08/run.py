@@ -379,10 +379,12 @@ def run_on_gpu(args, gpu) -> int:
         from moe_gemm.measure.bucketing import measure_bucketing
         from moe_gemm.model.workloads import MODEL_PROJECTIONS
 
-        results.put(bucketing=measure_bucketing(MODEL_PROJECTIONS))
         buckets = ", ".join(f"{lo:,} .. {hi:,}" for lo, hi in map(bucket_ends, EDGES))
-        results.ran("bucketing", f"the model projections tuned exactly at both ends of the buckets {buckets}")
-        save()
+        for label, workload in MODEL_PROJECTIONS.items():
+            results.replace("bucketing", measure_bucketing(label, workload), lambda row: row["projection"])
+            results.ran("bucketing", f"the model projections tuned exactly at both ends of the buckets {buckets}")
+            save()
+            release_memory()
     path = save()
     report(recorded(CHAPTER, gpu.slug))
     print(f"results written to {path}")

@@ -55,3 +55,32 @@ def sass_report(compiled: Any, opcodes: Iterable[str] = ()) -> dict[str, Any]:
     return {"kernel": compiled.name, "arch": compiled.arch, "registers": r.registers,
             "static_smem_bytes": r.static_smem_bytes, "spill_bytes": r.spill_bytes,
             "stack_frame_bytes": r.stack_frame_bytes, **opcode_counts(compiled.sass(), opcodes)}
+
+
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)[^;]*);")
+_BRANCH = re.compile(r"^(?:@!?U?P\w+\s+)?BRA(?:\.\w+)?\s+(?:\w+,\s*)?0x([0-9a-f]+)")
+
+
+def loops(sass_text: str) -> list[list[str]]:
+    """Every loop of the SASS as its instructions in order: from a backward branch's target to the
+    branch itself, inclusive (a loop's body as a warp issues it once per trip, NOPs left out)."""
+    found = [(int(address, 16), text, mnemonic) for address, text, mnemonic in _INSTRUCTION.findall(sass_text)]
+    bodies = []
+    for i, (address, text, _) in enumerate(found):
+        branch = _BRANCH.match(text)
+        if branch and int(branch.group(1), 16) < address:
+            head = int(branch.group(1), 16)
+            bodies.append([t for a, t, m in found[: i + 1] if a >= head and m != "NOP"])
+    return bodies
+
+
+def main_loop_instructions(sass_text: str, wgmmas: int) -> int:
+    """Instructions per trip of the smallest loop that issues exactly ``wgmmas`` HGMMAs: a GEMM's main
+    loop, one k-step of the ring per trip (ValueError if there is none)."""
+    def hgmmas(body: list[str]) -> int:
+        return sum(re.match(r"(?:@!?U?P\w+\s+)?HGMMA", text) is not None for text in body)
+
+    candidates = [body for body in loops(sass_text) if hgmmas(body) == wgmmas]
+    if not candidates:
+        raise ValueError(f"no loop issues exactly {wgmmas} HGMMA instructions per trip")
+    return min(len(body) for body in candidates)

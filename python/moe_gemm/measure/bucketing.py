@@ -11,7 +11,7 @@ slowdown is the first's time over the second's; 1 where both ends chose alike.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +31,25 @@ def bucket_ends(edge: int) -> tuple[int, int]:
     return edge + 1, edge + edge // 8
 
 
-def _operands(workload: Workload, tokens: int, seed: int) -> tuple[Any, Any, Any, Any]:
-    """a [tokens, K], b [E, K, N] (bf16, random), offs of the workload's skew at ``tokens`` rows, the output."""
+def _weights(workload: Workload, rows: int, seed: int) -> tuple[Any, Any]:
+    """a [rows, K] and b [E, K, N], bf16, drawn on the GPU (the DeepSeek-V3-like b holds 3.8 G elements:
+    minutes of the CPU's random numbers); each M_tot takes a's first rows."""
     import torch
 
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    generator = torch.Generator(device="cuda").manual_seed(seed)
     E, K, N = workload.experts, workload.K, workload.N  # noqa: N806
-    a = torch.randn(tokens, K, generator=generator).to(torch.bfloat16).cuda()
-    b = (torch.randn(E, K, N, generator=generator) * K**-0.5).to(torch.bfloat16).cuda()
-    counts = expert_counts(E, tokens, workload.skew)
-    offs = torch.as_tensor(np.cumsum(counts), dtype=torch.int32, device="cuda")
-    return a, b, offs, torch.empty(tokens, N, dtype=torch.bfloat16, device="cuda")
+    a = torch.randn(rows, K, generator=generator, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(E, K, N, generator=generator, device="cuda", dtype=torch.bfloat16) * K**-0.5
+    return a, b
+
+
+def _operands(workload: Workload, a: Any, b: Any, tokens: int) -> tuple[Any, Any, Any, Any]:
+    """a's first ``tokens`` rows, b, offs of the workload's skew at ``tokens`` rows, the output."""
+    import torch
+
+    offs = torch.as_tensor(np.cumsum(expert_counts(workload.experts, tokens, workload.skew)), dtype=torch.int32,
+                           device="cuda")
+    return a[:tokens], b, offs, torch.empty(tokens, workload.N, dtype=torch.bfloat16, device="cuda")
 
 
 def _tuned(label: str, workload: Workload, tokens: int, operands: tuple, path: Path) -> str:
@@ -65,35 +73,34 @@ def _tuned(label: str, workload: Workload, tokens: int, operands: tuple, path: P
     return entry["choice"]
 
 
-def measure_bucketing(projections: Mapping[str, Workload], edges: Sequence[int] = EDGES,
+def measure_bucketing(label: str, workload: Workload, edges: Sequence[int] = EDGES,
                       seed: int = 0) -> list[dict[str, Any]]:
-    """One row per projection and bucket end: the choice tuned there, the one tuned at the bucket's other
-    end, their times at this end and the slowdown (other / own)."""
+    """One row per bucket end of projection ``label``: the choice tuned there, the one tuned at the
+    bucket's other end, their times at this end and the slowdown (other / own)."""
     from moe_gemm.torch import ops
     from moe_gemm.torch.bench import time_interleaved
     from moe_gemm.variants.k6.auto import rows_bucket
 
     rows = []
+    a_all, weights = _weights(workload, max(bucket_ends(edge)[1] for edge in edges), seed)
     with tempfile.TemporaryDirectory() as scratch, ops.offsets_unchecked():
         path = Path(scratch) / "exact.json"
-        for label, workload in projections.items():
-            for edge in edges:
-                ends = bucket_ends(edge)
-                operands = {m: _operands(workload, m, seed) for m in ends}
-                chosen = {m: _tuned(label, workload, m, operands[m], path) for m in ends}
-                print(f"  {label}, M_tot {ends[0]:,} .. {ends[1]:,}: tuned {chosen[ends[0]]} and {chosen[ends[1]]}",
-                      flush=True)
-                for here, there in (ends, ends[::-1]):
-                    own, other = chosen[here], chosen[there]
-                    row = {"projection": label, "experts": workload.experts, "K": workload.K, "N": workload.N,
-                           "skew": workload.skew, "tokens": here, "bucket": rows_bucket(here), "own": own,
-                           "other": other, "own_ms": None, "other_ms": None, "slowdown": 1.0}
-                    if own != other:
-                        a, b, offs, out = operands[here]
-                        timed = time_interleaved({name: ops._launcher(name, "kn", TYPES, a, b, offs, out)
-                                                  for name in (own, other)})
-                        row.update(own_ms=timed[own].median_ms, other_ms=timed[other].median_ms,
-                                   slowdown=timed[other].median_ms / timed[own].median_ms)
-                    rows.append(row)
-                del operands
+        for edge in edges:
+            ends = bucket_ends(edge)
+            operands = {m: _operands(workload, a_all, weights, m) for m in ends}
+            chosen = {m: _tuned(label, workload, m, operands[m], path) for m in ends}
+            print(f"  {label}, M_tot {ends[0]:,} .. {ends[1]:,}: tuned {chosen[ends[0]]} and {chosen[ends[1]]}",
+                  flush=True)
+            for here, there in (ends, ends[::-1]):
+                own, other = chosen[here], chosen[there]
+                row = {"projection": label, "experts": workload.experts, "K": workload.K, "N": workload.N,
+                       "skew": workload.skew, "tokens": here, "bucket": rows_bucket(here), "own": own,
+                       "other": other, "own_ms": None, "other_ms": None, "slowdown": 1.0}
+                if own != other:
+                    a, b, offs, out = operands[here]
+                    timed = time_interleaved({name: ops._launcher(name, "kn", TYPES, a, b, offs, out)
+                                              for name in (own, other)})
+                    row.update(own_ms=timed[own].median_ms, other_ms=timed[other].median_ms,
+                               slowdown=timed[other].median_ms / timed[own].median_ms)
+                rows.append(row)
     return rows

@@ -6,6 +6,7 @@ caller names.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from moe_gemm.cuda.nvrtc import CompiledKernel
 from moe_gemm.cuda.tensormap import TiledMap, matrix_map
 from moe_gemm.variants.k6.config import THREADS, K6Config
 from moe_gemm.variants.sm90.config import BK
-from moe_gemm.variants.sm90.maps import output_map, plan_argument, plans, weight_map
+from moe_gemm.variants.sm90.maps import output_map, weight_map
 
 BStrides = tuple[int, int] | None  # B's (row, expert) strides in elements; None: dense
 
@@ -37,12 +38,14 @@ def strided_weight_map(b_layout: str, b_address: int, experts: int, K: int, N: i
 def tensor_maps(config: K6Config, a_address: int, b_address: int, c_address: int, tokens: int, experts: int,
                 K: int, N: int, b_strides: BStrides = None) -> tuple[TiledMap, TiledMap, TiledMap]:
     """A in boxes of BM / CLUSTER rows (each block of a cluster along N loads its share), B in 64 x 64
-    boxes of one expert (B [E, K, N] or B^T [E, N, K]), C in 64 x 64 boxes (N / 2 columns wide after
-    the SwiGLU epilogue), each in the configuration's element types."""
+    boxes of one expert (B [E, K, N] or B^T [E, N, K]; 64 x 32 along M, each block's share), C in 64 x 64
+    boxes (N / 2 columns wide after the SwiGLU epilogue), each in the configuration's element types."""
     a_rows = config.bm // config.cluster if config.cluster_along == "n" else config.bm
     a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=a_rows, box_cols=BK, element=config.element)
-    return (a_map, strided_weight_map(config.b_layout, b_address, experts, K, N, b_strides, config.element),
-            output_map(c_address, tokens, N // config.out_columns_divisor, config.out))
+    b_map = strided_weight_map(config.b_layout, b_address, experts, K, N, b_strides, config.element)
+    if config.cluster_along == "m":  # each block of the pair loads half of every box's rows for both
+        b_map = dataclasses.replace(b_map, box=(b_map.box[0], b_map.box[1] // config.cluster, 1))
+    return a_map, b_map, output_map(c_address, tokens, N // config.out_columns_divisor, config.out)
 
 
 def arguments(config: K6Config, a_address: int, b_address: int, c_address: int, ends_address: int, tokens: int,
@@ -50,12 +53,11 @@ def arguments(config: K6Config, a_address: int, b_address: int, c_address: int, 
               b_strides: BStrides = None) -> tuple[Any, ...]:
     """The kernel's arguments in K6_PARAMS order: the three tensor maps (not yet encoded: that needs the
     driver), C, the host walk's unit list and its length (0 and 0 for the device walk), the expert
-    ends, M_tot (the device walk clamps every end to it), E, the raster group, K, N and the two
-    descriptor plans."""
-    plan_a, plan_b = plans(config.b_layout)
+    ends, M_tot (the device walk clamps every end to it), E, the raster group, K and N. (The descriptor
+    plans are compile-time constants in k6: kernels/k6_persistent.cu, K_MAJOR_PLAN and MN_MAJOR_PLAN.)"""
     return (*tensor_maps(config, a_address, b_address, c_address, tokens, experts, K, N, b_strides), c_address,
             units_address, np.int32(units), ends_address, np.int32(tokens), np.int32(experts), np.int32(config.group),
-            np.int32(K), np.int32(N), plan_argument(plan_a), plan_argument(plan_b))
+            np.int32(K), np.int32(N))
 
 
 @functools.lru_cache(maxsize=256)
