@@ -164,9 +164,12 @@ def test_the_profile_reads_what_the_page_says():
     for clustered in ("k6/pingpong-cluster-bn192", "k6/pingpong-mcluster-bn192"):
         assert profiled(data, clustered, 65536)["stall_barrier"] > 1.5 * plain["stall_barrier"]
         assert profiled(data, clustered, 65536)["l2_bytes"] < plain["l2_bytes"]
+    busy = {p["variant"]: p["duration_ns"] * p["gmma_pipe_pct"] for p in (ours64, quack64)}
+    assert busy["k6/auto"] > 1.02 * busy["peer/quack"]  # the same wgmmas keep our pipe busy longer
     flat = profiled(data, "k6/pingpong-cluster-bn192", 65536)
     raster = profiled(data, "k6/pingpong-cluster-bn192-g8", 65536)
     assert abs(raster["dram_bytes_read"] / flat["dram_bytes_read"] - 1) < 0.01  # the raster walk saves no DRAM bytes
+    assert raster["l2_bytes"] > 1.05 * flat["l2_bytes"]  # and moves more through L2
     ours16, quack16 = profiled(data, "k6/auto", 16384), profiled(data, "peer/quack", 16384)
     assert 70 <= ours16["gmma_pipe_pct"] <= 80 and 85 <= quack16["gmma_pipe_pct"] <= 90
     assert ours16["l2_bytes"] > quack16["l2_bytes"] and ours16["l2_throughput_pct"] > 85
@@ -174,11 +177,43 @@ def test_the_profile_reads_what_the_page_says():
 
 
 def test_the_device_walk_misses_where_the_page_says():
+    """One miss, at 65,536 rows s=1.2, and it passes the 2% allowance by less than k6/auto and the rung it
+    chose (one kernel, timed twice in the run) differ there; against that rung the walk costs under 2%."""
     data = recorded("07")
     if data is None:
         pytest.skip("no recorded results")
     walk = [t for t in data["targets"] if "auto-host" in t["target"]]
     assert len(walk) == 5 and [t["target"].split(" at ")[-1] for t in walk if not t["met"]] == ["65,536 rows, s=1.2"]
+    miss = next(t for t in walk if not t["met"])
+
+    def ms(variant):
+        return next(r["median_ms"] for r in data["records"] if r.get("part") == "ladder" and r["variant"] == variant
+                    and r["tokens"] == 65536 and r["skew"] == 1.2)
+
+    auto = next(r for r in data["records"] if r.get("part") == "ladder" and r["variant"] == RUN.AUTO
+                and r["tokens"] == 65536 and r["skew"] == 1.2)
+    spread = ms(RUN.AUTO) / ms(auto["choice"]) - 1
+    assert 0 < miss["value"] - miss["goal"] < spread
+    assert ms(auto["choice"]) / ms("k6/auto-host") - 1 < miss["goal"]
+
+
+def test_the_model_chart_shows_every_legend_swatch_above_the_bars():
+    """Inside the axes the legend hid the grey torch swatch behind a grey bar: it sits above them."""
+    import importlib.util
+    from pathlib import Path
+
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    path = Path(__file__).resolve().parents[1] / "chapters" / "07" / "figures.py"
+    spec = importlib.util.spec_from_file_location("chapter07_figures", path)
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    fig = figures.models_figure(data)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent()
+    assert legend.y0 >= ax.get_window_extent().y1 - 1 and len(ax.get_legend().get_texts()) == 3
 
 
 def test_a_ratio_compares_one_parts_records_only():

@@ -132,6 +132,27 @@ def test_the_op_tuning_reads_what_the_page_says():
     assert max(LADDER[name].bn for name in AUTO_CANDIDATES) == 192
 
 
+def test_the_bucketing_reads_what_the_page_says():
+    """Four projections at both ends of three buckets; the worst and the best other / here ratios are the
+    two ends of one bucket, as the page says; a slowdown is 1 exactly where both ends chose alike, and
+    otherwise the ratio of the two timed medians."""
+    from moe_gemm.chapter import recorded
+    from moe_gemm.measure.bucketing import EDGES, bucket_ends
+
+    rows = recorded("08", "h200")["bucketing"]
+    assert len(rows) == 4 * 2 * len(EDGES)
+    assert {r["tokens"] for r in rows} == {m for edge in EDGES for m in bucket_ends(edge)}
+    for r in rows:
+        if r["own"] == r["other"]:
+            assert r["slowdown"] == 1.0 and r["own_ms"] is None
+        else:
+            assert r["slowdown"] == pytest.approx(r["other_ms"] / r["own_ms"])
+    worst = max(rows, key=lambda r: r["slowdown"])
+    best = min(rows, key=lambda r: r["slowdown"])
+    assert (worst["projection"], worst["bucket"]) == (best["projection"], best["bucket"])
+    assert worst["tokens"] != best["tokens"] and best["slowdown"] < 1 < worst["slowdown"]
+
+
 def test_the_fused_epilogue_reads_what_the_page_says():
     """In interleaved rounds the fused target holds at 6 of 9 points and fails at the DeepSeek-V3-like
     size at 4,096 and 32,768 tokens and the Mixtral-like size at 512 tokens; where the fused launch reads

@@ -133,3 +133,17 @@ def test_interleaved_rounds_keep_the_median_of_their_medians():
     assert merged["min_ms"] == pytest.approx(0.9) and merged["max_ms"] == pytest.approx(4.2)
     assert merged["useful_tflops"] == pytest.approx(5.0) and merged["scheduled_tflops"] == pytest.approx(10.0)
     assert rounds[0]["median_ms"] == 1.0 and "rounds" not in rounds[0]  # the round's own record is untouched
+
+
+def test_the_vs_peer_ratio_compares_within_one_part_of_a_run():
+    """Chapter 07's ladder and grid time the same cells in two processes: a ladder record is compared with
+    the ladder's torch._grouped_mm, never the grid's (torch once read 0.97 against itself that way)."""
+    from moe_gemm.site.records import peer_ratio
+
+    cell = {"tokens": 16384, "skew": 0.0, "experts": 64, "K": 1024, "N": 2688}
+    records = [{**cell, "variant": "peer/torch_grouped_mm", "useful_tflops": 500.0, "part": "grid"},
+               {**cell, "variant": "peer/torch_grouped_mm", "useful_tflops": 400.0, "part": "ladder"},
+               {**cell, "variant": "k6/auto", "useful_tflops": 600.0, "part": "ladder"}]
+    assert peer_ratio(records[2], records) == pytest.approx(1.5)
+    assert peer_ratio(records[1], records) == pytest.approx(1.0)
+    assert peer_ratio({**records[2], "part": "models"}, records) is None

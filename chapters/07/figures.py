@@ -45,7 +45,8 @@ def models_figure(data: dict[str, Any]):
         ax.bar([i + (k - 1) * width for i in range(len(shapes))], values, width, color=color, label=label)
     ax.set_xticks(range(len(shapes)), [label.split(" (")[0] for label, _ in shapes], fontsize=10)
     ax.set_ylabel("useful TFLOP/s")
-    ax.legend(fontsize=9, loc="lower right")
+    # above the bars, in a row: inside the axes it hid the grey torch swatch behind a grey bar
+    ax.legend(fontsize=9, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
     ax.grid(axis="x", visible=False)
     return fig
 

@@ -38,9 +38,12 @@ def targets_table(rows: Sequence[dict[str, Any]], legend: str) -> Table:
 
 
 def peer_ratio(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
-    """record's useful TFLOP/s over torch._grouped_mm's on the same workload in the same run."""
+    """record's useful TFLOP/s over torch._grouped_mm's on the same workload in the same run: the same
+    part of a chapter that runs in parts (chapter 07's ladder and grid both time the seed's cells, in two
+    processes, and a ratio across them compares two runs)."""
     for other in records:
-        if other["variant"] == PEER and all(other[k] == record[k] for k in WORKLOAD_KEYS):
+        if (other["variant"] == PEER and other.get("part") == record.get("part")
+                and all(other[k] == record[k] for k in WORKLOAD_KEYS)):
             return record["useful_tflops"] / other["useful_tflops"]
     return None
 
