@@ -18,6 +18,8 @@
 //                           once per 256 rows instead of per 128.
 //   group (run time)    (d) the persistent walk in raster groups (tile_walk.cuh).
 //   DEVICE_SCHEDULE     (f) the walk is found from the expert ends on the device: no host list.
+//   IN, OUT                 the element types: bf16 or fp16 operands (wgmma's .bf16 or .f16, one
+//                           rate), a bf16, fp16 or fp32 C (an fp32 C is stored from registers).
 //
 // Every consumer warpgroup owns 128 rows (two m64 wgmmas per k16 step, BN/2 x 2 accumulators per
 // thread) and issues only the m64 wgmmas whose rows hold tokens: a tile with 40 rows pays for one
