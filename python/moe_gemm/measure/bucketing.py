@@ -52,25 +52,16 @@ def _operands(workload: Workload, a: Any, b: Any, tokens: int) -> tuple[Any, Any
     return a[:tokens], b, offs, torch.empty(tokens, workload.N, dtype=torch.bfloat16, device="cuda")
 
 
-def _tuned(label: str, workload: Workload, tokens: int, operands: tuple, path: Path) -> str:
+def _tuned(label: str, tokens: int, operands: tuple, path: Path) -> str:
     """The configuration the op would keep had it tuned at exactly ``tokens`` rows (its own loop, a key
     of that M_tot alone, in a file of this measurement's own)."""
     import torch
 
-    from moe_gemm.torch import ops
-    from moe_gemm.variants.k6 import auto
+    from moe_gemm.torch.ops import tune_here
     from moe_gemm.variants.k6.config import AUTO_CANDIDATES
 
-    a, b, offs, out = operands
-    index = torch.cuda.current_device()
-
-    def routed(counts: Any) -> Any:
-        return offs if counts is None else torch.as_tensor(counts.cumsum(), dtype=torch.int32, device=offs.device)
-
-    entry = auto.tune(f"exact/{label}/M{tokens}", AUTO_CANDIDATES, workload.experts, tokens, routed=routed,
-                      launcher=lambda ends, name: ops._launcher(name, "kn", TYPES, a, b, ends, out),
-                      median_ms=lambda run: ops._median_ms(run, auto.TUNE_LAUNCHES, index), path=path)
-    return entry["choice"]
+    return tune_here(f"exact/{label}/M{tokens}", AUTO_CANDIDATES, *operands, "kn", TYPES,
+                     torch.cuda.current_device(), path)["choice"]
 
 
 def measure_bucketing(label: str, workload: Workload, edges: Sequence[int] = EDGES,
@@ -88,7 +79,7 @@ def measure_bucketing(label: str, workload: Workload, edges: Sequence[int] = EDG
         for edge in edges:
             ends = bucket_ends(edge)
             operands = {m: _operands(workload, a_all, weights, m) for m in ends}
-            chosen = {m: _tuned(label, workload, m, operands[m], path) for m in ends}
+            chosen = {m: _tuned(label, m, operands[m], path) for m in ends}
             print(f"  {label}, M_tot {ends[0]:,} .. {ends[1]:,}: tuned {chosen[ends[0]]} and {chosen[ends[1]]}",
                   flush=True)
             for here, there in (ends, ends[::-1]):

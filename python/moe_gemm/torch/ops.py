@@ -31,7 +31,8 @@ import contextvars
 import functools
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -200,6 +201,21 @@ def _median_ms(run: Callable[[], None], iterations: int, index: int) -> float:
 _chosen: dict[tuple[str, int], str] = {}  # (shape key, GPU index) -> configuration, for this process
 
 
+def tune_here(key: str, candidates: Sequence[str], a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
+              out: torch.Tensor, layout: str, types: Types, index: int, path: Path | None = None) -> dict[str, Any]:
+    """k6/auto's tuning loop (moe_gemm.variants.k6.auto.tune) run by the op on these tensors: every candidate
+    launched on offs's routing and on a skewed one of the same shape, timed on GPU ``index``, the entry
+    kept under ``key`` in ``path`` (default: the shared cache file)."""
+    from moe_gemm.variants.k6 import auto
+
+    def routed(counts: Any) -> torch.Tensor:  # the expert ends: offs, or the skewed routing's
+        return offs if counts is None else torch.as_tensor(counts.cumsum(), dtype=torch.int32, device=offs.device)
+
+    return auto.tune(key, candidates, b.shape[0], a.shape[0], routed=routed,
+                     launcher=lambda ends, name: _launcher(name, layout, types, a, b, ends, out),
+                     median_ms=lambda run: _median_ms(run, auto.TUNE_LAUNCHES, index), path=path)
+
+
 def _choice(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, layout: str, epilogue: str,
             types: Types, index: int) -> str | None:
     """k6's configuration for this shape on GPU ``index``: the one k6/auto's cache file holds for it
@@ -220,14 +236,7 @@ def _choice(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Ten
                 return None
             candidates = tuple(FUSED) if epilogue == "swiglu" else KMAJOR_CANDIDATES if layout == "nk" \
                 else AUTO_CANDIDATES
-
-            def routed(counts: Any) -> torch.Tensor:  # the expert ends: offs, or the skewed routing's
-                return offs if counts is None else torch.as_tensor(counts.cumsum(), dtype=torch.int32,
-                                                                   device=offs.device)
-
-            entry = auto.tune(key, candidates, experts, tokens, routed=routed,
-                              launcher=lambda ends, name: _launcher(name, layout, types, a, b, ends, out),
-                              median_ms=lambda run: _median_ms(run, auto.TUNE_LAUNCHES, index))
+            entry = tune_here(key, candidates, a, b, offs, out, layout, types, index)
         _chosen[key, index] = entry["choice"]
     return _chosen[key, index]
 
