@@ -127,6 +127,7 @@ def test_tensor_map_boxes_may_exceed_small_tensors():
     ({"swizzle_bytes": 96}, "swizzle"),
     ({"l2_promotion_bytes": 512}, "L2 promotion"),
     ({"strides": ()}, "2 dims need 1 strides"),
+    ({"element": "e5m2"}, r"tensor map A: the element must be one of bf16, fp16, fp32, got 'e5m2'"),
 ])
 def test_tensor_map_rules(kwargs, rule):
     base = {"name": "A", "address": 0x1000, "dims": (1024, 16384), "strides": (2048,), "box": (64, 128)}
@@ -139,6 +140,10 @@ def test_map_helpers_list_dimensions_innermost_first():
     assert (m.dims, m.strides, m.box) == ((24, 10), (48,), (16, 8))
     b = batched_matrix_map("Y", 0x100, batch=3, rows=64, cols=200, box_rows=64, box_cols=64)
     assert (b.dims, b.strides, b.box) == ((200, 64, 3), (400, 400 * 64), (64, 64, 1))
+    wide = matrix_map("C", 0x100, rows=10, cols=24, box_rows=64, box_cols=32, element="fp32")
+    assert (wide.strides, wide.element_bytes, wide.box_bytes) == ((96,), 4, 32 * 64 * 4)
+    with pytest.raises(ValueError, match="tensor map Z: the element must be one of"):
+        batched_matrix_map("Z", 0x100, batch=3, rows=64, cols=200, box_rows=64, box_cols=64, element="fp8")
 
 
 def test_registry_names_resolve():

@@ -34,6 +34,13 @@ L2_PROMOTION_BYTES = (0, 64, 128, 256)
 ELEMENTS: dict[str, tuple[str, int]] = {"bf16": ("BFLOAT16", 2), "fp16": ("FLOAT16", 2), "fp32": ("FLOAT32", 4)}
 
 
+def element_bytes(element: str, name: str = "") -> int:
+    """The bytes of one ``element``; a ValueError (naming tensor map ``name``) for a type not encoded here."""
+    if element not in ELEMENTS:
+        raise ValueError(f"tensor map {name}: the element must be one of {', '.join(ELEMENTS)}, got {element!r}")
+    return ELEMENTS[element][1]
+
+
 @dataclass(frozen=True)
 class TiledMap:
     """One tiled tensor map for a bf16, fp16 or fp32 tensor. Dimensions innermost first; strides in bytes."""
@@ -59,7 +66,7 @@ class TiledMap:
 
     @property
     def element_bytes(self) -> int:
-        return ELEMENTS[self.element][1]
+        return element_bytes(self.element, self.name)
 
     @property
     def box_bytes(self) -> int:
@@ -72,9 +79,7 @@ class TiledMap:
     def validate(self) -> TiledMap:
         """ValueError naming the first cuTensorMapEncodeTiled rule these numbers break."""
         name, rank = self.name, len(self.dims)
-        if self.element not in ELEMENTS:
-            raise ValueError(f"tensor map {name}: the element must be one of {', '.join(ELEMENTS)}, got "
-                             f"{self.element!r}")
+        element_bytes(self.element, name)
         if not 1 <= rank <= MAX_RANK:
             raise ValueError(f"tensor map {name}: rank must be 1..{MAX_RANK}, got {rank}")
         if len(self.strides) != rank - 1 or len(self.box) != rank:
@@ -172,13 +177,13 @@ def check_tma_gemm(kernel: str, K: int, N: int, bk: int, a_address: int = 0, b_a
 def matrix_map(name: str, address: int, rows: int, cols: int, box_rows: int, box_cols: int, element: str = "bf16",
                **options: Any) -> TiledMap:
     """A row-major [rows, cols] matrix of ``element`` (bf16 unless said), boxes of box_rows x box_cols."""
-    size = ELEMENTS[element][1] if element in ELEMENTS else 2  # an unknown element: TiledMap says so
+    size = element_bytes(element, name)
     return TiledMap(name, address, (cols, rows), (cols * size,), (box_cols, box_rows), element=element, **options)
 
 
 def batched_matrix_map(name: str, address: int, batch: int, rows: int, cols: int, box_rows: int, box_cols: int,
                        element: str = "bf16", **options: Any) -> TiledMap:
     """A row-major [batch, rows, cols] tensor of ``element``, boxes of box_rows x box_cols within one matrix."""
-    size = ELEMENTS[element][1] if element in ELEMENTS else 2
+    size = element_bytes(element, name)
     return TiledMap(name, address, (cols, rows, batch), (cols * size, rows * cols * size), (box_cols, box_rows, 1),
                     element=element, **options)
