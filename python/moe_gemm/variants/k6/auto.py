@@ -54,9 +54,9 @@ def robust_choice(timings: list[dict[str, float]]) -> str:
 def rows_bucket(tokens: int) -> int:
     """M_tot rounded up to a multiple of 1/8 of the power of two at or below it (40,000 -> 40,960;
     4,096 stays): a batch whose size varies from call to call tunes a handful of times, at most
-    eight buckets per octave, and a bucket's rows differ by at most 12.5%. That so small a difference
-    does not change the best configuration is a hypothesis: the slowdown against a tuning at the exact
-    M_tot has not been measured."""
+    eight buckets per octave, and a bucket's rows differ by at most 12.5%. What a choice tuned at one end
+    of a bucket costs at the other, against a tuning at that exact M_tot, is chapter 08's bucketing part
+    (moe_gemm.measure.bucketing)."""
     step = max(1, (1 << (max(tokens, 1).bit_length() - 1)) // 8)
     return -(-tokens // step) * step
 
