@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from moe_gemm.measure.check import progress
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.workloads import Workload
 
@@ -80,8 +81,8 @@ def measure_bucketing(label: str, workload: Workload, edges: Sequence[int] = EDG
             ends = bucket_ends(edge)
             operands = {m: _operands(workload, a_all, weights, m) for m in ends}
             chosen = {m: _tuned(label, m, operands[m], path) for m in ends}
-            print(f"  {label}, M_tot {ends[0]:,} .. {ends[1]:,}: tuned {chosen[ends[0]]} and {chosen[ends[1]]}",
-                  flush=True)
+            progress(f"[bucketing] {label}, M_tot {ends[0]:,} .. {ends[1]:,}: tuned {chosen[ends[0]]} and "
+                     f"{chosen[ends[1]]}")
             for here, there in (ends, ends[::-1]):
                 own, other = chosen[here], chosen[there]
                 row = {"projection": label, "experts": workload.experts, "K": workload.K, "N": workload.N,
