@@ -10,12 +10,13 @@ whole) and four of their expert projections as grouped GEMMs (:data:`MODEL_PROJE
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from moe_gemm.model.problem import Problem, make_problem
+from moe_gemm.model.problem import Problem, RaggedAxis, make_problem
 from moe_gemm.model.routing import expert_counts
 
 SEED_EXPERTS, SEED_K, SEED_N, SEED_TOKENS = 64, 1024, 2688, 16384
@@ -36,12 +37,15 @@ class Workload:
     experts: int = SEED_EXPERTS
     K: int = SEED_K
     N: int = SEED_N
+    # "M": the forward (C = A_e B[e]); "K": the weight gradient dB[e] = A_e^T dC_e of the same layer, whose
+    # reduction runs over each expert's rows (chapter 09). A record notes it only where it is "K".
+    ragged: RaggedAxis = "M"
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> Workload:
         """The workload a results record was measured on."""
         return cls(int(record["tokens"]), float(record["skew"]), int(record["experts"]), int(record["K"]),
-                   int(record["N"]))
+                   int(record["N"]), record.get("ragged", "M"))
 
     @property
     def seed_shape(self) -> bool:
@@ -50,7 +54,8 @@ class Workload:
     @property
     def label(self) -> str:
         extra = "" if self.seed_shape else f", E={self.experts} K={self.K} N={self.N}"
-        return f"{self.tokens:,} rows, s={self.skew:g}{extra}"
+        kind = "" if self.ragged == "M" else " (dB)"
+        return f"{self.tokens:,} rows, s={self.skew:g}{extra}{kind}"
 
     @property
     def short_label(self) -> str:
@@ -63,10 +68,16 @@ class Workload:
         return expert_counts(self.experts, self.tokens, self.skew)
 
     def problem(self, seed: int) -> Problem:
-        return make_problem(self.experts, self.tokens, self.K, self.N, self.skew, seed=seed)
+        return make_problem(self.experts, self.tokens, self.K, self.N, self.skew, seed=seed, ragged=self.ragged)
 
     def matches(self, record: Mapping[str, Any]) -> bool:
-        return tuple(record[k] for k in WORKLOAD_KEYS) == (self.tokens, self.skew, self.experts, self.K, self.N)
+        return (tuple(record[k] for k in WORKLOAD_KEYS) == (self.tokens, self.skew, self.experts, self.K, self.N)
+                and record.get("ragged", "M") == self.ragged)
+
+    def weight_gradient(self) -> Workload:
+        """The weight gradient of this forward projection over the same routed rows: dB [E, K, N] =
+        A_e^T dC_e, ragged along its reduction (the same useful FLOPs, 2 M_tot K N)."""
+        return dataclasses.replace(self, ragged="K")
 
 
 SEED = Workload(SEED_TOKENS, 0.0)

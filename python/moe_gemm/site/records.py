@@ -17,7 +17,7 @@ from moe_gemm.measure.ceilings import roofline_basis
 from moe_gemm.measure.provenance import commit_label
 from moe_gemm.measure.results import RECORDED_GPU, load_results, results_path
 from moe_gemm.model.roofline import RooflineBasis
-from moe_gemm.model.workloads import WORKLOAD_KEYS, Workload
+from moe_gemm.model.workloads import Workload
 from moe_gemm.variants.peer.torch import PEER_GROUPED_MM as PEER  # the 'vs peer' column's
 
 
@@ -43,7 +43,7 @@ def peer_ratio(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> flo
     processes, and a ratio across them compares two runs)."""
     for other in records:
         if (other["variant"] == PEER and other.get("part") == record.get("part")
-                and all(other[k] == record[k] for k in WORKLOAD_KEYS)):
+                and Workload.of(other) == Workload.of(record)):
             return record["useful_tflops"] / other["useful_tflops"]
     return None
 
