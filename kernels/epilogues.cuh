@@ -1,7 +1,8 @@
-// epilogues.cuh: how a consumer warpgroup of the wgmma kernels (k3, k5) writes its slice of C.
-// There are two because a TMA store writes whole 64-row boxes: a slice whose rows all belong to
-// the tile's expert goes through shared memory and TMA (store_tile_tma), and one that runs into
-// the next expert (or past M_tot) is stored from registers with a row guard (store_tile).
+// epilogues.cuh: how a consumer warpgroup of the wgmma kernels writes its slice of C. There are two
+// ways because a TMA store writes whole 64-row boxes: a slice whose rows all belong to the tile's
+// expert goes through shared memory and TMA, and one that runs into the next expert (or past M_tot)
+// is stored from registers with a row guard. k3 and k5 stage a whole tile at once (store_tile_tma,
+// store_tile); k6 and k7 stream it through a small ring of staging boxes (store_slices).
 #pragma once
 
 #include "named_barriers.cuh"
@@ -114,5 +115,73 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[Cfg::M_ITERS][
     }
 }
 // --8<-- [end:tma_epilogue]
+
+// --8<-- [start:staged_epilogue]
+// The warpgroup's rows row0 .. row0 + rows - 1 (rows > 0) of the tile, columns col0 .. col0 + BN - 1.
+// Whole m64 slices go through shared memory: each 64 x 64 box is packed with stmatrix into the
+// next of the warpgroup's STAGING_BOXES staging boxes (128-byte swizzle, as TMA reads it) and
+// stored by TMA, the box's previous store having finished reading it. A slice with fewer than 64
+// rows (the expert's last) is stored from registers with a row guard, since a TMA store writes
+// whole boxes and the rows past it belong to the next expert.
+// COLS is the tile's width in C: BN, or BN / 2 after the SwiGLU epilogue. An fp32 C (OUT = F32) is
+// stored from registers throughout: stmatrix moves 16-bit elements only, and a 64-column fp32 box is
+// 256 bytes wide, twice what the 128-byte swizzle lets one TMA box span.
+template <class Cfg, int STAGING_BOXES, int COLS, int OUT>
+__device__ __forceinline__ void store_slices(const float (&acc)[Cfg::M_ITERS][COLS / 2], int row0, int rows, int col0,
+                                      int warpgroup, unsigned staging, int& stored, const CUtensorMap* tmap_c,
+                                      void* __restrict__ C, int N) {
+    constexpr int BN = COLS;
+    const bool issuer = threadIdx.x % WARPGROUP == 0;
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % WARPGROUP) / 32;
+#pragma unroll
+    for (int i = 0; i < Cfg::M_ITERS; ++i) {
+        const int slice_rows = rows - 64 * i;
+        if (slice_rows <= 0) break;
+        const int slice_row0 = row0 + 64 * i;
+        if (OUT == F32 || slice_rows < 64) {  // registers: D[16 warp + 8h + g][8j + 2t + c] is acc[i][4j + 2h + c]
+            const int g = lane / 4, t = lane % 4;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = warp * 16 + h * 8 + g;
+                if (r >= slice_rows) continue;
+                const long long c_row = static_cast<long long>(slice_row0 + r) * N;
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+                    const int col = col0 + j * 8 + 2 * t;
+                    if (col < N) store_pair<OUT>(C, c_row + col, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+                }
+            }
+            continue;
+        }
+        if constexpr (OUT != F32) {  // (an fp32 C never gets here: no 16-bit pairs to stage)
+            const int m = lane / 8, r = warp * 16 + (m % 2) * 8 + lane % 8;  // stmatrix: lane l, row l%8 of matrix l/8
+#pragma unroll
+            for (int b = 0; b < COLS / BOX; ++b) {
+                if (col0 + b * BOX >= N) break;
+                const unsigned box = staging + (stored % STAGING_BOXES) * BOX_BYTES;
+                if (issuer) bulk_wait_read<STAGING_BOXES - 1>();  // the box's last store has read it
+                named_barrier_sync(STAGING_BARRIER + warpgroup, WARPGROUP);
+#pragma unroll
+                for (int jj = 4 * b; jj < 4 * b + 4; ++jj) {  // 16 columns each
+                    const unsigned chunk = ((jj % 4) * 16 + (m / 2) * 8) / 8;
+                    const unsigned fragment[4] = {
+                        pack_pair<OUT>(acc[i][8 * jj + 0], acc[i][8 * jj + 1]),
+                        pack_pair<OUT>(acc[i][8 * jj + 2], acc[i][8 * jj + 3]),
+                        pack_pair<OUT>(acc[i][8 * jj + 4], acc[i][8 * jj + 5]),
+                        pack_pair<OUT>(acc[i][8 * jj + 6], acc[i][8 * jj + 7])};
+                    stmatrix_x4(box + r * 128 + ((chunk ^ (r % 8)) << 4), fragment);
+                }
+                fence_proxy_async_shared();  // stmatrix's writes, before TMA (the async proxy) reads them
+                named_barrier_sync(STAGING_BARRIER + warpgroup, WARPGROUP);
+                if (issuer) {
+                    tma_store_2d(tmap_c, col0 + b * BOX, slice_row0, box);
+                    bulk_commit();
+                }
+                ++stored;
+            }
+        }
+    }
+}
+// --8<-- [end:staged_epilogue]
 
 }  // namespace sm90

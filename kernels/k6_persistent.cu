@@ -27,6 +27,7 @@
 // that the shared memory goes to the operand ring instead: one ring per warpgroup in cooperative
 // mode, where both store at once, and one ring for the block in ping-pong, where the epilogues take
 // turns as the main loops do (as CUTLASS's and quack's ping-pong kernels do).
+#include "descriptor_steps.cuh"
 #include "epilogues.cuh"
 #include "named_barriers.cuh"
 #include "ptx.cuh"
@@ -92,33 +93,6 @@ struct Slots {
     int4 tile[COUNT];
 };
 // --8<-- [end:config]
-
-// --8<-- [start:descriptors]
-// The descriptors' fixed fields for the 128-byte-swizzled boxes TMA writes, as compile-time constants:
-// A (and a K-major B) K-major, a k16 step 32 bytes along the row, 64 rows 8 KB; a row-major B
-// MN-major, 64-column panels 8 KB apart (LBO), a k16 step 16 rows, 2 KB. The host's
-// moe_gemm.cuda.descriptors.operand_plan derives the same numbers from the ISA's layout rules
-// (tests/test_k6.py holds the two equal); k3 and k5 take them as a run-time argument.
-constexpr OperandPlan K_MAJOR_PLAN{0x4000004000010000ull, 32, 8192};
-constexpr OperandPlan MN_MAJOR_PLAN{0x4000004002000000ull, 2048, 8192};
-
-// A descriptor `bytes` further into shared memory: the start-address field (bits 0-13) counts 16-byte
-// units, and the ring ends below 256 KB, so the sum never carries out of the field. Adding a constant
-// to a descriptor held in uniform registers is one uniform add per wgmma, where rebuilding it from
-// the address costs a mask, a shift, an OR and two register-to-uniform moves (CUTLASS's descriptor
-// iterator does the same).
-__device__ __forceinline__ constexpr unsigned long long descriptor_step(unsigned bytes) {
-    return bytes >> 4;
-}
-
-// Every lane of the warp holds the same value; a shuffle from lane 0 lets the compiler know it, so
-// that the descriptor lives in uniform registers, as HGMMA reads it.
-__device__ __forceinline__ unsigned long long warp_uniform(unsigned long long value) {
-    const unsigned lo = __shfl_sync(0xffffffffu, static_cast<unsigned>(value), 0);
-    const unsigned hi = __shfl_sync(0xffffffffu, static_cast<unsigned>(value >> 32), 0);
-    return (static_cast<unsigned long long>(hi) << 32) | lo;
-}
-// --8<-- [end:descriptors]
 
 // --8<-- [start:producer]
 // One thread issues every copy. Unit j's tile for this block is (expert, row0, rows, col0 + rank
@@ -187,7 +161,7 @@ template <class Cfg, int SLICES, int STAGES, int CLUSTER, bool B_K_MAJOR, bool F
 __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], int a_slice, int k_steps,
                                          unsigned ring, unsigned long long* full, unsigned long long* empty,
                                          int& stage, unsigned& phase, HandOver&& hand_over) {
-    constexpr OperandPlan PLAN_A = K_MAJOR_PLAN, PLAN_B = B_K_MAJOR ? K_MAJOR_PLAN : MN_MAJOR_PLAN;
+    constexpr OperandPlan PLAN_A = sm90::K_MAJOR_PLAN, PLAN_B = B_K_MAJOR ? sm90::K_MAJOR_PLAN : sm90::MN_MAJOR_PLAN;
     int previous = -1;
     for (int ks = 0; ks < k_steps; ++ks) {
         mbarrier_wait_parity(smem_u32(&full[stage]), phase);
@@ -195,16 +169,16 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N 
             // Two descriptors per stage; every wgmma's is one of them plus a compile-time step.
             const unsigned stage_base = ring + stage * Cfg::STAGE_BYTES;
             const unsigned long long desc_a =
-                warp_uniform(matrix_descriptor(PLAN_A.bits, stage_base + a_slice * Cfg::M_ITERS * PLAN_A.mn64_bytes));
-            const unsigned long long desc_b = warp_uniform(matrix_descriptor(PLAN_B.bits, stage_base + Cfg::A_BYTES));
+                sm90::warp_uniform(matrix_descriptor(PLAN_A.bits, stage_base + a_slice * Cfg::M_ITERS * PLAN_A.mn64_bytes));
+            const unsigned long long desc_b = sm90::warp_uniform(matrix_descriptor(PLAN_B.bits, stage_base + Cfg::A_BYTES));
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < sm90::BK / 16; ++kk) {
 #pragma unroll
                 for (int i = 0; i < SLICES; ++i)
                     wgmma_16bit<Cfg::TILE_N, false, !B_K_MAJOR, F16>(
-                        acc[i], desc_a + descriptor_step(i * PLAN_A.mn64_bytes + kk * PLAN_A.k16_bytes),
-                        desc_b + descriptor_step(kk * PLAN_B.k16_bytes), ks > 0 || kk > 0);
+                        acc[i], desc_a + sm90::descriptor_step(i * PLAN_A.mn64_bytes + kk * PLAN_A.k16_bytes),
+                        desc_b + sm90::descriptor_step(kk * PLAN_B.k16_bytes), ks > 0 || kk > 0);
             }
             wgmma_commit();
             wgmma_wait<1>();  // the previous stage's wgmmas are done: hand it back (k3's loop)
@@ -221,74 +195,6 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N 
     if (previous >= 0) sm90::release<CLUSTER>(empty, previous);
 }
 // --8<-- [end:consumer]
-
-// --8<-- [start:epilogue]
-// The warpgroup's rows row0 .. row0 + rows - 1 (rows > 0) of the tile, columns col0 .. col0 + BN - 1.
-// Whole m64 slices go through shared memory: each 64 x 64 box is packed with stmatrix into the
-// next of the warpgroup's STAGING_BOXES staging boxes (128-byte swizzle, as TMA reads it) and
-// stored by TMA, the box's previous store having finished reading it. A slice with fewer than 64
-// rows (the expert's last) is stored from registers with a row guard, since a TMA store writes
-// whole boxes and the rows past it belong to the next expert.
-// COLS is the tile's width in C: BN, or BN / 2 after the SwiGLU epilogue. An fp32 C (OUT = F32) is
-// stored from registers throughout: stmatrix moves 16-bit elements only, and a 64-column fp32 box is
-// 256 bytes wide, twice what the 128-byte swizzle lets one TMA box span.
-template <class Cfg, int STAGING_BOXES, int COLS, int OUT>
-__device__ __forceinline__ void store(const float (&acc)[Cfg::M_ITERS][COLS / 2], int row0, int rows, int col0,
-                                      int warpgroup, unsigned staging, int& stored, const CUtensorMap* tmap_c,
-                                      void* __restrict__ C, int N) {
-    constexpr int BN = COLS;
-    const bool issuer = threadIdx.x % sm90::WARPGROUP == 0;
-    const int lane = threadIdx.x % 32, warp = (threadIdx.x % sm90::WARPGROUP) / 32;
-#pragma unroll
-    for (int i = 0; i < Cfg::M_ITERS; ++i) {
-        const int slice_rows = rows - 64 * i;
-        if (slice_rows <= 0) break;
-        const int slice_row0 = row0 + 64 * i;
-        if (OUT == sm90::F32 || slice_rows < 64) {  // registers: D[16 warp + 8h + g][8j + 2t + c] is acc[i][4j + 2h + c]
-            const int g = lane / 4, t = lane % 4;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = warp * 16 + h * 8 + g;
-                if (r >= slice_rows) continue;
-                const long long c_row = static_cast<long long>(slice_row0 + r) * N;
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j) {
-                    const int col = col0 + j * 8 + 2 * t;
-                    if (col < N) sm90::store_pair<OUT>(C, c_row + col, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
-                }
-            }
-            continue;
-        }
-        if constexpr (OUT != sm90::F32) {  // (an fp32 C never gets here: no 16-bit pairs to stage)
-            const int m = lane / 8, r = warp * 16 + (m % 2) * 8 + lane % 8;  // stmatrix: lane l, row l%8 of matrix l/8
-#pragma unroll
-            for (int b = 0; b < COLS / sm90::BOX; ++b) {
-                if (col0 + b * sm90::BOX >= N) break;
-                const unsigned box = staging + (stored % STAGING_BOXES) * sm90::BOX_BYTES;
-                if (issuer) bulk_wait_read<STAGING_BOXES - 1>();  // the box's last store has read it
-                named_barrier_sync(STAGING_BARRIER + warpgroup, sm90::WARPGROUP);
-#pragma unroll
-                for (int jj = 4 * b; jj < 4 * b + 4; ++jj) {  // 16 columns each
-                    const unsigned chunk = ((jj % 4) * 16 + (m / 2) * 8) / 8;
-                    const unsigned fragment[4] = {
-                        sm90::pack_pair<OUT>(acc[i][8 * jj + 0], acc[i][8 * jj + 1]),
-                        sm90::pack_pair<OUT>(acc[i][8 * jj + 2], acc[i][8 * jj + 3]),
-                        sm90::pack_pair<OUT>(acc[i][8 * jj + 4], acc[i][8 * jj + 5]),
-                        sm90::pack_pair<OUT>(acc[i][8 * jj + 6], acc[i][8 * jj + 7])};
-                    stmatrix_x4(box + r * 128 + ((chunk ^ (r % 8)) << 4), fragment);
-                }
-                fence_proxy_async_shared();  // stmatrix's writes, before TMA (the async proxy) reads them
-                named_barrier_sync(STAGING_BARRIER + warpgroup, sm90::WARPGROUP);
-                if (issuer) {
-                    tma_store_2d(tmap_c, col0 + b * sm90::BOX, slice_row0, box);
-                    bulk_commit();
-                }
-                ++stored;
-            }
-        }
-    }
-}
-// --8<-- [end:epilogue]
 
 // --8<-- [start:swiglu]
 // The fused SwiGLU epilogue of an MoE layer's first GEMM: each 128-column tile holds a 64-column
@@ -421,11 +327,11 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
                 if (slices > 0) {
                     float act[Cfg::M_ITERS][BN / 4];
                     swiglu<Cfg>(acc, act, slices);
-                    store<Cfg, STAGING_BOXES, BN / 2, OUT>(act, tile.y + row_offset, rows, tile.w / 2, warpgroup,
+                    sm90::store_slices<Cfg, STAGING_BOXES, BN / 2, OUT>(act, tile.y + row_offset, rows, tile.w / 2, warpgroup,
                                                       my_staging, stored, tmap_c, C, N / 2);
                 }
             } else if (slices > 0) {
-                store<Cfg, STAGING_BOXES, BN, OUT>(acc, tile.y + row_offset, rows, tile.w, warpgroup, my_staging, stored,
+                sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT>(acc, tile.y + row_offset, rows, tile.w, warpgroup, my_staging, stored,
                                               tmap_c, C, N);
             }
             if (MODE == PINGPONG) {

@@ -33,6 +33,9 @@ enum NamedBarrier : int {
     // EPILOGUE_ORDER_BARRIER + w: the same hand-over for k6's ping-pong epilogues, which share one
     // ring of C staging boxes and so must take turns. Ids 6 and 7.
     EPILOGUE_ORDER_BARRIER = ORDER_BARRIER + MAX_CONSUMER_WARPGROUPS,
-    NAMED_BARRIERS_USED = EPILOGUE_ORDER_BARRIER + MAX_CONSUMER_WARPGROUPS,
+    // TAIL_BARRIER + w: k7's warpgroup w alone (128 threads), once it has zeroed the rows of another
+    // expert in the last stage of a tile, before its wgmmas read them (k7_weight_grad.cu). Ids 8 and 9.
+    TAIL_BARRIER = EPILOGUE_ORDER_BARRIER + MAX_CONSUMER_WARPGROUPS,
+    NAMED_BARRIERS_USED = TAIL_BARRIER + MAX_CONSUMER_WARPGROUPS,
 };
 static_assert(NAMED_BARRIERS_USED <= 16, "a CTA has 16 hardware barriers");

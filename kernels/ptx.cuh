@@ -446,6 +446,13 @@ __device__ __forceinline__ void stmatrix_x4(unsigned smem_row, const unsigned (&
                  :: "r"(smem_row), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
 }
 
+// Sixteen zero bytes to shared memory at `addr` (16-byte aligned): k7 overwrites another expert's
+// rows in a stage with zeros before its wgmmas read it (SASS: STS.128).
+// PTX ISA "Data Movement and Conversion Instructions: st"   #data-movement-and-conversion-instructions-st
+__device__ __forceinline__ void store_shared_zero_16(unsigned addr) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" :: "r"(addr), "r"(0) : "memory");
+}
+
 // Shared memory written by ordinary stores (stmatrix included) is read next by TMA, which is the
 // async proxy: each writing thread fences before the barrier that lets the copy be issued.
 // PTX ISA "Parallel Synchronization and Communication Instructions: membar / fence" (.proxy.async)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm.chapter import MODEL_PROJECTIONS, chapter_module, recorded
+from moe_gemm.chapter import MODEL_PROJECTIONS, MORE_MODEL_PROJECTIONS, chapter_module, recorded
 
 RUN = chapter_module("07")
 
@@ -16,7 +16,11 @@ def test_without_a_gpu_it_exits_zero_and_prints_the_compile_report(capsys, monke
     monkeypatch.setattr(moe_gemm.cuda.gpu, "detect_gpu", lambda ordinal=0: None)
     assert RUN.main([]) == 0
     out = capsys.readouterr().out
-    assert "k6/pingpong-cluster-bn192" in out and "HGMMA" in out
+    assert "k6/pingpong-cluster-bn192" in out and "HGMMA" in out and RUN.MAIN_LOOP in out
+    if recorded("07") is not None:  # the recorded tables, one part each, the shapes the run did not reach named
+        assert "k6/auto over quack" in out and "Model shapes" in out
+        for label in MORE_MODEL_PROJECTIONS:
+            assert next(line for line in out.splitlines() if line.startswith(label)).split()[-6] == "measured"
 
 
 def test_recorded_targets_match_the_records():
@@ -27,10 +31,14 @@ def test_recorded_targets_match_the_records():
     assert [(r["target"], round(r["value"], 6), r["met"]) for r in again] == \
            [(r["target"], round(r["value"], 6), r["met"]) for r in data["targets"]]
     assert {r.get("part") for r in data["records"]} == {"ladder", "grid", "models"}
-    pipe = next(r for r in again if r["target"].startswith("k6/auto's wgmma pipe"))
-    profiled64 = RUN.find(data["profile"], RUN.AUTO, RUN.Workload(65536, 0.0))
-    assert pipe["met"] and pipe["value"] == profiled64["gmma_pipe_pct"]
+    pipe = next(r for r in again if r["target"].startswith(f"{RUN.M_PAIR}'s wgmma pipe"))
+    profiled64 = RUN.find(data["profile"], RUN.M_PAIR, RUN.Workload(65536, 0.0))
+    assert not pipe["met"] and pipe["value"] == profiled64["gmma_pipe_pct"]
     assert next(r for r in again if r["target"].startswith("spilled bytes"))["value"] == 0
+    # the recorded run measured chapter 08's four model shapes, not the two models added since: counted, not hidden
+    models = [r for r in again if ", the model shapes, " in r["target"]]
+    assert len(models) == 2 and all(" 4 of 8 measured " in r["target"] for r in models)
+    assert not any(r["target"].startswith("main loop") for r in again)  # the recorded report predates the count
 
 
 def test_k6_auto_is_checked_against_quack_and_torch_in_the_same_run():
@@ -272,5 +280,155 @@ def test_a_run_of_one_part_keeps_the_other_parts_and_writes_only_its_sections(tm
     assert written["checks"] == data["checks"] and written["parts"] == list(RUN.PARTS)
     assert {part: run for part, run in written["part_runs"].items() if part != "models"} == \
            {part: run for part, run in data["part_runs"].items() if part != "models"}
-    assert written["part_runs"]["models"]["measured"] == "the model projections"
+    assert written["part_runs"]["models"]["measured"] == (
+        "the model projections: Mixtral-8x7B w1, Qwen3-30B-A3B gate_up, Qwen3-30B-A3B down, DeepSeek-V3 down, "
+        "gpt-oss-20b gate_up, gpt-oss-20b down, DBRX w1+v1, DBRX w2")
     assert [t["target"] for t in written["targets"]] == [t["target"] for t in data["targets"]]
+
+
+# ---- the model shapes: chapter 08's four and two more models' up and down projections ------------
+
+def test_the_two_more_models_have_their_configs_sizes_and_new_e_k_n():
+    """gpt-oss-20b (hidden 2880, expert intermediate 2880, 32 experts, top-4) and DBRX (d_model 6144,
+    ffn_hidden_size 10752, 16 experts, top-4), their gate-and-up and down projections; E, K and N each
+    unlike chapter 08's shapes; every K a multiple of 64 and N of 8, so k6 takes them; chapter 08's
+    projections and layers untouched (its scoreboard and its layer sizes are keyed on them)."""
+    from moe_gemm.model.workloads import LAYERS, MODEL_ROWS, MODEL_SKEW, MORE_LAYERS
+    from moe_gemm.variants.k6.rules import refusals
+
+    sizes = {key: (s.model, s.hidden, s.intermediate, s.experts, s.top_k) for key, s in MORE_LAYERS.items()}
+    assert sizes == {"gpt-oss": ("gpt-oss-20b", 2880, 2880, 32, 4), "dbrx": ("DBRX", 6144, 10752, 16, 4)}
+    assert set(LAYERS) == {"mixtral", "qwen3", "deepseek"} and len(MODEL_PROJECTIONS) == 4
+    assert RUN.MODELS == {**MODEL_PROJECTIONS, **MORE_MODEL_PROJECTIONS} and len(RUN.MODELS) == 8
+    shapes = {label.split(" (")[0]: (w.experts, w.K, w.N) for label, w in MORE_MODEL_PROJECTIONS.items()}
+    assert shapes == {"gpt-oss-20b gate_up": (32, 2880, 5760), "gpt-oss-20b down": (32, 2880, 2880),
+                      "DBRX w1+v1": (16, 6144, 21504), "DBRX w2": (16, 10752, 6144)}
+    old = list(MODEL_PROJECTIONS.values())
+    for w in MORE_MODEL_PROJECTIONS.values():
+        assert (w.tokens, w.skew) == (MODEL_ROWS, MODEL_SKEW)
+        assert w.experts not in {o.experts for o in old}
+        assert (w.K, w.N) not in {(o.K, o.N) for o in old}
+        assert not refusals(w.experts, w.K, w.N, (w.K, 1), (w.K * w.N, w.N, 1)), w
+        assert RUN.part_of(w) == "models"
+
+
+def test_a_model_shape_not_measured_is_named_not_hidden_nor_a_crash():
+    """The models table lists every shape, "not measured" where the records hold none; a target over the
+    model shapes says how many it covers; with no model records at all there is no such target."""
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    records = data["records"]
+    rows = {row[0]: row for row in RUN.models_table(records).rows}
+    assert list(rows) == list(RUN.MODELS)
+    for label in MODEL_PROJECTIONS:
+        assert rows[label][2] != RUN.NOT_MEASURED and float(rows[label][5]) > 0
+    for label in MORE_MODEL_PROJECTIONS:
+        assert rows[label][2] == RUN.NOT_MEASURED
+    one_gone = [r for r in records if not (r.get("part") == "models" and r["experts"] == 256)]
+    quack = next(t for t in RUN.target_rows(one_gone) if t["target"].startswith("k6/auto / quack, the model shapes"))
+    assert " 3 of 8 measured " in quack["target"] and "DeepSeek" not in quack["target"]
+    none = [r for r in records if r.get("part") != "models"]
+    assert all(row[2] == RUN.NOT_MEASURED for row in RUN.models_table(none).rows)
+    assert not [t for t in RUN.target_rows(none) if "model shapes" in t["target"]]
+
+
+def test_the_main_loop_target_reads_the_compile_report():
+    """The issue's <= 80 instructions per k-step, from the compile report's count: the longest loop of any
+    rung, a miss when one rung passes 80; no row from a report that has no count."""
+    rows = [{"variant": n, "spill_bytes": 0, "sass": {RUN.MAIN_LOOP: c}} for n, c in (("a", 71), ("b", 73))]
+    target = next(t for t in RUN.target_rows([], (), rows) if t["target"].startswith("main loop"))
+    assert (target["value"], target["met"], target["at_most"]) == (73, True, True)
+    rows[1]["sass"][RUN.MAIN_LOOP] = 81
+    assert not next(t for t in RUN.target_rows([], (), rows) if t["target"].startswith("main loop"))["met"]
+    del rows[0]["sass"][RUN.MAIN_LOOP]
+    assert not [t for t in RUN.target_rows([], (), rows) if t["target"].startswith("main loop")]
+
+
+def test_the_page_lists_every_model_shape_and_predicts_the_new_ones():
+    """The page's table of model shapes is the run's (the label, E, K and N of each, in order), and each of
+    the two new models' shapes has a prediction on the page."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "site_docs" / "07-last-mile.md").read_text()
+    shape = r'\("([^"]+)", (\d+), (\d+), (\d+)'
+    listed = re.search(r"\{% set models = \[(.*?)\] -%\}", page).group(1)
+    assert [(m[0], *map(int, m[1:])) for m in re.findall(shape, listed)] == \
+           [(label.split(" (")[0], w.experts, w.K, w.N) for label, w in RUN.MODELS.items()]
+    predicted = re.search(r"\{% set predictions = \[(.*?)\] -%\}", page).group(1)
+    assert [(m[0], *map(int, m[1:])) for m in re.findall(shape, predicted)] == \
+           [(label.split(" (")[0], w.experts, w.K, w.N) for label, w in MORE_MODEL_PROJECTIONS.items()]
+
+
+def test_the_pages_words_on_the_model_shapes_and_the_ladder_hold():
+    """DeepSeek-V3's projection the slowest of the measured shapes for k6/auto, quack and torch alike; the
+    torch ratio lowest at the Mixtral-sized one; quack's pick at the seed shape our M pair's tile and cluster,
+    ahead of every rung at 16,384 balanced rows; k6/auto-host choosing k6/auto's rung at every seed cell; the
+    M pair's pipe below the N pair's and its barrier stall above quack's at 65,536 rows."""
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    from moe_gemm.model.workloads import Workload
+    from moe_gemm.variants.k6.config import LADDER
+
+    records = RUN.of_part(data["records"], "models")
+    measured = {label: w for label, w in RUN.MODELS.items() if RUN.find(records, RUN.AUTO, w)}
+    deepseek = MODEL_PROJECTIONS["DeepSeek-V3 down (4k tokens, top-8)"]
+    for names in ([RUN.AUTO], RUN.QUACK, RUN.TORCH):
+        speeds = {w: RUN.best_of(records, names, w)["useful_tflops"] for w in measured.values()}
+        assert min(speeds, key=speeds.get) == deepseek, names
+    torch = {w: RUN.ratio(data["records"], RUN.AUTO, RUN.TORCH, w) for w in measured.values()}
+    assert min(torch, key=torch.get) == MODEL_PROJECTIONS["Mixtral-8x7B w1 (16k tokens, top-2)"]
+    ladder = RUN.of_part(data["records"], "ladder")
+    cell = Workload(16384, 0.0)
+    config = RUN.find(ladder, "peer/quack", cell)["config"]
+    m_pair = LADDER[RUN.M_PAIR]
+    assert (config["tile_m"], config["tile_n"], config["pingpong"], config["cluster_m"], config["cluster_n"]) == \
+           (128, m_pair.bn, True, 2, 1)
+    quack = RUN.find(ladder, "peer/quack", cell)["useful_tflops"]
+    assert all(r["useful_tflops"] < quack for r in ladder if r["variant"].startswith("k6/") and Workload.of(r) == cell)
+    for w in RUN.SEED_FIVE:
+        assert RUN.find(ladder, RUN.AUTO, w)["choice"] == RUN.find(ladder, RUN.AUTO_HOST, w)["choice"], w
+    m64, n64 = profiled(data, RUN.M_PAIR, 65536), profiled(data, "k6/pingpong-cluster-bn192", 65536)
+    assert m64["gmma_pipe_pct"] < n64["gmma_pipe_pct"]
+    assert m64["stall_barrier"] > profiled(data, "peer/quack", 65536)["stall_barrier"]
+
+
+def test_pieces_of_a_part_merge_by_cell_and_name_their_run(tmp_path, monkeypatch):
+    """--models and --tokens measure pieces of a part in a process of their own: the run replaces the
+    records of the shapes and cells it measured, keeps the part's others, and names its piece in
+    part_runs beside the earlier entry; a --models name that matches no shape is refused."""
+    import json
+
+    import moe_gemm.measure.results as results
+    from moe_gemm.cuda.gpu import GpuInfo
+
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    with pytest.raises(ValueError, match="no model shape"):
+        RUN.parse_args(["--models", "gpt-5"])
+    args = RUN.parse_args(["--parts", "models", "--models", "qwen3"])
+    assert list(RUN.chosen_models(args.models)) == [label for label in MODEL_PROJECTIONS if "Qwen3" in label]
+    assert RUN.piece("models", args) == ("models-1-2", "the model projections: Qwen3-30B-A3B gate_up, "
+                                                      "Qwen3-30B-A3B down")
+    assert RUN.piece("models", RUN.parse_args([]))[0] == "models"
+    assert RUN.piece("grid", RUN.parse_args(["--tokens", "512", "2048"])) == ("grid-512-2048",
+                                                                             "the grid's rows 512, 2,048")
+    gpu = GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
+    monkeypatch.setattr(results, "CHAPTERS_DIR", tmp_path)
+    path = results.results_path("07", gpu.slug)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(RUN, "compile_report", lambda arch: data["compile_report"])
+    qwen3 = [w for label, w in MODEL_PROJECTIONS.items() if "Qwen3" in label]
+    again = [{**r, "useful_tflops": 1.0} for r in RUN.of_part(data["records"], "models") if RUN.Workload.of(r) in qwen3]
+    monkeypatch.setattr(RUN, "measure_part", lambda part, args, timing: again)
+    assert RUN.run_on_gpu(RUN.parse_args(["--parts", "models", "--models", "qwen3"]), gpu) == 0
+    written = json.loads(path.read_text())
+    models = RUN.of_part(written["records"], "models")
+    assert len(models) == len(RUN.of_part(data["records"], "models"))
+    assert all((r["useful_tflops"] == 1.0) == (RUN.Workload.of(r) in qwen3) for r in models)
+    assert RUN.of_part(written["records"], "grid") == RUN.of_part(data["records"], "grid")
+    assert set(written["part_runs"]) == {"ladder", "grid", "models", "models-1-2"}

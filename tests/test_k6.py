@@ -30,6 +30,7 @@ from moe_gemm.variants.sm90.config import SMEM_LIMIT
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 SOURCE = (KERNELS / "k6_persistent.cu").read_text()
+DESCRIPTORS = (KERNELS / "descriptor_steps.cuh").read_text()  # the plans k6 and k7 step their descriptors by
 
 
 @pytest.mark.parametrize("name", list(LADDER))
@@ -255,13 +256,13 @@ def test_every_type_builds_with_its_wgmma_and_its_stores(name, types):
 
 
 def test_the_descriptor_constants_are_the_hosts_plans():
-    """k6 builds its descriptors from compile-time plans; they are what moe_gemm.cuda.descriptors derives
+    """k6 (and k7) build their descriptors from compile-time plans; they are what moe_gemm.cuda.descriptors derives
     from the ISA's layout rules for the 128-byte-swizzled boxes (and what k3 and k5 get at run time)."""
     from moe_gemm.cuda.descriptors import operand_plan
 
     for name, major in (("K_MAJOR_PLAN", "K"), ("MN_MAJOR_PLAN", "MN")):
         bits, k16, mn64 = re.search(rf"constexpr OperandPlan {name}\{{(0x[0-9a-f]+)ull, (\d+), (\d+)\}};",
-                                    SOURCE).groups()
+                                    DESCRIPTORS).groups()
         plan = operand_plan(major)
         assert (int(bits, 16), int(k16), int(mn64)) == (plan.bits, plan.k16_bytes, plan.mn64_bytes), name
 

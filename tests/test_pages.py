@@ -168,6 +168,35 @@ def test_provenance_is_one_collapsible_block_without_machine_paths(pages):
     assert "/opt/" not in block and "/home/" not in block and "box" not in block
 
 
+def test_provenance_lists_each_parts_run_inside_the_block_when_asked(tmp_path):
+    """A file whose parts ran as separate processes: with parts=True the one block also names, part by part,
+    what was measured, the commit, the date and the command as a reader types it; without, it does not."""
+    path = tmp_path / "chapters" / "98" / "results" / "h200.json"
+    path.parent.mkdir(parents=True)
+    runs = {"grid": {"commit": "f" * 40, "date": "2026-12-01T18:20:47+00:00", "measured": "the grid's rows 512",
+                     "command": "/opt/venv/bin/python3 chapters/98/run.py --parts grid"}}
+    path.write_text(json.dumps({**SYNTHETIC, "part_runs": runs}))
+    pages = Pages(tmp_path)
+    block = pages.provenance("98", parts=True)
+    assert all(line.startswith("    ") for line in block.splitlines()[2:])
+    assert ("| part grid | the grid's rows 512: commit `" + "f" * 40 + "`, 2026-12-01 18:20 UTC, "
+            "`python chapters/98/run.py --parts grid` |") in block
+    assert "part grid" not in pages.provenance("98") and "/opt/" not in block
+
+
+def test_measured_and_best_look_up_without_failing_on_a_missing_record(pages):
+    """measured() is the one lookup that answers False instead of failing the build; best() takes the
+    fastest of several names that were measured, and fails when none was."""
+    assert pages.measured("99", "k9/a") and pages.measured("99", "k9/a", K=8192)
+    assert not pages.measured("99", "k9/a", tokens=512) and not pages.measured("99", "k9/b")
+    assert not pages.measured("99", "k9/a", part="grid")
+    best = pages.best("99", ["k9/a", "peer/torch_grouped_mm", "k9/b"], skew=1.2)
+    assert (best.variant, best.useful_tflops) == ("peer/torch_grouped_mm", 160.0)
+    assert pages.best("99", ["k9/a", "k9/b"], tokens=2048).useful_tflops == 40.0
+    with pytest.raises(PageDataError, match="no record of k9/b"):
+        pages.best("99", ["k9/b"])
+
+
 def test_display_command():
     assert display_command("/opt/torch/.venv/bin/python3 chapters/01/run.py") == "python chapters/01/run.py"
     assert display_command("python3.12 /work/x/chapters/02/run.py --quick") == "python chapters/02/run.py --quick"

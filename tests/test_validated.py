@@ -8,6 +8,7 @@ committed."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -118,3 +119,28 @@ def test_jobs_must_be_at_least_one(capsys):
     with pytest.raises(SystemExit):
         validation.main(["run", "--jobs", "0"])
     assert "--jobs must be >= 1" in capsys.readouterr().err
+
+
+def test_a_header_edit_that_leaves_the_machine_code_alone_carries_the_record_over(tmp_path):
+    """An unused function added to ptx.cuh makes ceiling/mma_sync stale, but its SASS is what it was: carried.
+    A change to the loop it times changes the SASS: left stale."""
+    name = "ceiling/mma_sync"
+    source, instance = validation.kernel_configurations()[name]
+    old, new = tmp_path / "old", tmp_path / "new"
+    shutil.copytree(KERNEL_DIR, old)
+    shutil.copytree(KERNEL_DIR, new)
+    record = {"kernels": {name: {"hash": validation.source_hash(source, instance, old), "gpu": "H200"}}}
+    ptx = new / "ptx.cuh"
+    ptx.write_text(ptx.read_text() + "\n__device__ __forceinline__ int unused_helper(int x) { return x + 1; }\n")
+    assert validation.source_hash(source, instance, new) != record["kernels"][name]["hash"]
+    assert validation.carry_over(record, [name], old, "HEAD", kernel_dir=new) == {name: "carried"}
+    entry = record["kernels"][name]
+    assert entry["hash"] == validation.source_hash(source, instance, new) and "identical" in entry["carried"]
+
+    kernel = new / source
+    text = kernel.read_text()
+    loop = re.search(r"for \(int [a-z]+ = 0; [a-z]+ < (\d+);", text)
+    kernel.write_text(text.replace(loop.group(0), loop.group(0).replace(loop.group(1), str(int(loop.group(1)) + 7))))
+    record = {"kernels": {name: {"hash": validation.source_hash(source, instance, old)}}}
+    assert validation.carry_over(record, [name], old, "HEAD", kernel_dir=new) == {name: "code changed"}
+    assert record["kernels"][name]["hash"] == validation.source_hash(source, instance, old)

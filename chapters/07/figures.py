@@ -4,8 +4,8 @@
 
 * grid.png: k6/auto over quack and over the faster torch._grouped_mm layout in every cell measured
   (graph replays at 2,048 rows and fewer);
-* models.png: useful TFLOP/s of k6/auto, quack and torch at the model shapes;
-* ladder.png: every rung's share of the roofline at 65,536 rows, s=0, quack's beside it;
+* models.png: useful TFLOP/s of k6/auto, quack and torch at the model shapes measured;
+* ladder.png: every rung's share of the roofline at 65,536 rows, s=0, quack's and torch's beside it;
 
 and, with no GPU needed, compile_report.md: NVRTC's resource report and SASS counts of every rung
 for sm_90a. When the results file is absent only the compile report is written.
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from moe_gemm.chapter import MODEL_PROJECTIONS, Workload, chapter_module, figures_main, recorded, run_main
+from moe_gemm.chapter import Workload, chapter_module, figures_main, recorded, run_main
 from moe_gemm.site.compile_report import write_compile_report
 from moe_gemm.site.style import COLORS, grid_heatmaps, new_figure, save_figure
 
@@ -33,9 +33,17 @@ def grid_figure(data: dict[str, Any]):
     return grid_heatmaps(panels, "ratio of useful TFLOP/s, same run (blue: k6/auto faster; blank: not measured)")
 
 
+def tick_label(label: str) -> str:
+    """'Qwen3-30B-A3B gate_up (4k tokens, top-8)' -> 'Qwen3-\n30B-A3B\ngate_up': the model over the
+    projection, a long model name broken at its first hyphen, so that eight shapes fit side by side."""
+    model, projection = label.split(" (")[0].split(" ", 1)
+    return f"{model.replace('-', '-' + chr(10), 1) if len(model) > 12 else model}\n{projection}"
+
+
 def models_figure(data: dict[str, Any]):
+    """k6/auto, quack and torch at every model shape the records hold (a shape not measured is left out)."""
     records = RUN.of_part(data["records"], "models")
-    shapes = [(label, w) for label, w in MODEL_PROJECTIONS.items() if RUN.find(records, RUN.AUTO, w)]
+    shapes = [(label, w) for label, w in RUN.MODELS.items() if RUN.find(records, RUN.AUTO, w)]
     fig, ax = new_figure(9.0, 3.8)
     width = 0.27
     for k, (names, label, color) in enumerate(((["k6/auto"], "k6/auto", COLORS["k3"]),
@@ -43,7 +51,7 @@ def models_figure(data: dict[str, Any]):
                                                (RUN.TORCH, "torch._grouped_mm (faster layout)", "#7f7f7f"))):
         values = [(RUN.best_of(records, names, w) or {"useful_tflops": 0})["useful_tflops"] for _, w in shapes]
         ax.bar([i + (k - 1) * width for i in range(len(shapes))], values, width, color=color, label=label)
-    ax.set_xticks(range(len(shapes)), [label.split(" (")[0] for label, _ in shapes], fontsize=10)
+    ax.set_xticks(range(len(shapes)), [tick_label(label) for label, _ in shapes], fontsize=9)
     ax.set_ylabel("useful TFLOP/s")
     # above the bars, in a row: inside the axes it hid the grey torch swatch behind a grey bar
     ax.legend(fontsize=9, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
@@ -57,7 +65,8 @@ def ladder_figure(data: dict[str, Any]):
     records = RUN.of_part(data["records"], "ladder")
     cell = Workload(65536, 0.0)
     basis = roofline_basis()
-    names = [n for n in (*RUN.ladder_names(), RUN.AUTO, *RUN.EARLIER, *RUN.QUACK[:1], *RUN.TORCH[:1])
+    # the rungs, not k6/auto: k6/auto against the peers is the grid's measurement (grid.png), not the ladder's
+    names = [n for n in (*RUN.ladder_names(), *RUN.EARLIER, *RUN.QUACK[:1], *RUN.TORCH[:1])
              if RUN.find(records, n, cell)]
     shares = [100 * RUN.find(records, n, cell)["useful_tflops"] / basis.tflops(cell) for n in names]
     fig, ax = new_figure(7.5, 0.32 * len(names) + 1.2)

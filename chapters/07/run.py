@@ -3,6 +3,8 @@
     python chapters/07/run.py                 # checks, the ladder, the grid, the model shapes
     python chapters/07/run.py --quick         # fewer timed launches per round
     python chapters/07/run.py --parts ladder  # only some parts: ladder, grid, models
+    python chapters/07/run.py --parts grid --tokens 512 2048   # some of the grid's rows
+    python chapters/07/run.py --parts models --models gpt-oss dbrx   # some of the model shapes
     python chapters/07/run.py --profile       # also Nsight Compute on k6/auto, a rung per ladder step, k3 and quack
 
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every rung of k6
@@ -13,14 +15,18 @@ random data (with the ladder part), then checks and times, in interleaved rounds
           three fastest configurations) at the seed five;
   grid    k6/auto and the peers on chapter 06's 25 cells (M_tot 512 .. 65,536 x s 0 .. 1.6), at
           2,048 rows and fewer also as CUDA-graph replays;
-  models  k6/auto and the peers at four MoE projections of real models (E 8 .. 256).
+  models  k6/auto and the peers at eight MoE expert projections of five real models, 32,768 routed rows
+          at s=0.4: chapter 08's four (Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3) and the up and down
+          projections of gpt-oss-20b and DBRX (E 8 .. 256, K 768 .. 10,752, N 1,536 .. 21,504).
 It prints each table, the targets, and writes chapters/07/results/<gpu>.json after each part, keeping
-the records of the parts it did not run from the file it finds (so the parts can run as separate
-processes). quack is optional: without it (pip install quack-kernels; see the README) the chapter says
-so and times the rest.
+the records of the parts, grid rows and model shapes it did not measure from the file it finds (so the
+parts, and pieces of a part, can run as separate processes; a ratio still compares one process's
+records). quack is optional: without it (pip install quack-kernels; see the README) the chapter says so
+and times the rest.
 
-Without a GPU it compiles every rung for sm_90a, prints the compile report and the recorded H200
-results, and exits 0.
+Without a GPU it compiles every rung for sm_90a, prints the compile report (with the main loop's SASS
+instructions per k-step) and the recorded H200 results as the tables above (a shape the recorded run
+did not measure reads "not measured"), and exits 0.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from moe_gemm.chapter import (
     GRID_SKEWS,
     GRID_TOKENS,
     MODEL_PROJECTIONS,
+    MORE_MODEL_PROJECTIONS,
     PEERS,
     SEED_FIVE,
     SM90A,
@@ -50,11 +57,11 @@ from moe_gemm.chapter import (
     grouped_mm_peers,
     print_not_run,
     progress,
+    recorded,
     run_checks,
     run_main,
     run_variants,
     show,
-    show_recorded,
     targets_table,
     timing_options,
 )
@@ -66,16 +73,25 @@ CHAPTER = "07"
 REQUIRES = SM90A
 ARCH = "sm_90a"
 AUTO, AUTO_HOST = "k6/auto", "k6/auto-host"
+M_PAIR = "k6/pingpong-mcluster-bn192"  # quack's own pick at the seed shape: 128 x 192, ping-pong, a 2 x 1 cluster
 EARLIER = ("k3/tmastore-bn192", "k5/host", "k5/device")  # chapters 04 and 06 at their best
 TORCH = PEERS  # torch._grouped_mm in both B layouts: the faster one counts
 QUACK = QUACK_PEERS  # quack's autotuned pick and its three fastest configurations: the fastest counts
 GRAPH_MAX_TOKENS = 2048  # cells this small are also timed as CUDA-graph replays, and judged on them
 PARTS = ("ladder", "grid", "models")
+# The model shapes the models part times: chapter 08's four projections and two more models' up and down
+# projections (moe_gemm.model.workloads says which and why), label -> workload.
+MODELS = {**MODEL_PROJECTIONS, **MORE_MODEL_PROJECTIONS}
+NOT_MEASURED = "not measured"
+MAIN_LOOP = "loop/k"  # the compile report's column: SASS instructions per k-step of the main loop, per warp
+MAIN_LOOP_WGMMAS = 8  # a k-step of 64 over 128 x BN per warpgroup: two m64 slices x four k16 wgmmas
+MAIN_LOOP_LIMIT = 80  # the issue's target for that loop (tests/test_k6.py holds every rung to it)
 OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "STSM", "SYNCS", "USETMAXREG", "UCGABAR")
 COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consumers 232, the producer 40); smem: "
                   "ring + C staging + barriers (+ the device walk's 2 KB); the rest: static SASS counts (HGMMA = "
                   "wgmma, UTMALDG / UTMASTG = TMA load / store, multicast loads included, STSM = stmatrix, SYNCS = "
-                  "mbarrier, UCGABAR = cluster barrier)")
+                  "mbarrier, UCGABAR = cluster barrier); loop/k: SASS instructions per trip of the main loop (one "
+                  "k-step of 64, 8 wgmmas) per warp")
 # What --profile puts under Nsight Compute, cell by cell: at 65,536 balanced rows one rung per step of
 # the ladder ((a) ping-pong, (b) the N pair, the M pair, (c) 256-row tiles, (d) the raster group, whose
 # DRAM and L2 bytes set beside (b)'s are its before and after), chapter 04's k3 and quack; at 16,384
@@ -88,8 +104,9 @@ PROFILED = {
 }
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile"})
-TARGETS_LEGEND = ("ratios of useful TFLOP/s (graph replays at 2,048 rows and fewer), except the device walk's "
-                  "relative extra time over the host list with the same configuration")
+TARGETS_LEGEND = ("ratios of useful TFLOP/s on the same inputs in the same run (graph replays at 2,048 rows and "
+                  "fewer), except the device walk's relative extra time over the host list with the same "
+                  "configuration, the profiler's percentage and the compile report's counts")
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -99,14 +116,48 @@ def parse_args(argv: Sequence[str] | None):
                         help="interleaved timing rounds per workload; each variant's median over rounds is kept "
                              "(default 3)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="which measurements to make (default: all three)")
+                        help="which measurements to make (default: all three): ladder (every rung and the peers "
+                             "at the seed five), grid (k6/auto and the peers at the --tokens rows x 5 skews), "
+                             f"models (k6/auto and the peers at the {len(MODELS)} model projections)")
     parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_TOKENS),
                         metavar="M",
                         help=f"the grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))})")
+    parser.add_argument("--models", nargs="+", default=[], metavar="NAME",
+                        help="only the model shapes whose label contains one of these (case-insensitive), e.g. "
+                             "'--models gpt-oss dbrx'; default: all of them")
     parser.add_argument("--profile", action="store_true",
                         help="also Nsight Compute on k6/auto, a rung per ladder step, k3 and quack at 65,536 rows, "
                              "s=0, and on k6/auto, the M-paired rung and quack at 16,384 rows")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    chosen_models(args.models)  # a name that matches no shape is refused before anything runs
+    return args
+
+
+def chosen_models(names: Sequence[str]) -> dict[str, Workload]:
+    """The model shapes ``--models`` names (every one when it names none); ValueError for a name that
+    matches no shape."""
+    unknown = [n for n in names if not any(n.lower() in label.lower() for label in MODELS)]
+    if unknown:
+        raise ValueError(f"--models {' '.join(unknown)}: no model shape's label contains it "
+                         f"(they are: {'; '.join(MODELS)})")
+    return {label: w for label, w in MODELS.items()
+            if not names or any(n.lower() in label.lower() for n in names)}
+
+
+def piece(part: str, args) -> tuple[str, str]:
+    """The part_runs entry a run of ``part`` makes and what it says it measured: the part's own name for
+    the whole part, ``part-...`` for some of its grid rows or model shapes (so that two runs of pieces
+    both keep their entry, and a later run of the whole part replaces both)."""
+    if part == "ladder":
+        return part, "every rung and the peers at the seed five"
+    if part == "grid":
+        rows = ", ".join(f"{t:,}" for t in args.tokens)
+        whole = sorted(args.tokens) == sorted(GRID_TOKENS)
+        return (part if whole else f"grid-{'-'.join(map(str, args.tokens))}"), f"the grid's rows {rows}"
+    shapes = chosen_models(args.models)
+    what = f"the model projections: {', '.join(label.split(' (')[0] for label in shapes)}"
+    return (part if len(shapes) == len(MODELS) else "models-" + "-".join(str(list(MODELS).index(label))
+                                                                          for label in shapes)), what
 
 
 def ladder_names() -> list[str]:
@@ -122,7 +173,7 @@ def part_of(workload: Workload) -> str:
     ratio compares records of one part only (one process: the same inputs, the same run, the same
     k6/auto rule), never one part's k6/auto with another part's quack. The seed five are grid cells
     too; the ladder's own tables pass ``part="ladder"``."""
-    return "models" if workload in MODEL_PROJECTIONS.values() else "grid"
+    return "models" if workload in MODELS.values() else "grid"
 
 
 def of_part(records: Sequence[dict[str, Any]], part: str) -> list[dict[str, Any]]:
@@ -180,11 +231,13 @@ def grid_table(records: Sequence[dict[str, Any]], peers: Sequence[str], label: s
 
 
 def models_table(records: Sequence[dict[str, Any]]) -> Table:
+    """Every model shape of :data:`MODELS`; one the records do not hold reads "not measured"."""
     rows = []
     records = of_part(records, "models")
-    for label, w in MODEL_PROJECTIONS.items():
+    for label, w in MODELS.items():
         auto, quack, torch = (best_of(records, names, w) for names in ([AUTO], QUACK, TORCH))
         if auto is None:
+            rows.append((label, f"E={w.experts} K={w.K} N={w.N}", NOT_MEASURED, *("-" * 5)))
             continue
         rows.append((label, f"E={w.experts} K={w.K} N={w.N}", f"{auto['useful_tflops']:.0f}",
                      "-" if quack is None else f"{quack['useful_tflops']:.0f}",
@@ -192,7 +245,8 @@ def models_table(records: Sequence[dict[str, Any]]) -> Table:
                      _fmt(ratio(records, AUTO, QUACK, w)), _fmt(ratio(records, AUTO, TORCH, w)),
                      auto.get("choice", "")))
     return Table(("projection", "shape", "k6/auto", "quack", "torch", "/ quack", "/ torch", "k6/auto chose"),
-                 tuple(rows), title="Model shapes: useful TFLOP/s (32,768 routed rows, s=0.4)",
+                 tuple(rows), title="Model shapes: useful TFLOP/s (32,768 routed rows, s=0.4; the label: the "
+                                     "tokens whose top-k choices they are)",
                  legend="quack: its best of the autotuned pick and three fastest configurations; torch: the faster "
                         "B layout of torch._grouped_mm")
 
@@ -202,35 +256,40 @@ def models_table(records: Sequence[dict[str, Any]]) -> Table:
 def target_rows(records: Sequence[dict[str, Any]], profile: Sequence[dict[str, Any]] = (),
                 compiled: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """The issue's targets from the timed records, and, where the run has them, the profiler's (the
-    wgmma pipe of k6/auto at 65,536 balanced rows) and the compile report's (no spills)."""
+    wgmma pipe of the M-paired cluster rung, quack's own pick, at 65,536 balanced rows) and the compile
+    report's (the main loop's instructions per k-step, no spills). A target over a set of cells names
+    how many of them the records hold: a model shape not measured yet is counted, not hidden."""
     rows = []
+    labels = {w: label.split(" (")[0] for label, w in MODELS.items()}
 
     def add(name: str, value: float | None, goal: float, at_most: bool = False) -> None:
         if value is not None:
             rows.append({"target": name, "value": value, "goal": goal, "at_most": at_most,
                          "met": value <= goal if at_most else value >= goal})
 
-    def measured(peers: Sequence[str], cells: Sequence[Workload]) -> dict[Workload, float]:
-        return {w: v for w in dict.fromkeys(cells) if (v := ratio(records, AUTO, peers, w)) is not None}
+    def worst(what: str, peers: Sequence[str], cells: Sequence[Workload]) -> None:
+        found = {w: v for w in dict.fromkeys(cells) if (v := ratio(records, AUTO, peers, w)) is not None}
+        if found:
+            w = min(found, key=found.get)
+            add(f"{what}, {len(found)} of {len(cells)} measured (worst: {labels.get(w, w.label)})", found[w], 1.0)
 
-    everywhere = measured(QUACK, (*grid(), *MODEL_PROJECTIONS.values()))
-    if everywhere:
-        worst = min(everywhere, key=everywhere.get)
-        add(f"k6/auto / quack, every cell and model shape (worst: {worst.label})", everywhere[worst], 1.0)
-    for w in (Workload(16384, 1.2), Workload(65536, 1.2), *(Workload(512, s) for s in GRID_SKEWS)):
+    for label, peers in (("quack", QUACK), ("torch", TORCH)):
+        worst(f"k6/auto / {label}, the grid's cells", peers, grid())
+        worst(f"k6/auto / {label}, the model shapes", peers, list(MODELS.values()))
+    for w in (Workload(65536, 1.2), *(Workload(512, s) for s in GRID_SKEWS)):
         add(f"k6/auto / quack at {w.label}", ratio(records, AUTO, QUACK, w), 1.10)
-    large = measured(TORCH, [w for w in (*grid(), *MODEL_PROJECTIONS.values()) if w.tokens >= 4096])
-    if large:
-        worst = min(large, key=large.get)
-        add(f"k6/auto / torch, 4,096 rows or more (worst: {worst.label})", large[worst], 1.25)
     ladder = of_part(records, "ladder")  # k6/auto-host is timed only there
     for w in SEED_FIVE:
         device, host = find(ladder, AUTO, w), find(ladder, AUTO_HOST, w)
         if device and host:
             add(f"k6/auto time over k6/auto-host at {w.label}", device["median_ms"] / host["median_ms"] - 1, 0.02,
                 at_most=True)
-    pipe = next((p["gmma_pipe_pct"] for p in profile if p["variant"] == AUTO and Workload(65536, 0.0).matches(p)), None)
-    add("k6/auto's wgmma pipe active at 65,536 rows, s=0 (Nsight Compute), %", pipe, 95.0)
+    pipe = next((p["gmma_pipe_pct"] for p in profile if p["variant"] == M_PAIR and Workload(65536, 0.0).matches(p)),
+                None)
+    add(f"{M_PAIR}'s wgmma pipe active at 65,536 rows, s=0 (Nsight Compute), %", pipe, 95.0)
+    if compiled and all(MAIN_LOOP in r["sass"] for r in compiled):
+        add(f"main loop, SASS instructions per k-step of {MAIN_LOOP_WGMMAS} wgmmas, most of any rung (compile report)",
+            max(r["sass"][MAIN_LOOP] for r in compiled), MAIN_LOOP_LIMIT, at_most=True)
     if compiled:
         add("spilled bytes, every rung (compile report)", max(r["spill_bytes"] for r in compiled), 0, at_most=True)
     return rows
@@ -239,25 +298,50 @@ def target_rows(records: Sequence[dict[str, Any]], profile: Sequence[dict[str, A
 # --------------------------------------------------------------------------- no GPU
 
 def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
+    """The compile report's rows, each rung's SASS counts with its main loop's length (:data:`MAIN_LOOP`)."""
+    from moe_gemm.cuda.sass import main_loop_instructions
     from moe_gemm.site.compile_report import compile_rows
     from moe_gemm.variants.k6 import ladder
 
-    return compile_rows(ladder(), arch, OPCODES)
+    rungs = ladder()
+    rows = compile_rows(rungs, arch, OPCODES)
+    for row, rung in zip(rows, rungs):
+        row["sass"][MAIN_LOOP] = main_loop_instructions(rung.compile(arch).sass(), MAIN_LOOP_WGMMAS)
+    return rows
 
 
 def compile_report_table(rows: list[dict[str, Any]]) -> Table:
     from moe_gemm.site.compile_report import compile_table
 
-    return compile_table(rows, OPCODES, {}, legend=COMPILE_LEGEND)
+    counted = (*OPCODES, MAIN_LOOP) if all(MAIN_LOOP in r["sass"] for r in rows) else OPCODES
+    return compile_table(rows, counted, {}, legend=COMPILE_LEGEND)
+
+
+def show_tables(records: Sequence[dict[str, Any]], basis) -> None:
+    """The ladder, the grid over each peer and the model shapes, each from its own part's records."""
+    show(ladder_table(records, [*ladder_names(), AUTO, AUTO_HOST, *EARLIER, *TORCH, *QUACK], basis))
+    show(grid_table(records, QUACK, "quack"))
+    show(grid_table(records, TORCH, "torch._grouped_mm"))
+    show(models_table(records))
 
 
 def run_without_gpu(args, reason: str) -> int:
+    from moe_gemm.measure.ceilings import roofline_basis
+
     print_not_run(args, "k6", reason, f"compiling every rung for {ARCH} instead",
-                  ("--quick", "--no-peers", "--rounds", "--parts", "--profile"),
+                  ("--quick", "--no-peers", "--rounds", "--parts", "--tokens", "--models", "--profile"),
                   "nothing is timed without an sm_90a GPU")
     show(compile_report_table(compile_report(ARCH)))
-    if show_recorded(CHAPTER) != 0:
+    data = recorded(CHAPTER)
+    if data is None:
         print(f"(no recorded results for chapter {CHAPTER} yet)")
+        return 0
+    prov = data["provenance"]
+    print(f"Recorded on {prov['gpu']} ({prov['date'][:10]}), each table from one part of the run:\n")
+    show_tables(data["records"], roofline_basis())
+    if data.get("profile"):
+        show(profile_table(data["profile"]))
+    show(targets_table(data["targets"], TARGETS_LEGEND))
     return 0
 
 
@@ -296,8 +380,8 @@ def _measure(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
         large = [w for w in grid(args.tokens) if w.tokens > GRAPH_MAX_TOKENS]
         return (run_variants([auto, GraphReplay(auto), *peers(args, graphs=True)], small, rounds=args.rounds, **timing)
                 + run_variants([auto, *peers(args, graphs=False)], large, rounds=args.rounds, **timing))
-    return run_variants([auto, *peers(args, graphs=False)], list(MODEL_PROJECTIONS.values()), rounds=args.rounds,
-                        **timing)
+    return run_variants([auto, *peers(args, graphs=False)], list(chosen_models(args.models).values()),
+                        rounds=args.rounds, **timing)
 
 
 def profile_rows() -> list[dict[str, Any]]:
@@ -356,8 +440,6 @@ def run_on_gpu(args, gpu) -> int:
             return 1
         print(f"all {len(checks)} checks passed\n")
         results.put(checks=checks)
-    measured = {"ladder": "every rung and the peers at the seed five", "models": "the model projections",
-                "grid": f"the grid's rows {', '.join(f'{t:,}' for t in args.tokens)}"}
 
     def targets() -> list[dict[str, Any]]:
         return target_rows(results.rows("records"), results.rows("profile"), report)
@@ -367,14 +449,11 @@ def run_on_gpu(args, gpu) -> int:
         return results.save(compile_report=report, targets=targets(), rounds=args.rounds, parts=parts)
 
     for part in args.parts:
-        results.replace("records", measure_part(part, args, timing), key=lambda r: r["part"])
-        results.ran(part, measured[part])  # which commit and command measured it: parts come from several runs
+        # a cell or shape measured again replaces every variant's record of it, in its part only
+        results.replace("records", measure_part(part, args, timing), key=lambda r: (r["part"], Workload.of(r)))
+        results.ran(*piece(part, args))  # which commit and command measured it: parts come from several runs
         path = save()
-    records = results.rows("records")
-    show(ladder_table(records, [*ladder_names(), AUTO, AUTO_HOST, *EARLIER, *TORCH, *QUACK], basis_for(gpu)))
-    show(grid_table(records, QUACK, "quack"))
-    show(grid_table(records, TORCH, "torch._grouped_mm"))
-    show(models_table(records))
+    show_tables(results.rows("records"), basis_for(gpu))
     if args.profile:
         results.put(profile=profile_rows())
         show(profile_table(results.rows("profile")))

@@ -44,6 +44,7 @@ from moe_gemm.model.workloads import (
     GRID_TOKENS,
     LAYERS,
     MODEL_PROJECTIONS,
+    MORE_MODEL_PROJECTIONS,
     SEED,
     SEED_FIVE,
     SEED_WORKLOADS,
@@ -55,12 +56,13 @@ from moe_gemm.site.records import PEER, checks_table, records_table, show_record
 from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS, TorchGroupedMM, torch_available
 
 __all__ = [
-    "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "LAYERS", "MODEL_PROJECTIONS", "NO_GPU", "PEER", "PEERS", "SEED",
-    "SEED_FIVE", "SEED_WORKLOADS", "SM90A", "LayerShape", "Requirement", "Table", "Workload", "add_timing_arguments",
-    "best_of", "best_peer", "best_ratio", "chapter_main", "chapter_module", "chapter_parser", "checks_table",
-    "describe_gpu", "failed_variants", "figures_main", "find", "grid", "grouped_mm_peers", "ignored_flags",
-    "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded", "records_table", "run_checks",
-    "run_main", "run_variants", "save_results", "show", "show_recorded", "targets_table", "timing_options",
+    "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "LAYERS", "MODEL_PROJECTIONS", "MORE_MODEL_PROJECTIONS", "NO_GPU",
+    "PEER", "PEERS", "SEED", "SEED_FIVE", "SEED_WORKLOADS", "SM90A", "LayerShape", "Requirement", "Table",
+    "Workload", "add_timing_arguments", "best_of", "best_peer", "best_ratio", "chapter_main", "chapter_module",
+    "chapter_parser", "checks_table", "describe_gpu", "failed_variants", "figures_main", "find", "grid",
+    "grouped_mm_peers", "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded",
+    "records_table", "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded",
+    "targets_table", "timing_options",
 ]
 
 # --------------------------------------------------------------------------- what the kernels need

@@ -107,34 +107,35 @@ def target_arch(arch: str | None = None) -> str:
 
 def compile_kernel(
     source_file: str, name: str, *, arch: str | None = None, defines: Mapping[str, Any] | None = None,
-    options: Iterable[str] = (), use_cache: bool = True,
+    options: Iterable[str] = (), use_cache: bool = True, kernel_dir: Path = KERNEL_DIR,
 ) -> CompiledKernel:
     """Compile kernel ``name`` (a template instantiation is fine) of ``kernels/<source_file>``
-    for ``arch``, or for the running GPU's architecture when ``arch`` is None."""
+    for ``arch``, or for the running GPU's architecture when ``arch`` is None. ``kernel_dir``: another
+    copy of the kernels (the validation record's carry-over compiles an earlier commit's)."""
     arch = target_arch(arch)
     if arch not in ARCHES and not re.fullmatch(r"sm_\d+a?", arch):
         raise ValueError(f"arch must look like sm_90a (known: {', '.join(ARCHES)}), got {arch!r}")
-    path = KERNEL_DIR / source_file
+    path = kernel_dir / source_file
     if not path.is_file():
         raise ValueError(f"no kernel source {path}")
     source = path.read_text()
     define_flags, options = _define_flags(defines or {}), tuple(options)
-    cache_file = cache_dir() / f"{_cache_key(source_file, name, arch, define_flags, options, KERNEL_DIR)}.json"
+    cache_file = cache_dir() / f"{_cache_key(source_file, name, arch, define_flags, options, kernel_dir)}.json"
     if use_cache and cache_file.is_file():
         meta = json.loads(cache_file.read_text())
         return CompiledKernel(source_file, name, meta["symbol"], arch, cache_file.with_suffix(".cubin").read_bytes(),
                               ResourceReport(**meta["report"]), meta["log"])
-    compiled = _nvrtc_compile(source, source_file, name, arch, define_flags, options)
+    compiled = _nvrtc_compile(source, source_file, name, arch, define_flags, options, kernel_dir)
     _store(cache_file, compiled)
     return compiled
 
 
 def _nvrtc_compile(source: str, source_file: str, name: str, arch: str, defines: list[str],
-                   options: tuple[str, ...]) -> CompiledKernel:
+                   options: tuple[str, ...], kernel_dir: Path = KERNEL_DIR) -> CompiledKernel:
     from cuda.core import Program, ProgramOptions
 
     program_options = ProgramOptions(
-        arch=arch, std="c++17", name=source_file, include_path=[str(KERNEL_DIR)],
+        arch=arch, std="c++17", name=source_file, include_path=[str(kernel_dir)],
         define_macro=defines or None, lineinfo=True,
         # one flag per ptxas option; -v makes ptxas print the resource report into the log
         ptxas_options=["-v", "--warn-on-spills", *options],

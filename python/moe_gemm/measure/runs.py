@@ -14,28 +14,32 @@ from typing import Any
 from moe_gemm.cuda.device import DeviceProblem
 from moe_gemm.cuda.variant import Variant
 from moe_gemm.measure.check import input_sets, measure, progress, verify
-from moe_gemm.model.edge_cases import EDGE_CASES
-from moe_gemm.model.problem import Problem, make_problem
+from moe_gemm.model.edge_cases import EDGE_CASES, RAGGED_K_EDGE_CASES
+from moe_gemm.model.problem import Problem, RaggedAxis, make_problem
 from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N, Workload
 
 
-def check_cases(seed: int) -> list[tuple[str, Problem, bool]]:
-    """(name, problem, exact): every edge case on integer-valued inputs, then two random problems."""
-    cases = [(case.name, case.exact_problem(seed=seed), True) for case in EDGE_CASES]
-    cases += [("random, 1,000 rows s=1.2, E=8, K=1024, N=384",
-               make_problem(8, 1000, 1024, 384, 1.2, seed=seed), False),
-              ("random, 2,048 rows s=0, seed shape",
-               make_problem(SEED_EXPERTS, 2048, SEED_K, SEED_N, 0.0, seed=seed), False)]
+def check_cases(seed: int, ragged: RaggedAxis = "M") -> list[tuple[str, Problem, bool]]:
+    """(name, problem, exact): every edge case on integer-valued inputs, then two random problems; the
+    forward's (ragged M) or the weight gradient's (ragged K)."""
+    cases = [(case.name, case.exact_problem(seed=seed), True)
+             for case in (EDGE_CASES if ragged == "M" else RAGGED_K_EDGE_CASES)]
+    prefix = "random" if ragged == "M" else "dB: random"
+    cases += [(f"{prefix}, 1,000 rows s=1.2, E=8, K=1024, N=384",
+               make_problem(8, 1000, 1024, 384, 1.2, seed=seed, ragged=ragged), False),
+              (f"{prefix}, 2,048 rows s=0, seed shape",
+               make_problem(SEED_EXPERTS, 2048, SEED_K, SEED_N, 0.0, seed=seed, ragged=ragged), False)]
     return cases
 
 
-def run_checks(variants: Sequence[Variant], seed: int = 0) -> list[dict[str, Any]]:
-    """Every variant on every :func:`check_cases` problem: exact bit for bit, or within the tolerance.
+def run_checks(variants: Sequence[Variant], seed: int = 0, ragged: RaggedAxis = "M") -> list[dict[str, Any]]:
+    """Every variant on every :func:`check_cases` problem (of the ``ragged`` kind): exact bit for bit, or
+    within the tolerance.
 
     Each case is uploaded once and every variant runs on the same device buffers (the seed-shape
     case alone is 352 MB of B); the results come back grouped by variant."""
     results = []
-    for name, problem, exact in check_cases(seed):
+    for name, problem, exact in check_cases(seed, ragged):
         progress(f"[checks] {name}")
         dev = DeviceProblem(problem)
         for variant in variants:
@@ -76,10 +80,15 @@ def run_variants(variants: Sequence[Variant], workloads: Sequence[Workload], rou
                 if round_ == 0:
                     progress(f"[{workload.label}] {variant.name}: check, then time")
                     try:
-                        checks[variant.name] = verify(variant, sets[0])
+                        check = verify(variant, sets[0])
                     except ValueError as unsupported:  # raised before any launch: the variant cannot take this input
                         progress(f"[{workload.label}] {variant.name}: skipped ({unsupported})")
                         continue
+                    if not check.passed and variant.name.startswith("peer/"):
+                        # a peer's wrong answer is reported and left untimed; ours stops the run (measure raises)
+                        progress(f"[{workload.label}] {variant.name}: WRONG ANSWER, not timed ({check.describe()})")
+                        continue
+                    checks[variant.name] = check
                 if variant.name in checks:
                     rounds_of.setdefault(variant.name, []).append(
                         measure(variant, sets, check=checks[variant.name], **timing))

@@ -54,8 +54,9 @@ def run_cases(variants: Sequence, *, seed: int = 0) -> int:
 
     failures = 0
     for variant in variants:
-        # A family may add cases of its own (k6: enough units that every block runs several tiles).
-        for case in (*EDGE_CASES, *getattr(variant, "sanitize_cases", ())):
+        # A family may add cases of its own (k6: enough units that every block runs several tiles), and one
+        # that takes another kind of problem names its own edge cases (k7: the weight gradient's).
+        for case in (*getattr(variant, "edge_cases", EDGE_CASES), *getattr(variant, "sanitize_cases", ())):
             problem = case.exact_problem(seed=seed)
             try:
                 check = verify(variant, problem, exact=True)

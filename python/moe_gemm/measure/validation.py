@@ -10,11 +10,20 @@ kernel and the command that makes the record:
 
     python -m moe_gemm.measure.validation status          # any machine: which kernels are stale
     python -m moe_gemm.measure.validation run [FAMILY..]   # on the GPU: test, sanitize, record
+    python -m moe_gemm.measure.validation carry [--from REV]   # any machine: carry records over
+                                                               # unchanged machine code
 
 ``run`` runs each family's GPU tests and, for the CUDA C++ families, compute-sanitizer's
 memcheck, racecheck and synccheck (tests/test_sanitizer_gpu.py), in parallel subprocesses, and
 records every configuration of each family whose runs all passed. A family that fails keeps its
 old record, which no longer matches: the CPU test keeps failing until it passes on the GPU.
+
+``carry`` needs no GPU. A shared header edited for one kernel (a function added for k7 to ptx.cuh, say)
+changes the hash of every kernel that includes it, though most of them compile to the same machine code.
+For each stale configuration whose record was made for the source at git revision REV (default HEAD),
+it compiles that source and the current one for sm_90a, the only target a record is made on, and where
+the two SASS listings are identical it moves the record to the current hash, noting the carry-over and
+its reason in the entry. A kernel whose code changed is left stale.
 """
 
 from __future__ import annotations
@@ -157,6 +166,69 @@ def record_family(record: dict[str, Any], outcome: dict[str, Any], gpu: Any, has
         }
 
 
+# --------------------------------------------------------------------------- carry-over, no GPU
+
+CARRY_ARCH = "sm_90a"  # the target every record is made on (validation runs on an sm_90a GPU only)
+
+
+def carry_over(record: dict[str, Any], names: Sequence[str], old_dir: Path, revision: str,
+               kernel_dir: Path = KERNEL_DIR) -> dict[str, str]:
+    """For each of ``names`` whose record holds the hash of its source in ``old_dir`` (the kernels at
+    ``revision``): compile both copies for sm_90a and, where the SASS is identical, move the record to the
+    source's hash in ``kernel_dir``. Returns what happened to each name, as a word ("carried", "code
+    changed", ...); updates ``record`` in place."""
+    from moe_gemm.cuda.nvrtc import compile_kernel
+
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    configurations, outcome = kernel_configurations(), {}
+    for name in names:
+        source, instance = configurations[name]
+        entry = record["kernels"].get(name)
+        if not source.endswith(".cu"):
+            outcome[name] = "not CUDA C++ (no SASS to compare)"
+        elif entry is None or not (old_dir / source).is_file():
+            outcome[name] = f"no record for its source at {revision}"
+        elif source_hash(source, instance, old_dir) != entry["hash"]:
+            outcome[name] = f"its record is not for its source at {revision}"
+        else:
+            old = compile_kernel(source, instance, arch=CARRY_ARCH, kernel_dir=old_dir).sass()
+            new = compile_kernel(source, instance, arch=CARRY_ARCH, kernel_dir=kernel_dir).sass()
+            if old != new:
+                outcome[name] = "code changed"
+                continue
+            entry["carried"] = (f"{date}: SASS for {CARRY_ARCH} identical to that of the source validated, as at "
+                                f"{revision}; the GPU run recorded here is that source's")
+            entry["hash"] = source_hash(source, instance, kernel_dir)
+            outcome[name] = "carried"
+    return outcome
+
+
+def carry(revision: str) -> int:
+    """``carry``: the stale configurations, the kernels at ``revision`` exported from git, the carry-over
+    written; 1 while any configuration stays stale."""
+    hashes, record = current_hashes(), load_record()
+    names = stale(hashes, record)
+    if not names:
+        print("every kernel configuration has a passing GPU run on record")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="moe-gemm-carry-") as folder:
+        archive = subprocess.run(["git", "archive", revision, KERNEL_DIR.name], cwd=REPO_ROOT, capture_output=True,
+                                 check=False)
+        if archive.returncode:
+            print(f"git archive {revision} failed: {archive.stderr.decode().strip()}", file=sys.stderr)
+            return 2
+        subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
+        print(f"[validation] comparing the SASS of {len(names)} stale configuration(s) with their source at "
+              f"{revision}", file=sys.stderr, flush=True)
+        outcome = carry_over(record, names, Path(folder) / KERNEL_DIR.name, revision)
+    for name, what in outcome.items():
+        print(f"  {name:<40} {what}")
+    write_record(record)
+    left = stale(current_hashes(), record)
+    print(f"recorded in {RECORD_PATH}; stale now: {', '.join(left) or 'none'}")
+    return 1 if left else 0
+
+
 def write_record(record: dict[str, Any], path: Path = RECORD_PATH) -> None:
     record["kernels"] = dict(sorted(record["kernels"].items()))
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -210,7 +282,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"families to validate (default: all of {', '.join(GPU_TESTS)})")
     runner.add_argument("--jobs", type=positive_int("--jobs", MAX_JOBS), default=8,
                         help=f"pytest processes at once, at most {MAX_JOBS.value} (default 8)")
+    carrier = sub.add_parser("carry", help="no GPU: carry the records of stale configurations whose SASS for "
+                                           "sm_90a is unchanged since REV over to their current source")
+    carrier.add_argument("--from", dest="revision", default="HEAD", metavar="REV",
+                         help="the git revision whose sources the records were made for (default HEAD)")
     args = parser.parse_args(argv)
+    if args.command == "carry":
+        return carry(args.revision)
     if args.command == "status":
         names = stale()
         print(stale_message(names) if names else "every kernel configuration has a passing GPU run on record")

@@ -23,11 +23,14 @@ from moe_gemm.model.problem import useful_flops
 from moe_gemm.model.workloads import Workload
 
 
-def compulsory_bytes(counts: np.ndarray, K: int, N: int, element_bytes: int = 2) -> int:
-    """A [M_tot, K] and the B[e] [K, N] of each expert with rows read once, C [M_tot, N] written once."""
+def compulsory_bytes(counts: np.ndarray, K: int, N: int, element_bytes: int = 2, ragged: str = "M") -> int:
+    """The forward (ragged M): A [M_tot, K] and the B[e] [K, N] of each expert with rows read once, C [M_tot, N]
+    written once. The weight gradient (ragged K): A and dC [M_tot, N] read once, every dB[e] [K, N] written
+    once (an expert with no rows gets zeros)."""
     counts = np.asarray(counts)
-    tokens, experts_with_rows = int(counts.sum()), int(np.count_nonzero(counts))
-    return element_bytes * (tokens * K + experts_with_rows * K * N + tokens * N)
+    tokens = int(counts.sum())
+    weights = int(np.count_nonzero(counts)) if ragged == "M" else int(counts.size)
+    return element_bytes * (tokens * K + weights * K * N + tokens * N)
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,8 @@ class RooflineBasis:
     def ms(self, workload: Workload) -> float:
         """max(FLOP / peak, compulsory bytes / bandwidth): no kernel can finish sooner."""
         compute = useful_flops(workload.tokens, workload.K, workload.N) / (self.tensor_tflops * 1e12)
-        memory = compulsory_bytes(workload.counts, workload.K, workload.N) / (self.copy_tbps * 1e12)
+        compulsory = compulsory_bytes(workload.counts, workload.K, workload.N, ragged=workload.ragged)
+        memory = compulsory / (self.copy_tbps * 1e12)
         return max(compute, memory) * 1e3
 
     def tflops(self, workload: Workload) -> float:
@@ -61,4 +65,5 @@ class RooflineBasis:
     def bound(self, workload: Workload) -> str:
         """'memory' or 'compute': the term that sets the limit."""
         flops = useful_flops(workload.tokens, workload.K, workload.N)
-        return "memory" if flops / compulsory_bytes(workload.counts, workload.K, workload.N) < self.ridge else "compute"
+        compulsory = compulsory_bytes(workload.counts, workload.K, workload.N, ragged=workload.ragged)
+        return "memory" if flops / compulsory < self.ridge else "compute"

@@ -4,13 +4,15 @@ The seed is the B300 worklog this project grew from: its grouped GEMM has E = 64
 and N = 2688 (one MoE expert projection), with 16,384 routed rows. Chapters sweep the rows and the
 routing skew around that shape; chapter 06 adds a grid from decode-sized 512 rows to 65,536.
 Chapters 07 and 08 add the MoE layers of three real models (:data:`LAYERS`, chapter 08 runs them
-whole) and four of their expert projections as grouped GEMMs (:data:`MODEL_PROJECTIONS`).
+whole) and four of their expert projections as grouped GEMMs (:data:`MODEL_PROJECTIONS`); chapter 07
+also times the up and down projections of two more models (:data:`MORE_LAYERS`,
+:data:`MORE_MODEL_PROJECTIONS`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,5 +154,31 @@ MODEL_PROJECTIONS = {
         (LAYERS["qwen3"], "gate_up", LAYERS["qwen3"].gate_up(MODEL_ROWS, MODEL_SKEW)),
         (LAYERS["qwen3"], "down", LAYERS["qwen3"].down(MODEL_ROWS, MODEL_SKEW)),
         (LAYERS["deepseek"], "down", LAYERS["deepseek"].down(MODEL_ROWS, MODEL_SKEW)),
+    )
+}
+
+# Chapter 07 also times two more models' expert GEMMs, chosen so that E, K and N all differ from the
+# four above and together spread the rows per expert (at 32,768 routed rows: 4,096 for Mixtral, 256 and
+# 128 for Qwen3 and DeepSeek-V3) over 2,048 and 1,024. Sizes from each model's public config.json:
+# * gpt-oss-20b (openai/gpt-oss-20b): hidden_size 2880, intermediate_size 2880, num_local_experts 32,
+#   num_experts_per_tok 4. K = 2,880 is 45 k-steps of 64 but not a multiple of 128, which no other shape
+#   here has. (gpt-oss-120b has the same K and N over 128 experts: Qwen3's E and rows per expert.)
+# * DBRX (databricks/dbrx-base): d_model 6144, ffn_config.ffn_hidden_size 10752, moe_num_experts 16,
+#   moe_top_k 4: the largest K (the down projection's 10,752) and N (gate and up, 21,504) here, where
+#   torch._grouped_mm was strongest against k6 (K >= 4,096).
+# Every K is a multiple of 64 and every N of 8, so k6 (moe_gemm.variants.k6.rules), quack and
+# torch._grouped_mm all take them. They are not in LAYERS: chapter 08 runs every layer there whole, and
+# not in MODEL_PROJECTIONS, on which chapter 08's scoreboard and its recorded results are keyed.
+MORE_LAYERS = {
+    "gpt-oss": LayerShape("gpt-oss-20b", 2880, 2880, 32, 4),
+    "dbrx": LayerShape("DBRX", 6144, 10752, 16, 4),
+}
+MORE_MODEL_PROJECTIONS = {
+    layer.projection_label(name, workload): workload
+    for layer, name, workload in (
+        (MORE_LAYERS["gpt-oss"], "gate_up", MORE_LAYERS["gpt-oss"].gate_up(MODEL_ROWS, MODEL_SKEW)),
+        (MORE_LAYERS["gpt-oss"], "down", MORE_LAYERS["gpt-oss"].down(MODEL_ROWS, MODEL_SKEW)),
+        (MORE_LAYERS["dbrx"], "w1+v1", MORE_LAYERS["dbrx"].gate_up(MODEL_ROWS, MODEL_SKEW)),  # DBRX's gate and up
+        (MORE_LAYERS["dbrx"], "w2", MORE_LAYERS["dbrx"].down(MODEL_ROWS, MODEL_SKEW)),  # and its down projection
     )
 }

@@ -22,6 +22,13 @@ command as a reader types it, is a filter: ``{{ run.command | command }}``), wit
     ``{% set k0 = record("01", "k0") %}{{ k0.tiles }}`` gives ``10,752``. A results file whose parts ran
     as separate processes can hold one variant at one workload twice; ``part="grid"`` names which
     (``value``, ``tflops``, ``ms`` and ``results_table`` take ``part`` too).
+``measured(ch, variant, part=None, **workload)``
+    Whether the file holds that record, for a row a later run fills in (every other lookup fails the
+    build when it finds nothing): ``{{ measured("01", "k0") }}`` gives ``True``.
+``best(ch, variants, part=None, **workload)``
+    The record of the fastest (useful TFLOP/s) of ``variants`` that the file holds at the workload, for a
+    peer timed in several configurations: ``{{ best("01", ["k0", "peer/torch_grouped_mm"]).variant }}``
+    gives ``peer/torch_grouped_mm``.
 ``value(ch, variant, field, fmt=None, **workload)``
     One field: ``{{ value("03", "k2/s3", "registers", tokens=16384, skew=0) }}`` gives ``96``.
 ``tflops(ch, variant, fmt=".1f", **workload)`` and ``ms(ch, variant, fmt=".3f", **workload)``
@@ -54,9 +61,10 @@ command as a reader types it, is a filter: ``{{ run.command | command }}``), wit
     ('memory-bound' or 'compute-bound'), and that basis in words.
 ``gpu_ceiling(name)``
     One ceiling of that record: ``{{ gpu_ceiling("wgmma") }}``, ``{{ gpu_ceiling("copy") }}``.
-``provenance(ch)``
+``provenance(ch, parts=False)``
     The chapter's provenance (GPU, driver, CUDA, packages, commit, date, command) as one
-    collapsible block; put it on its own line.
+    collapsible block; put it on its own line. With ``parts=True``, a chapter whose parts ran as separate
+    processes (``part_runs``) also lists, part by part, the commit, date and command that measured it.
 ``compulsory_bytes(**workload)``, ``eta(bm, **workload)``, ``residency(registers, warps, smem_bytes=0)``
     The harness's models, for numbers derived from a measurement on the page.
 ``fmt(x, spec=None)``, ``pct(x, digits=1)``, ``change(new, old, digits=1)``
@@ -91,8 +99,8 @@ from moe_gemm.site.records import DEFAULT_COLUMNS, records_table
 
 
 def _workload(tokens: int = SEED.tokens, skew: float = SEED.skew, experts: int = SEED.experts,
-              K: int = SEED.K, N: int = SEED.N) -> Workload:
-    return Workload(int(tokens), float(skew), int(experts), int(K), int(N))
+              K: int = SEED.K, N: int = SEED.N, ragged: str = "M") -> Workload:
+    return Workload(int(tokens), float(skew), int(experts), int(K), int(N), ragged)
 
 
 def _as_workload(spec: Sequence[Any] | Mapping[str, Any]) -> Workload:
@@ -145,9 +153,25 @@ class Pages:
         where = f" in part {part!r}" if part else ""
         raise PageDataError(f"{self._name(ch)} has no record of {variant} at {workload.label}{where}")
 
+    def measured(self, ch: str, variant: str, part: str | None = None, **workload: Any) -> bool:
+        """Whether chapter ``ch``'s file holds a record of ``variant`` at the workload (in ``part``)."""
+        w = _workload(**workload)
+        return any(r["variant"] == variant and w.matches(r) and part in (None, r.get("part"))
+                   for r in self.data(ch)["records"])
+
     def record(self, ch: str, variant: str, part: str | None = None, **workload: Any) -> Record:
         w = _workload(**workload)
         return Record(self._raw_record(ch, variant, w, part), f"{self._name(ch)}: {variant} at {w.label}")
+
+    def best(self, ch: str, variants: Sequence[str], part: str | None = None, **workload: Any) -> Record:
+        w = _workload(**workload)
+        found = [r for r in self.data(ch)["records"]
+                 if r["variant"] in variants and w.matches(r) and part in (None, r.get("part"))]
+        if not found:
+            where = f" in part {part!r}" if part else ""
+            raise PageDataError(f"{self._name(ch)} has no record of {', '.join(variants)} at {w.label}{where}")
+        fastest = max(found, key=lambda r: r["useful_tflops"])
+        return Record(fastest, f"{self._name(ch)}: {fastest['variant']} at {w.label}")
 
     def value(self, ch: str, variant: str, field: str, fmt: str | None = None, **workload: Any) -> Number:
         number = self.record(ch, variant, **workload)[field]
@@ -241,8 +265,9 @@ class Pages:
         b = self.basis()
         return f"{b.tensor_tflops:.0f} TFLOP/s (wgmma) and {b.copy_tbps:.2f} TB/s (copy), {b.source}"
 
-    def provenance(self, ch: str) -> str:
-        p = self.data(ch)["provenance"]
+    def provenance(self, ch: str, parts: bool = False) -> str:
+        data = self.data(ch)
+        p = data["provenance"]
         packages = p.get("packages") or {}
         clocks = p.get("clocks") or {}
         rows = [("GPU", f"{p['gpu']}, compute capability {p['compute_capability']}"
@@ -256,6 +281,10 @@ class Pages:
         rows += [("packages", ", ".join(f"{name} {version}" for name, version in packages.items())),
                  ("commit", f"`{p['git_commit']}`"), ("date", _date(p["date"])),
                  ("command", f"`{display_command(p['command'])}`")]
+        if parts:
+            rows += [(f"part {part}", f"{run['measured']}: commit `{run['commit']}`, {_date(run['date'])}, "
+                                      f"`{display_command(run['command'])}`")
+                     for part, run in (data.get("part_runs") or {}).items()]
         body = "\n".join(f"    | {what} | {value} |" for what, value in rows)
         return (f'??? info "Provenance: {self._name(ch)}"\n\n    | recorded | |\n    |:---|:---|\n{body}\n')
 
@@ -264,7 +293,7 @@ class Pages:
     @staticmethod
     def compulsory_bytes(**workload: Any) -> Number:
         w = _workload(**workload)
-        return Number(_compulsory_bytes(w.counts, w.K, w.N), ",.0f")
+        return Number(_compulsory_bytes(w.counts, w.K, w.N, ragged=w.ragged), ",.0f")
 
     @staticmethod
     def eta(bm: int, **workload: Any) -> Number:
@@ -276,8 +305,8 @@ class Pages:
         return _residency(int(registers), int(warps), int(smem_bytes))
 
     def macros(self) -> dict[str, Any]:
-        names = ("record", "value", "tflops", "ms", "spread", "ratio", "results_table", "section", "entry",
-                 "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance",
+        names = ("record", "measured", "best", "value", "tflops", "ms", "spread", "ratio", "results_table", "section",
+                 "entry", "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance",
                  "compulsory_bytes", "eta", "residency")
         return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change,
                 "command": display_command}

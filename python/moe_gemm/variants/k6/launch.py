@@ -54,7 +54,7 @@ def arguments(config: K6Config, a_address: int, b_address: int, c_address: int, 
     """The kernel's arguments in K6_PARAMS order: the three tensor maps (not yet encoded: that needs the
     driver), C, the host walk's unit list and its length (0 and 0 for the device walk), the expert
     ends, M_tot (the device walk clamps every end to it), E, the raster group, K and N. (The descriptor
-    plans are compile-time constants in k6: kernels/k6_persistent.cu, K_MAJOR_PLAN and MN_MAJOR_PLAN.)"""
+    plans are compile-time constants: kernels/descriptor_steps.cuh, K_MAJOR_PLAN and MN_MAJOR_PLAN.)"""
     return (*tensor_maps(config, a_address, b_address, c_address, tokens, experts, K, N, b_strides), c_address,
             units_address, np.int32(units), ends_address, np.int32(tokens), np.int32(experts), np.int32(config.group),
             np.int32(K), np.int32(N))

@@ -75,9 +75,12 @@ from moe_gemm.variants.compiled import require_takes
 from moe_gemm.variants.peer.torch import _torch, torch_stream, torch_view
 
 PEER_QUACK = "peer/quack"
+PEER_QUACK_WGRAD = "peer/quack-wgrad"  # the weight gradient: quack's varlen-K GEMM (chapter 09)
 TOP_CONFIGS = 3  # the autotuner's fastest configurations each get a variant
 PEER_QUACK_TOP = tuple(f"{PEER_QUACK}-top{rank}" for rank in range(1, TOP_CONFIGS + 1))
 QUACK_PEERS = (PEER_QUACK, *PEER_QUACK_TOP)  # the fastest of these counts as quack's number
+PEER_QUACK_WGRAD_TOP = tuple(f"{PEER_QUACK_WGRAD}-top{rank}" for rank in range(1, TOP_CONFIGS + 1))
+QUACK_WGRAD_PEERS = (PEER_QUACK_WGRAD, *PEER_QUACK_WGRAD_TOP)
 QUACK_VERSION = "0.6.5"  # the release whose API this wrapper follows
 QUACK_ARCH_MAJORS = (9, 10)  # sm_90 (wgmma) and sm_100 (tcgen05)
 QUACK_ELEMENT_MULTIPLE = 8  # K and N: non-unit strides are 16-byte multiples (8 bf16)
@@ -104,16 +107,17 @@ def check_quack_inputs(experts: int, K: int, N: int, addresses: dict[str, int] |
 
 
 def check_device_problem(variant: str, dev: DeviceProblem) -> None:
-    """ValueError if the device buffers are not what quack takes: bf16 A [M_tot, K] and B [E, K, N],
-    int32 offsets [E + 1], with quack's stride and alignment rules."""
+    """ValueError if the device buffers are not what quack takes: bf16 A [M_tot, K] and B [E, K, N] (or, for
+    the weight gradient, dC [M_tot, N]), int32 offsets [E + 1], with quack's stride and alignment rules."""
     problem = dev.problem
     tokens, experts, K, N = problem.tokens, problem.experts, problem.K, problem.N
-    for name, array, shape, dtype in (("A", dev.a, (tokens, K), BF16), ("B", dev.b, (experts, K, N), BF16),
+    b_name, b_shape = ("B", (experts, K, N)) if problem.ragged == "M" else ("dC", (tokens, N))
+    for name, array, shape, dtype in (("A", dev.a, (tokens, K), BF16), (b_name, dev.b, b_shape, BF16),
                                       ("the offsets (cu_seqlens_m)", dev.offsets, (experts + 1,), np.int32)):
         if np.dtype(array.dtype) != np.dtype(dtype) or tuple(array.shape) != shape:
             raise ValueError(f"{variant} needs {name} as {np.dtype(dtype).name if dtype is not BF16 else 'bf16'} "
                              f"{list(shape)}, got {np.dtype(array.dtype).name} {list(array.shape)}")
-    check_quack_inputs(experts, K, N, {"A": dev.a.ptr, "B": dev.b.ptr, "the offsets": dev.offsets.ptr}, variant)
+    check_quack_inputs(experts, K, N, {"A": dev.a.ptr, b_name: dev.b.ptr, "the offsets": dev.offsets.ptr}, variant)
 
 
 def require_quack_gpu(variant: str) -> None:
@@ -170,7 +174,7 @@ def quack_available() -> str | None:
 class Tuning:
     """What quack's autotuner chose at one shape, as this process first saw it."""
 
-    shape: tuple[int, int, int, int]  # (M_tot, K, N, E): quack's tuning key, for this project's inputs
+    shape: tuple[Any, ...]  # (ragged axis, M_tot, K, N, E): quack's tuning key, for this project's inputs
     tune_s: float  # host seconds of the call that tuned (or read the disk cache), compilation included
     source: str  # "autotuned", "quack disk cache", or "cached by quack before this harness asked"
     chosen: Any  # quack's AutotuneConfig that gemm(..., tuned=True) runs
@@ -181,7 +185,7 @@ class Tuning:
         return [{"config": config_json(config), "ms": ms} for config, ms in self.ranked[:count]]
 
 
-_TUNINGS: dict[tuple[int, int, int, int], Tuning] = {}
+_TUNINGS: dict[tuple[Any, ...], Tuning] = {}
 
 
 def forget_tunings() -> None:
@@ -220,7 +224,7 @@ def ranked_configs(timings: dict[Any, Any]) -> tuple[tuple[Any, float], ...]:
     return tuple(sorted(((c, ms) for c, ms in rows if math.isfinite(ms)), key=lambda row: row[1]))
 
 
-def tune(tuner: Any, tuned_call: Callable[[], None], shape: tuple[int, int, int, int],
+def tune(tuner: Any, tuned_call: Callable[[], None], shape: tuple[Any, ...],
          skew: float) -> tuple[Tuning, bool]:
     """Make one tuned call (the autotune, the first time at ``shape``) and wait for it.
 
@@ -251,6 +255,10 @@ def tune(tuner: Any, tuned_call: Callable[[], None], shape: tuple[int, int, int,
 class QuackVarlenM:
     """``peer/quack``: quack's ``gemm(A, B, out=C, cu_seqlens_m=offsets, tuned=True)``.
 
+    ``ragged="K"`` (``peer/quack-wgrad``): the weight gradient through quack's varlen-K GEMM,
+    ``gemm(A.t(), dC, out=dB, cu_seqlens_k=offsets, tuned=True)``: quack reduces over each expert's run of
+    rows and takes A^T M-major, which the transposed view of the row-major A is (no copy).
+
     ``rank=k`` (``peer/quack-topk``) runs instead the k-th fastest configuration of the
     autotuner's timings at this shape, through ``gemm_tuned.fn(..., config=...)``. Where the
     autotuner timed fewer configurations than k (some failed), prepare refuses with a ValueError,
@@ -259,18 +267,21 @@ class QuackVarlenM:
 
     uses_torch = True  # allocates through torch (measure.graph_replay captures it with torch.cuda.graph)
 
-    def __init__(self, rank: int | None = None) -> None:
+    def __init__(self, rank: int | None = None, ragged: str = "M") -> None:
         if rank is not None and not 1 <= rank <= TOP_CONFIGS:
             raise ValueError(f"rank must be 1 ... {TOP_CONFIGS}, got {rank}")
-        self.rank = rank
-        self.name = PEER_QUACK if rank is None else PEER_QUACK_TOP[rank - 1]
+        if ragged not in ("M", "K"):
+            raise ValueError(f"ragged must be 'M' (the forward) or 'K' (the weight gradient), got {ragged!r}")
+        self.rank, self.ragged = rank, ragged
+        names = QUACK_PEERS if ragged == "M" else QUACK_WGRAD_PEERS
+        self.name = names[0 if rank is None else rank]
 
     def __repr__(self) -> str:
-        return f"QuackVarlenM(rank={self.rank})"
+        return f"QuackVarlenM(rank={self.rank}, ragged={self.ragged!r})"
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem
-        require_takes(self.name, problem)
+        require_takes(self.name, problem, ragged_axes=(self.ragged,))
         check_device_problem(self.name, dev)  # quack's rules first: no import, no GPU needed
         require_quack_gpu(self.name)
         iface = _quack(self.name)
@@ -283,15 +294,18 @@ class QuackVarlenM:
                         config_timings=[], configs_timed=0)
             return Prepared(launch=lambda: None, output=output, keep_alive=[dev], launch_info=info)
         a, b, c = torch_view(dev.a), torch_view(dev.b), torch_view(output)  # views: no copies
-        offsets = torch_view(dev.offsets)  # int32 [E + 1] on the device: quack's cu_seqlens_m
+        if self.ragged == "K":
+            a = a.t()  # A^T [K, M_tot], M-major
+        offsets = torch_view(dev.offsets)  # int32 [E + 1] on the device: quack's cu_seqlens_m (or _k)
+        varlen = {"cu_seqlens_m" if self.ragged == "M" else "cu_seqlens_k": offsets}
         stream = torch_stream()
         gemm, tuner = iface.gemm, iface.gemm_tuned
 
         def tuned_call() -> None:
             with torch.cuda.stream(stream):
-                gemm(a, b, out=c, cu_seqlens_m=offsets, tuned=True)
+                gemm(a, b, out=c, tuned=True, **varlen)
 
-        shape = (problem.tokens, problem.K, problem.N, problem.experts)
+        shape = (self.ragged, problem.tokens, problem.K, problem.N, problem.experts)
         start = time.perf_counter()
         tuning, made_now = tune(tuner, tuned_call, shape, problem.skew)
         if made_now and tuning.source == "autotuned":
@@ -304,7 +318,7 @@ class QuackVarlenM:
                                  f"this shape ({tuning.source}); there is no rank {self.rank}")
             config, ms = tuning.ranked[self.rank - 1]
             info.update(config_rank=self.rank, config_tuner_ms=ms)
-            run = _config_launch(torch, stream, tuner.fn, (a, b, c), offsets, config)
+            run = _config_launch(torch, stream, tuner.fn, (a, b, c), varlen, config)
             run()  # compiles this configuration now, if the tuning came from quack's disk cache
             synchronize()
         info.update(tune_s=round(tuning.tune_s, 3), prepare_s=round(time.perf_counter() - start, 4),
@@ -314,24 +328,29 @@ class QuackVarlenM:
 
 
 def _config_launch(torch: Any, stream: Any, fn: Callable[..., Any], operands: tuple[Any, Any, Any],
-                   offsets: Any, config: Any) -> Callable[[], None]:
-    """One launch of quack's tuned function with a given configuration (``config=GemmConfig``)."""
+                   varlen: dict[str, Any], config: Any) -> Callable[[], None]:
+    """One launch of quack's tuned function with a given configuration (``config=GemmConfig``); ``varlen``
+    names the offsets (``cu_seqlens_m`` or ``cu_seqlens_k``)."""
     a, b, c = operands
     kwargs = config.all_kwargs() if hasattr(config, "all_kwargs") else {"config": config}
 
     def run() -> None:
         with torch.cuda.stream(stream):
-            fn(a, b, c, cu_seqlens_m=offsets, **kwargs)
+            fn(a, b, c, **varlen, **kwargs)
 
     return run
 
 
-def quack_peers() -> list[QuackVarlenM]:
-    """``peer/quack`` and its three top configurations, where quack can run here; else none."""
+def quack_peers(ragged: str = "M") -> list[QuackVarlenM]:
+    """``peer/quack`` (``ragged="K"``: ``peer/quack-wgrad``) and its three top configurations, where quack can
+    run here; else none."""
     if quack_available() is not None:
         return []
-    return [QuackVarlenM()] + [QuackVarlenM(rank) for rank in range(1, TOP_CONFIGS + 1)]
+    return [QuackVarlenM(ragged=ragged)] + [QuackVarlenM(rank, ragged) for rank in range(1, TOP_CONFIGS + 1)]
 
 
-VARIANTS: dict[str, Callable[[], QuackVarlenM]] = {PEER_QUACK: QuackVarlenM}
+VARIANTS: dict[str, Callable[[], QuackVarlenM]] = {PEER_QUACK: QuackVarlenM,
+                                                    PEER_QUACK_WGRAD: lambda: QuackVarlenM(ragged="K")}
 VARIANTS.update({name: (lambda rank=rank: QuackVarlenM(rank)) for rank, name in enumerate(PEER_QUACK_TOP, 1)})
+VARIANTS.update({name: (lambda rank=rank: QuackVarlenM(rank, "K"))
+                 for rank, name in enumerate(PEER_QUACK_WGRAD_TOP, 1)})

@@ -9,6 +9,8 @@ by the same code as the kernels, in the same run, on the same uploaded inputs: t
   out_dtype=bfloat16)``, on sm_90 CUTLASS's grouped GEMM. Its rules, as torch 2.11 checks them: K and N
   multiples of 8 (16-byte strides), fewer than 1024 groups, sm_90 or newer; rows past
   ``offs[-1]`` would be left unwritten, which never happens here (``offs[-1] = M_tot``).
+* ``peer/torch_grouped_mm-wgrad``: the weight gradient dB[e] = A_e^T dC_e through the same call's 2D x 2D
+  form (chapter 09).
 * ``peer/torch_loop``: one ``torch.matmul`` (cuBLAS) per non-empty expert, written straight into
   the expert's rows of C. It is what grouped GEMM replaces: one launch per expert, issued from
   Python, so at small batches the host, not the GPU, sets its time.
@@ -32,6 +34,7 @@ from moe_gemm.variants.compiled import require_takes
 PEER_GROUPED_MM = "peer/torch_grouped_mm"
 PEER_GROUPED_MM_KMAJOR = "peer/torch_grouped_mm-kmajor"  # the same call, B column-major (K contiguous)
 PEER_LOOP = "peer/torch_loop"
+PEER_GROUPED_MM_WGRAD = "peer/torch_grouped_mm-wgrad"  # the weight gradient: the 2D x 2D form
 # One call, B in either layout: the faster of the two is the peer's number at a workload.
 GROUPED_MM_PEERS = (PEER_GROUPED_MM, PEER_GROUPED_MM_KMAJOR)
 GROUPED_MM_MIN_CAPABILITY = (9, 0)  # torch._grouped_mm's bf16 CUTLASS kernels are sm_90+
@@ -92,7 +95,7 @@ class TorchOutput:
       block to the new result: an element the peer failed to write would still read NaN.
     """
 
-    def __init__(self, shape: tuple[int, int], stream: Any) -> None:
+    def __init__(self, shape: tuple[int, ...], stream: Any) -> None:
         import torch
 
         self.shape, self.dtype, self._stream = shape, BF16, stream
@@ -174,6 +177,44 @@ class TorchGroupedMM:
 # --8<-- [end:grouped_mm]
 
 
+# --8<-- [start:grouped_mm_wgrad]
+class TorchWeightGrad:
+    """``peer/torch_grouped_mm-wgrad``: the weight gradient as torch's autograd computes it for
+    ``torch._grouped_mm``: its 2D x 2D form, ``torch._grouped_mm(A.t(), dC, offs=offs)`` -> dB [E, K, N],
+    the groups running along the shared (reduced) axis. A.t() is the transposed view of the row-major A, as
+    the backward of the forward receives it: no copy. bf16 out (torch's output dtype is its inputs')."""
+
+    uses_torch = True
+
+    name = PEER_GROUPED_MM_WGRAD
+    ragged_axes = ("K",)
+
+    def __repr__(self) -> str:
+        return "TorchWeightGrad()"
+
+    def prepare(self, dev: DeviceProblem) -> Prepared:
+        problem = dev.problem
+        require_takes(self.name, problem, ragged_axes=self.ragged_axes)
+        torch = _torch(self.name)
+        require_capability(detect_gpu(), GROUPED_MM_MIN_CAPABILITY, f"{self.name} (CUTLASS grouped GEMM)")
+        check_grouped_mm_inputs(problem.experts, problem.K, problem.N, dev.a.ptr, dev.b.ptr)
+        stream = torch_stream()
+        output = TorchOutput(problem.out_shape, stream)
+        if problem.tokens == 0:  # torch refuses a zero-length reduction (pytorch#192497): dB = 0
+            return Prepared(launch=lambda: output.fill_u16(0), output=output, keep_alive=[dev])
+        a, dc = torch_view(dev.a), torch_view(dev.b)
+        ends = to_device(problem.offsets[1:].astype(np.int32))
+        offs = torch_view(ends)
+
+        def run() -> None:
+            with torch.cuda.stream(stream):
+                output.tensor = None  # free the poisoned block first: the result reuses it
+                output.tensor = torch._grouped_mm(a.t(), dc, offs=offs, out_dtype=torch.bfloat16)
+
+        return Prepared(launch=run, output=output, keep_alive=[dev, ends, a, dc, offs])
+# --8<-- [end:grouped_mm_wgrad]
+
+
 class TorchLoop:
     """``peer/torch_loop``: one torch.matmul per non-empty expert, into that expert's rows of C."""
 
@@ -233,4 +274,4 @@ def available_peers() -> list[Any]:
 
 # Names the by-name entry points resolve (variants/registry.py maps the 'peer' family here).
 VARIANTS = {PEER_GROUPED_MM: TorchGroupedMM, PEER_GROUPED_MM_KMAJOR: lambda: TorchGroupedMM(k_major=True),
-            PEER_LOOP: TorchLoop}
+            PEER_LOOP: TorchLoop, PEER_GROUPED_MM_WGRAD: TorchWeightGrad}

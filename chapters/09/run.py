@@ -1,0 +1,263 @@
+"""Chapter 09: training. The weight gradient dB[e] = A_e^T dC_e as our own kernel (k7).
+
+    python chapters/09/run.py                   # checks, then the grid and the model projections
+    python chapters/09/run.py --parts grid      # only some parts: grid, models
+    python chapters/09/run.py --quick           # fewer timed launches per round
+    python chapters/09/run.py --tokens 4096 16384   # a part of the grid
+
+With an sm_90a GPU (the recorded numbers come from an H200) it checks every k7 rung
+(kernels/k7_weight_grad.cu) on the weight gradient's edge cases (exact, integer-valued inputs) and on random
+data, then checks and times, in interleaved rounds on the same inputs, k7's rungs, torch._grouped_mm's 2D x 2D
+form (what autograd runs for the weight gradient of torch._grouped_mm) and quack's varlen-K GEMM (its autotuned
+pick and its three fastest configurations):
+  grid    M_tot 2,048 .. 65,536 rows x skew 0 .. 1.6 at the seed's E = 64, K = 1024, N = 2688;
+  models  the up (gate and up together) and down projections of three real MoE models, 32,768 routed rows.
+It prints each table and the targets and writes chapters/09/results/<gpu>.json after each part, keeping the
+records of the parts it did not run (so the parts can run as separate processes). quack is optional.
+
+Without a GPU it compiles every rung for sm_90a, prints the compile report and the recorded H200 results,
+and exits 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from moe_gemm.chapter import (
+    GRID_SKEWS,
+    LAYERS,
+    SM90A,
+    Table,
+    Workload,
+    add_timing_arguments,
+    best_of,
+    chapter_main,
+    chapter_parser,
+    checks_table,
+    describe_gpu,
+    failed_variants,
+    print_not_run,
+    run_checks,
+    run_main,
+    run_variants,
+    show,
+    show_recorded,
+    targets_table,
+    timing_options,
+)
+from moe_gemm.core.checks import MAX_REPEATS, MAX_ROWS
+from moe_gemm.core.cli import positive_int
+from moe_gemm.model.workloads import MODEL_ROWS, MODEL_SKEW
+from moe_gemm.variants.peer.quack import QUACK_WGRAD_PEERS
+from moe_gemm.variants.peer.torch import PEER_GROUPED_MM_WGRAD
+
+CHAPTER = "09"
+REQUIRES = SM90A
+ARCH = "sm_90a"
+K7 = ("k7/bn192", "k7/bn128")  # our rungs: the faster at each workload counts, as quack's best of three does
+TORCH = PEER_GROUPED_MM_WGRAD
+QUACK = QUACK_WGRAD_PEERS
+PARTS = ("grid", "models")
+GRID_ROWS = (2048, 4096, 16384, 65536)
+# The weight gradients of the up and down projections of the three models chapter 08 runs, over chapter 07's
+# 32,768 routed rows at s = 0.4: E from 8 to 256, K and N from 768 to 14,336. Qwen3's and DeepSeek-V3's up
+# projection is gate and up as one GEMM, as the layer runs it; Mixtral's is its w1 (the gate) alone, which
+# keeps the reference's dB [8, 4096, 14336] at 1.9 GB in fp32 (the fused pair's would be twice that).
+MODELS = {
+    layer.projection_label(name, workload): workload.weight_gradient()
+    for layer, name, workload in (
+        (LAYERS["mixtral"], "w1", LAYERS["mixtral"].gate(MODEL_ROWS, MODEL_SKEW)),
+        (LAYERS["mixtral"], "w2", LAYERS["mixtral"].down(MODEL_ROWS, MODEL_SKEW)),
+        (LAYERS["qwen3"], "gate_up", LAYERS["qwen3"].gate_up(MODEL_ROWS, MODEL_SKEW)),
+        (LAYERS["qwen3"], "down", LAYERS["qwen3"].down(MODEL_ROWS, MODEL_SKEW)),
+        (LAYERS["deepseek"], "gate_up", LAYERS["deepseek"].gate_up(MODEL_ROWS, MODEL_SKEW)),
+        (LAYERS["deepseek"], "down", LAYERS["deepseek"].down(MODEL_ROWS, MODEL_SKEW)),
+    )
+}
+TORCH_TARGET, TORCH_TARGET_ROWS = 1.20, 4096  # k7 over torch's 2D x 2D form at every grid cell this large
+QUACK_TARGET = 1.0  # k7 over quack's varlen-K at every cell and model projection
+OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "STSM", "STS.128", "SYNCS", "USETMAXREG")
+COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consumers 232, the producer 40); smem: "
+                  "ring + C staging + barriers + the walk's 2 KB; the rest: static SASS counts (HGMMA = wgmma, "
+                  "UTMALDG / UTMASTG = TMA load / store, STSM = stmatrix, STS.128 = the last stage's zeroed rows, "
+                  "SYNCS = mbarrier)")
+SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs"})
+TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; ours and quack's each at their best"
+
+
+def parse_args(argv: Sequence[str] | None):
+    parser = chapter_parser(__doc__)
+    add_timing_arguments(parser, peers="torch._grouped_mm and quack")
+    parser.add_argument("--rounds", type=positive_int("--rounds", MAX_REPEATS), default=3,
+                        help="interleaved timing rounds per workload; each variant's median over rounds is kept "
+                             "(default 3)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="which measurements to make (default both): grid (the --tokens rows x 5 skews at the "
+                             f"seed's shape), models (the {len(MODELS)} model projections)")
+    parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_ROWS),
+                        metavar="M", help=f"the grid's M_tot values (default {' '.join(map(str, GRID_ROWS))})")
+    return parser.parse_args(argv)
+
+
+def grid(tokens: Sequence[int]) -> list[Workload]:
+    return [Workload(t, s).weight_gradient() for t in tokens for s in GRID_SKEWS]
+
+
+# --------------------------------------------------------------------------- ratios and targets
+
+def ratio(records: Sequence[dict[str, Any]], workload: Workload, ours: Sequence[str],
+          theirs: Sequence[str]) -> float | None:
+    """The faster of ``ours`` over the faster of ``theirs`` at ``workload`` (useful TFLOP/s), same run."""
+    mine, other = best_of(records, ours, workload), best_of(records, theirs, workload)
+    return None if mine is None or other is None else mine["useful_tflops"] / other["useful_tflops"]
+
+
+def workloads_of(records: Sequence[dict[str, Any]], part: str) -> list[Workload]:
+    return list(dict.fromkeys(Workload.of(r) for r in records if r.get("part") == part))
+
+
+def target_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+
+    def worst(part: str, theirs: Sequence[str], goal: float, least_rows: int = 0) -> None:
+        cells = [(w, ratio(records, w, K7, theirs)) for w in workloads_of(records, part) if w.tokens >= least_rows]
+        cells = [(w, value) for w, value in cells if value is not None]
+        if cells:
+            cell, value = min(cells, key=lambda c: c[1])
+            where = "every grid cell" if part == "grid" else "every model projection"
+            if least_rows:
+                where += f" of >= {least_rows:,} rows"
+            name = "torch._grouped_mm 2D x 2D" if theirs == (TORCH,) else "quack varlen-K"
+            rows.append({"target": f"k7 / {name} at {where} (worst: {cell.label})", "value": value, "goal": goal,
+                         "met": value >= goal})
+
+    worst("grid", QUACK, QUACK_TARGET)
+    worst("models", QUACK, QUACK_TARGET)
+    worst("grid", (TORCH,), TORCH_TARGET, TORCH_TARGET_ROWS)
+    return rows
+
+
+# --------------------------------------------------------------------------- tables
+
+def grid_table(records: Sequence[dict[str, Any]], theirs: Sequence[str], name: str) -> Table:
+    cells = workloads_of(records, "grid")
+    tokens = list(dict.fromkeys(c.tokens for c in cells))
+    skews = list(dict.fromkeys(c.skew for c in cells))
+    body = []
+    for t in tokens:
+        values = [ratio(records, Workload(t, s).weight_gradient(), K7, theirs) for s in skews]
+        body.append((f"{t:,}", *("-" if v is None else f"{v:.2f}" for v in values)))
+    return Table(("M_tot", *(f"s={s:g}" for s in skews)), tuple(body), title=f"k7 over {name}, the grid",
+                 legend=f"useful TFLOP/s of the faster k7 rung over {name}'s on the same inputs in the same run "
+                        f"(seed shape: E = 64, K = 1024, N = 2688; dB [E, K, N] in bf16)")
+
+
+def models_table(records: Sequence[dict[str, Any]]) -> Table:
+    body = []
+    for label, workload in MODELS.items():
+        def tflops(names: Sequence[str]) -> str:
+            best = best_of(records, names, workload)
+            return "-" if best is None else f"{best['useful_tflops']:.0f}"
+
+        q, t = ratio(records, workload, K7, QUACK), ratio(records, workload, K7, (TORCH,))
+        body.append((label, f"{workload.experts}", f"{workload.K:,} x {workload.N:,}", tflops(K7), tflops((TORCH,)),
+                     tflops(QUACK), "-" if q is None else f"{q:.2f}", "-" if t is None else f"{t:.2f}"))
+    return Table(("projection", "E", "dB per expert", "k7", "torch", "quack", "k7/quack", "k7/torch"), tuple(body),
+                 title="The weight gradients of real models' projections",
+                 legend="useful TFLOP/s (2 M_tot K N per time) of the faster k7 rung, torch._grouped_mm's 2D x 2D "
+                        "form and quack's varlen-K (best of its pick and its three fastest configurations), same "
+                        "inputs, same run; dB per expert: K x N")
+
+
+# --------------------------------------------------------------------------- no GPU
+
+def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
+    from moe_gemm.site.compile_report import compile_rows
+    from moe_gemm.variants.k7 import ladder
+
+    return compile_rows(ladder(), arch, OPCODES)
+
+
+def compile_report_table(rows: list[dict[str, Any]]) -> Table:
+    from moe_gemm.site.compile_report import compile_table
+
+    return compile_table(rows, OPCODES, {}, legend=COMPILE_LEGEND)
+
+
+def run_without_gpu(args, reason: str) -> int:
+    print_not_run(args, "k7", reason, f"compiling every rung for {ARCH} instead",
+                  ("--quick", "--no-peers", "--rounds", "--parts", "--tokens"),
+                  "nothing is timed without an sm_90a GPU")
+    show(compile_report_table(compile_report(ARCH)))
+    if show_recorded(CHAPTER) != 0:
+        print(f"(no recorded results for chapter {CHAPTER} yet)")
+    return 0
+
+
+# --------------------------------------------------------------------------- with a GPU
+
+def peers(args) -> list[Any]:
+    from moe_gemm.variants.peer.quack import quack_available, quack_peers
+    from moe_gemm.variants.peer.torch import TorchWeightGrad, torch_available
+
+    if args.no_peers:
+        return []
+    found = [TorchWeightGrad()] if torch_available() else []
+    missing = quack_available()
+    if missing is not None:
+        print(f"quack is not timed: {missing}\n")
+    return found + quack_peers("K")
+
+
+def measure_part(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
+    """One part's records, each tagged with the part (a later run of one part replaces only its own)."""
+    from moe_gemm.variants.k7 import ladder
+
+    workloads = grid(args.tokens) if part == "grid" else list(MODELS.values())
+    records = run_variants([*ladder(), *peers(args)], workloads, rounds=args.rounds, **timing)
+    return [{**r, "part": part} for r in records]
+
+
+def run_on_gpu(args, gpu) -> int:
+    import sys
+
+    from moe_gemm.measure.parts import PartsFile
+    from moe_gemm.variants.k7 import ladder
+
+    timing = timing_options(args)
+    print(describe_gpu(gpu) + "\n")
+    report = compile_report(gpu.arch)
+    show(compile_report_table(report))
+    results = PartsFile(CHAPTER, gpu, SECTIONS)
+    checks = run_checks(ladder(), ragged="K")
+    show(checks_table([c for c in checks if not c["passed"]] or checks[:4]))
+    failed = failed_variants(checks)
+    if failed:
+        print(f"checks FAILED for {', '.join(failed)}: nothing is timed.", file=sys.stderr)
+        return 1
+    print(f"all {len(checks)} checks passed\n")
+    results.put(checks=checks)
+    measured = {"grid": f"the grid's rows {', '.join(f'{t:,}' for t in args.tokens)}",
+                "models": "the model projections' weight gradients"}
+    for part in args.parts:
+        results.replace("records", measure_part(part, args, timing), key=lambda r: (r["part"], Workload.of(r)))
+        results.ran(part, measured[part])
+        parts = sorted({r["part"] for r in results.rows("records")}, key=PARTS.index)
+        path = results.save(compile_report=report, targets=target_rows(results.rows("records")), rounds=args.rounds,
+                            parts=parts)
+    records = results.rows("records")
+    show(grid_table(records, QUACK, "quack varlen-K"))
+    show(grid_table(records, (TORCH,), "torch._grouped_mm 2D x 2D"))
+    show(models_table(records))
+    show(targets_table(target_rows(records), TARGETS_LEGEND))
+    print(f"results written to {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return chapter_main(parse_args(argv), REQUIRES, run_on_gpu, run_without_gpu)
+
+
+if __name__ == "__main__":
+    run_main(main)

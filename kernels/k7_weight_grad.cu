@@ -1,0 +1,294 @@
+// k7_weight_grad.cu: chapter 09's kernel, the weight gradient of the expert GEMM.
+//
+//   python chapters/09/run.py      # check, time and compare with torch and quack (needs an sm_90a GPU)
+//   pytest tests/test_k7.py        # compiles every rung for sm_90a, no GPU needed
+//
+// The forward C = A_e B[e] is ragged along M: each expert owns a run of rows of A and C. Its weight
+// gradient dB[e] = A_e^T dC_e [K, N] is a plain GEMM per expert whose *reduction* runs over those
+// rows: the ragged axis has moved into K of the GEMM. So the tiles are fixed (128 of K x BN of N for
+// every expert, E x K/128 x N/BN of them, whatever the routing) and what varies is how long each
+// one's main loop runs: ceil(m_e / 64) steps of 64 rows, from the expert's first row.
+//
+// Nothing aligns those rows: an expert starts and ends at any row. Every step loads 64 rows from the
+// expert's first row onwards, so only the last one can run past it, into the next expert's rows (or
+// past M_tot, where TMA writes zeros). Before its wgmmas read that stage, the consumer warpgroup
+// overwrites those foreign rows with zeros in shared memory, in both operands: a zero row of A or of
+// dC adds nothing to the sum (both, since 0 x NaN is NaN and the rows past the last expert are no
+// one's). An expert with no rows runs no step and stores zeros.
+//
+// Both operands arrive as the forward stored them, row-major with the rows as the reduction: A's 64 x
+// 64 boxes hold 64 rows x 64 of K, read by wgmma as A^T (M-major, "transposed"); dC's hold 64 rows x
+// 64 of N, read as the B operand N-major, exactly as k6 reads a row-major B [K, N]. bf16 and fp16
+// wgmma take both transposes, so neither operand is copied or transposed in memory.
+//
+// The rest is k6's ping-pong kernel (chapter 07): a producer warp issues TMA into a ring of STAGES,
+// two consumer warpgroups each own a whole 128 x BN tile and take turns on the tensor cores, the
+// epilogues take turns on one ring of STAGING_BOXES C staging boxes; persistent blocks walk the
+// tiles in order, expert by expert, in raster groups of GROUP K tiles.
+#include "descriptor_steps.cuh"
+#include "epilogues.cuh"
+#include "named_barriers.cuh"
+#include "ptx.cuh"
+#include "tile_walk.cuh"
+#include "tma_pipeline.cuh"
+#include "wgmma_config.cuh"
+
+namespace k7 {
+
+// --8<-- [start:config]
+template <int BN, int STAGES, int STAGING_BOXES>
+struct Config {
+    static_assert(BN % sm90::BOX == 0 && BN <= 192, "BN is 64, 128 or 192: a warpgroup holds 128 x BN fp32");
+    static constexpr int WG_ROWS = 128, M_ITERS = 2;   // two m64 slices of dB's K per warpgroup
+    static constexpr int TILE_N = BN;
+    static constexpr int ROWS = sm90::BK;              // rows of the reduction per stage: 64
+    static constexpr int A_BOXES = WG_ROWS / sm90::BOX, B_BOXES = BN / sm90::BOX;
+    static constexpr unsigned A_BYTES = A_BOXES * sm90::BOX_BYTES;
+    static constexpr unsigned STAGE_BYTES = (A_BOXES + B_BOXES) * sm90::BOX_BYTES;
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // as k6: 192 accumulators at BN = 192
+    static constexpr unsigned STAGING_BYTES = STAGING_BOXES * sm90::BOX_BYTES;
+    // The host sizes the launch the same way (moe_gemm.variants.k7.config): ring, staging and the
+    // 1 KB the ring's alignment may cost, within what a block may have less the static part.
+    static_assert(STAGES * STAGE_BYTES + STAGING_BYTES + sm90::SWIZZLE_ALIGN <= 232448 - 2304,
+                  "the ring and the C staging fit the shared memory of one block");
+};
+
+// Tile `index` of the walk as (expert, first K row, first N column): E x K_TILES x N_TILES tiles,
+// expert by expert (both operands of an expert stay in L2 while its tiles run), and within an
+// expert in raster groups of `group` K tiles walked column by column, so that the blocks running at
+// once share dC's columns across the group and A's columns across the N tiles they span.
+__device__ __forceinline__ int3 tile_at(int index, int k_tiles, int n_tiles, int group, int bn) {
+    const int per_expert = k_tiles * n_tiles;
+    const int expert = index / per_expert, local = index - expert * per_expert;
+    const int span = group * n_tiles, g = local / span, within = local - g * span;
+    const int in_group = min(group, k_tiles - g * group);  // the last group may be short
+    return make_int3(expert, (g * group + within % in_group) * 128, within / in_group * bn);
+}
+// --8<-- [end:config]
+
+// --8<-- [start:producer]
+// One thread issues every copy: per tile, one stage per 64 rows of the expert, each carrying A's
+// two boxes (64 rows x 128 of K; one where K ends first) and dC's boxes that start before column N.
+template <class Cfg, int STAGES>
+__device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_dc, const int* offsets,
+                                        int tiles, int first, int stride, int k_tiles, int n_tiles, int group,
+                                        int K, int N, unsigned ring, unsigned long long* full,
+                                        unsigned long long* empty) {
+    tma_prefetch_descriptor(tmap_a);
+    tma_prefetch_descriptor(tmap_dc);
+    int stage = 0;
+    unsigned phase = 0;
+    for (int index = first; index < tiles; index += stride) {
+        const int3 tile = tile_at(index, k_tiles, n_tiles, group, Cfg::TILE_N);
+        const int row0 = offsets[tile.x], steps = (offsets[tile.x + 1] - row0 + Cfg::ROWS - 1) / Cfg::ROWS;
+        const int a_boxes = min(Cfg::A_BOXES, (K - tile.y) / sm90::BOX);  // K % 64 == 0
+        const int b_boxes = min(Cfg::B_BOXES, (N - tile.z + sm90::BOX - 1) / sm90::BOX);
+        const unsigned stage_tx = (a_boxes + b_boxes) * sm90::BOX_BYTES;
+        for (int s = 0; s < steps; ++s) {
+            mbarrier_wait_parity(smem_u32(&empty[stage]), phase ^ 1);
+            const unsigned bar = smem_u32(&full[stage]);
+            mbarrier_arrive_expect_tx(bar, stage_tx);
+            const unsigned dst = ring + stage * Cfg::STAGE_BYTES;
+            const int row = row0 + s * Cfg::ROWS;
+            for (int box = 0; box < a_boxes; ++box)  // A [M_tot, K]: (k, row)
+                tma_load_2d(dst + box * sm90::BOX_BYTES, tmap_a, tile.y + box * sm90::BOX, row, bar);
+            for (int box = 0; box < b_boxes; ++box)  // dC [M_tot, N]: (n, row)
+                tma_load_2d(dst + Cfg::A_BYTES + box * sm90::BOX_BYTES, tmap_dc, tile.z + box * sm90::BOX, row, bar);
+            if (++stage == STAGES) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+// --8<-- [end:producer]
+
+// --8<-- [start:tail]
+// The last stage of a tile may hold rows of the next expert from row `own` on (own < 64): the
+// warpgroup writes zeros over them, in every box of the stage, then makes the writes visible to
+// wgmma, which reads shared memory through the async proxy. A 128-byte row of a box is one row of
+// the operand whatever the swizzle (it permutes 16-byte chunks within a row), so whole rows are
+// zeroed without unswizzling anything.
+template <class Cfg>
+__device__ __forceinline__ void zero_foreign_rows(unsigned stage_base, int own, int warpgroup) {
+    constexpr int BOXES = Cfg::A_BOXES + Cfg::B_BOXES, CHUNKS = 128 / 16;
+    const int per_box = (Cfg::ROWS - own) * CHUNKS;
+    for (int i = threadIdx.x % sm90::WARPGROUP; i < BOXES * per_box; i += sm90::WARPGROUP) {
+        const int box = i / per_box, rest = i - box * per_box;
+        store_shared_zero_16(stage_base + box * sm90::BOX_BYTES + (own + rest / CHUNKS) * 128 + rest % CHUNKS * 16);
+    }
+    fence_proxy_async_shared();
+    named_barrier_sync(TAIL_BARRIER + warpgroup, sm90::WARPGROUP);
+}
+// --8<-- [end:tail]
+
+// --8<-- [start:consumer]
+// One stage of a warpgroup's main loop: wait for it, (TAIL: zero the rows of another expert from row
+// `own` on), issue SLICES x 4 wgmmas, and hand the previous stage back once its wgmmas are done.
+template <class Cfg, int SLICES, int STAGES, bool F16, bool TAIL>
+__device__ __forceinline__ void multiply_stage(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], bool first, int own,
+                                               int warpgroup, unsigned ring, unsigned long long* full,
+                                               unsigned long long* empty, int& stage, unsigned& phase,
+                                               int& previous) {
+    // A^T and dC are both MN-major: 64-element panels 8 KB apart, a k16 step 16 rows (2 KB) down.
+    constexpr OperandPlan PLAN = sm90::MN_MAJOR_PLAN;
+    mbarrier_wait_parity(smem_u32(&full[stage]), phase);
+    const unsigned stage_base = ring + stage * Cfg::STAGE_BYTES;
+    if constexpr (TAIL) {
+        if (own < Cfg::ROWS) zero_foreign_rows<Cfg>(stage_base, own, warpgroup);
+    }
+    const unsigned long long desc_a = sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base));
+    const unsigned long long desc_b = sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base + Cfg::A_BYTES));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::ROWS / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < SLICES; ++i)
+            wgmma_16bit<Cfg::TILE_N, true, true, F16>(
+                acc[i], desc_a + sm90::descriptor_step(i * PLAN.mn64_bytes + kk * PLAN.k16_bytes),
+                desc_b + sm90::descriptor_step(kk * PLAN.k16_bytes), !first || kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous stage's wgmmas are done: hand it back
+    if (previous >= 0) sm90::release<1>(empty, previous);
+    previous = stage;
+    if (++stage == STAGES) {
+        stage = 0;
+        phase ^= 1;
+    }
+}
+
+// A warpgroup's 128 x BN tile over `steps` stages, SLICES m64 slices of its K rows (1 where K ends
+// 64 rows into the tile). Only the last stage can hold another expert's rows (from `own_last` on), so
+// it is peeled off the loop: the loop itself tests nothing. As in k6, the hand-over to the other
+// warpgroup comes once every wgmma is issued.
+template <class Cfg, int SLICES, int STAGES, bool F16, class HandOver>
+__device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], int steps, int own_last,
+                                         int warpgroup, unsigned ring, unsigned long long* full,
+                                         unsigned long long* empty, int& stage, unsigned& phase,
+                                         HandOver&& hand_over) {
+    int previous = -1;
+    for (int s = 0; s + 1 < steps; ++s)
+        multiply_stage<Cfg, SLICES, STAGES, F16, false>(acc, s == 0, Cfg::ROWS, warpgroup, ring, full, empty, stage,
+                                                         phase, previous);
+    if (steps > 0)
+        multiply_stage<Cfg, SLICES, STAGES, F16, true>(acc, steps == 1, own_last, warpgroup, ring, full, empty, stage,
+                                                        phase, previous);
+    hand_over();
+    wgmma_wait<0>();
+    if (previous >= 0) sm90::release<1>(empty, previous);
+}
+// --8<-- [end:consumer]
+
+// A warpgroup's position in the ring after skipping `steps` stages (the other warpgroup's tile).
+template <int STAGES>
+__device__ __forceinline__ void skip(int& stage, unsigned& phase, int steps) {
+    const int moved = stage + steps;
+    stage = moved % STAGES;
+    phase ^= (moved / STAGES) & 1;
+}
+
+// --8<-- [start:body]
+template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT>
+__device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_dc,
+                                        const CUtensorMap* tmap_db, void* dB, const int* ends, int tokens,
+                                        int experts, int group, int K, int N) {
+    static_assert((IN == sm90::BF16 || IN == sm90::F16) && OUT >= sm90::BF16 && OUT <= sm90::F32,
+                  "bf16 or fp16 operands; a bf16, fp16 or fp32 dB");
+    using Cfg = Config<BN, STAGES, STAGING_BOXES>;
+    constexpr bool F16 = IN == sm90::F16;
+    __shared__ alignas(8) unsigned long long full[STAGES];
+    __shared__ alignas(8) unsigned long long empty[STAGES];
+    // k6's device walk with 64-row units and one unit column: its offsets are the clamped expert ends, its
+    // unit counts each expert's steps of 64 rows (2 KB).
+    __shared__ walk::Walk<Cfg::ROWS, 1> order;
+    extern __shared__ unsigned char dynamic_smem[];
+    const unsigned ring = (smem_u32(dynamic_smem) + sm90::SWIZZLE_ALIGN - 1) & ~(sm90::SWIZZLE_ALIGN - 1);
+    const unsigned staging = ring + STAGES * Cfg::STAGE_BYTES;
+    const int warpgroup = threadIdx.x / sm90::WARPGROUP;
+
+    order.build(ends, experts, tokens, 1, 1);  // no end is trusted (tile_walk.cuh)
+    const int* offsets = order.offsets;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(smem_u32(&full[s]), 1);
+            mbarrier_init(smem_u32(&empty[s]), 1);  // one reader per stage: the warpgroup whose tile it is
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int k_tiles = (K + Cfg::WG_ROWS - 1) / Cfg::WG_ROWS, n_tiles = (N + BN - 1) / BN;
+    const int tiles = experts * k_tiles * n_tiles;
+    const int first = blockIdx.x, stride = gridDim.x;
+    auto steps_of = [&](int3 tile) { return order.starts[tile.x + 1] - order.starts[tile.x]; };
+    if (warpgroup == 2) {
+        setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+        if (threadIdx.x % sm90::WARPGROUP == 0)
+            produce<Cfg, STAGES>(tmap_a, tmap_dc, offsets, tiles, first, stride, k_tiles, n_tiles, group, K, N, ring,
+                                 full, empty);
+    } else {
+        setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+        float acc[Cfg::M_ITERS][BN / 2];
+        const int mine = first < tiles ? (tiles - first + stride - 1) / stride : 0;
+        int stage = 0, stored = 0;
+        unsigned phase = 0;
+        for (int ordinal = 0; ordinal < mine; ++ordinal) {
+            const int3 tile = tile_at(first + ordinal * stride, k_tiles, n_tiles, group, BN);
+            const int steps = steps_of(tile);
+            if (ordinal % 2 != warpgroup) {  // the other warpgroup's tile
+                skip<STAGES>(stage, phase, steps);
+                continue;
+            }
+            // The hand-overs of k6's ping-pong (k6_persistent.cu), for the same two reasons: the
+            // tensor cores in order, and parity waits that cannot see a phase two fills old.
+            if (ordinal > 0) named_barrier_sync(ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
+            auto hand_over = [&] {
+                if (ordinal + 1 < mine) named_barrier_arrive(ORDER_BARRIER + (warpgroup ^ 1), 2 * sm90::WARPGROUP);
+            };
+            const int rows = min(Cfg::WG_ROWS, K - tile.y);  // 64 where K ends half-way into the tile
+            const int own_last = (offsets[tile.x + 1] - offsets[tile.x]) - (steps - 1) * Cfg::ROWS;
+            if (steps == 0) {  // an expert with no rows: its gradient is exactly zero
+#pragma unroll
+                for (int i = 0; i < Cfg::M_ITERS; ++i)
+#pragma unroll
+                    for (int v = 0; v < BN / 2; ++v) acc[i][v] = 0.0f;
+            }
+            if (rows > 64)
+                multiply<Cfg, 2, STAGES, F16>(acc, steps, own_last, warpgroup, ring, full, empty, stage, phase,
+                                              hand_over);
+            else
+                multiply<Cfg, 1, STAGES, F16>(acc, steps, own_last, warpgroup, ring, full, empty, stage, phase,
+                                              hand_over);
+            if (ordinal > 0) named_barrier_sync(EPILOGUE_ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
+            stored = 0;
+            // dB [E, K, N] as a matrix of E x K rows: this tile's rows start at expert x K + its first K row.
+            sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT>(acc, tile.x * K + tile.y, rows, tile.z, warpgroup,
+                                                            staging, stored, tmap_db, dB, N);
+            if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait_read<0>();
+            if (ordinal + 1 < mine)
+                named_barrier_arrive(EPILOGUE_ORDER_BARRIER + (warpgroup ^ 1), 2 * sm90::WARPGROUP);
+        }
+        if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait<0>();  // the staged boxes are read before exit
+    }
+}
+// --8<-- [end:body]
+
+}  // namespace k7
+
+// --8<-- [start:kernel]
+#define K7_PARAMS                                                                                              \
+    const __grid_constant__ CUtensorMap tmap_a,   /* A [M_tot, K]: box {64, 64}                             */ \
+    const __grid_constant__ CUtensorMap tmap_dc,  /* dC [M_tot, N]: box {64, 64}                            */ \
+    const __grid_constant__ CUtensorMap tmap_db,  /* dB [E x K, N]: box {64, 64}                            */ \
+    void* __restrict__ dB,                        /* [E, K, N] in OUT: bf16, fp16 or fp32                   */ \
+    const int* __restrict__ ends,                 /* [E] cumulative row ends (torch's offs)                 */ \
+    int tokens,                                   /* M_tot: the rows of A and dC; every end is clamped to it */ \
+    int experts, int group, int K, int N
+
+template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT>
+__global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k7_weight_grad(K7_PARAMS) {
+    k7::k7_body<BN, STAGES, STAGING_BOXES, IN, OUT>(&tmap_a, &tmap_dc, &tmap_db, dB, ends, tokens, experts, group,
+                                                    K, N);
+}
+// --8<-- [end:kernel]

@@ -1,0 +1,152 @@
+"""k7: the weight gradient dB[e] = A_e^T dC_e of the expert GEMM (kernels/k7_weight_grad.cu), chapter 09.
+
+=====================  ===================================================================================
+``k7/bn192``           128 x 192 tiles of dB, 5 stages of 64 rows: k6's ping-pong at its widest tile
+``k7/bn128``           128 x 128 tiles, 6 stages
+=====================  ===================================================================================
+
+A problem ragged along K (``Problem(ragged="K")``): A [M_tot, K] and dC [M_tot, N] row-major, as the
+forward stored them, rows grouped by expert; out dB [E, K, N] in bf16, fp16 or fp32, exact zeros for an
+expert with no rows. Like k6 it reads only the expert ends on the device (torch's ``offs``), trusts none of
+them, and can be captured in a CUDA graph once for any routing. Refused before any launch, with a
+ValueError naming the rule (:func:`moe_gemm.variants.k7.config.refusals`): K a multiple of 64, N of 8,
+1 to 256 experts, 16-byte-aligned operands, an sm_90a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from moe_gemm.cuda.device import DeviceArray, DeviceProblem
+from moe_gemm.cuda.launch import PackedArguments, TensorMapArg, launch, prefer_shared_memory
+from moe_gemm.cuda.tensormap import TiledMap, matrix_map
+from moe_gemm.cuda.variant import Prepared
+from moe_gemm.model.edge_cases import RAGGED_K_EDGE_CASES, EdgeCase
+from moe_gemm.model.problem import BF16, BF16_OPERANDS, FP16, FP16_OPERANDS, FP32, Problem, dtype_name
+from moe_gemm.variants.compiled import NamedConfigVariant
+from moe_gemm.variants.k7.config import (
+    KERNEL_FUNCTION,
+    LADDER,
+    SOURCE,
+    STATIC_SMEM_ALLOWANCE,
+    THREADS,
+    TILE_K,
+    K7Config,
+    refusals,
+)
+from moe_gemm.variants.sm90.config import BK, BOX, SMEM_LIMIT
+from moe_gemm.variants.sm90.maps import output_map, require_sm90a
+
+
+# --8<-- [start:maps]
+def tensor_maps(config: K7Config, a_address: int, dc_address: int, db_address: int, tokens: int, experts: int,
+                K: int, N: int) -> tuple[TiledMap, TiledMap, TiledMap]:
+    """A [M_tot, K] and dC [M_tot, N] in 64-row x 64-column boxes (64 rows of the reduction per stage), dB
+    as the matrix [E x K, N] in 64 x 64 boxes (each 64-row slice of a tile lies in one expert's K rows)."""
+    a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=BK, box_cols=BOX, element=config.element)
+    dc_map = matrix_map("dC", dc_address, rows=tokens, cols=N, box_rows=BK, box_cols=BOX, element=config.element)
+    return a_map, dc_map, output_map(db_address, experts * K, N, config.out)
+# --8<-- [end:maps]
+
+
+def arguments(config: K7Config, a_address: int, dc_address: int, db_address: int, ends_address: int, tokens: int,
+              experts: int, K: int, N: int) -> tuple[Any, ...]:
+    """The kernel's arguments in K7_PARAMS order (the maps not yet encoded)."""
+    return (*tensor_maps(config, a_address, dc_address, db_address, tokens, experts, K, N), db_address,
+            ends_address, np.int32(tokens), np.int32(experts), np.int32(config.group), np.int32(K), np.int32(N))
+
+
+class K7WeightGrad(NamedConfigVariant):
+    """One rung of chapter 09's kernel: ``K7WeightGrad("k7/bn192")``, or any configuration:
+    ``K7WeightGrad("k7/mine", K7Config(...))``."""
+
+    kernel_function = KERNEL_FUNCTION
+    source = SOURCE
+    configs = LADDER
+    family = "k7"
+    warps_per_block = THREADS // 32
+    ragged_axes = ("K",)
+    formats = (BF16_OPERANDS, FP16_OPERANDS)
+    out_dtypes = (BF16, FP16, FP32)
+    # compute-sanitizer's extra cases: several tiles per block (both warpgroups, the hand-overs, the staging
+    # ring), K ending half-way into a tile, and the other types.
+    sanitize_cases = (EdgeCase("dB: several tiles per block", (300, 0, 77, 1, 130) * 8, K=256, N=392, ragged="K"),
+                      EdgeCase("dB: K ends half-way into a tile", (65, 0, 190), K=192, N=136, ragged="K"),
+                      EdgeCase("dB: fp16 in and out", (64, 3, 129), K=128, N=256, ragged="K", fmt=FP16_OPERANDS,
+                               out_dtype=FP16),
+                      EdgeCase("dB: fp32 out, several tiles", (300, 0, 77, 1) * 6, K=256, N=200, ragged="K",
+                               out_dtype=FP32))
+    edge_cases = RAGGED_K_EDGE_CASES
+
+    def __init__(self, name: str, config: K7Config | None = None) -> None:
+        if config is None:
+            super().__init__(name)
+        else:
+            self.name, self.config = name, config
+        if self.config.dynamic_smem_bytes + STATIC_SMEM_ALLOWANCE > SMEM_LIMIT:
+            raise ValueError(f"{self.name}: {self.config.dynamic_smem_bytes:,} B of shared memory plus the static "
+                             f"part pass the {SMEM_LIMIT:,} B a block may have")
+
+    def typed(self, problem: Problem) -> K7WeightGrad:
+        """This rung compiled for the problem's operand and output types."""
+        types = (problem.fmt.element, dtype_name(problem.out_dtype))
+        if types == (self.config.element, self.config.out):
+            return self
+        typed = self.__dict__.setdefault("_typed", {})
+        if types not in typed:
+            typed[types] = K7WeightGrad(self.name, self.config.replace(element=types[0], out=types[1]))
+        return typed[types]
+
+    def check_shape(self, experts: int, K: int, N: int, a_address: int = 0, dc_address: int = 0) -> None:
+        """ValueError naming every rule of k7 these inputs break (no GPU needed)."""
+        reasons = refusals(experts, K, N, a_address, dc_address)
+        if reasons:
+            raise ValueError(f"{self.name} cannot take these inputs: {'; '.join(reasons)}")
+
+    def prepare(self, dev: DeviceProblem) -> Prepared:
+        problem = dev.problem
+        self.require_inputs(dev)
+        self.check_shape(problem.experts, problem.K, problem.N, dev.a.ptr, dev.b.ptr)
+        if self.typed(problem) is not self:
+            return self.typed(problem).prepare(dev)
+        gpu = require_sm90a(self.name)
+        resources = self.resources(gpu.arch)
+        output = dev.new_output()  # dB [E, K, N], poisoned
+        if problem.tokens == 0:  # no rows: dB is exactly zero (a tensor map cannot describe 0 rows)
+            return Prepared(launch=functools.partial(zero, output), output=output, bm=TILE_K, bn=self.config.bn,
+                            resources=resources)
+        kernel = self.compile()
+        prefer_shared_memory(kernel)
+        ends = dev.offsets.ptr + 4  # offsets [E + 1] from 0: the ends are offsets[1:], torch's offs
+        args = arguments(self.config, dev.a.ptr, dev.b.ptr, output.ptr, ends, problem.tokens, problem.experts,
+                         problem.K, problem.N)
+        packed = PackedArguments(tuple(TensorMapArg(a.encode()) if isinstance(a, TiledMap) else a for a in args))
+        grid, smem = gpu.sm_count, self.config.dynamic_smem_bytes  # persistent: one block per SM
+
+        def run() -> None:
+            launch(kernel, grid, THREADS, smem, packed)
+
+        info = {"grid": grid, "config": self.config.label}
+        return Prepared(launch=run, output=output, bm=TILE_K, bn=self.config.bn, resources=resources,
+                        keep_alive=[dev, output, packed], launch_info=info)
+
+
+def zero(output: DeviceArray) -> None:
+    """dB = 0 on the harness stream: the whole answer when there are no rows."""
+    if output.dtype.itemsize == 2:
+        output.fill_u16(0)
+    else:
+        output.fill_u32(0)
+
+
+def ladder() -> list[K7WeightGrad]:
+    """Every rung the chapter compiles, tests and times."""
+    return [K7WeightGrad(name) for name in LADDER]
+
+
+__all__ = ["SANITIZED", "VARIANTS"]  # what the registry reads (variants/registry.py)
+VARIANTS: dict[str, Any] = {name: functools.partial(K7WeightGrad, name) for name in LADDER}
+SANITIZED = tuple(LADDER)

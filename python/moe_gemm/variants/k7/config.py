@@ -1,0 +1,91 @@
+"""k7's configurations (kernels/k7_weight_grad.cu) and the rules its inputs must follow.
+
+Each rung is one :class:`K7Config` in :data:`LADDER`: a tile width, a ring depth, and the element types it
+is compiled for (bf16 or fp16 operands, a bf16, fp16 or fp32 dB).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from moe_gemm.variants.sm90.config import BK, BOX, SWIZZLE_ALIGN, WARPGROUP
+
+SOURCE = "k7_weight_grad.cu"
+KERNEL_FUNCTION = "k7_weight_grad"
+MAX_EXPERTS = 256  # kernels/tile_walk.cuh, walk::MAX_EXPERTS: the clamped ends live in shared memory
+TILE_K = 128  # dB rows (of K) per consumer warpgroup's tile
+THREADS = 3 * WARPGROUP  # two consumer warpgroups and a producer warpgroup
+# Static shared memory beside the ring and the staging: the device walk (the clamped ends and each expert's
+# steps, 2 KB) and the barriers, rounded up (kernels/k7_weight_grad.cu asserts the same budget).
+STATIC_SMEM_ALLOWANCE = 2_304
+ELEMENT_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp32": 2}  # kernels/epilogues.cuh, sm90::Element
+
+
+@dataclass(frozen=True)
+class K7Config:
+    """One instantiation of the kernel template plus its launch's raster group."""
+
+    bn: int
+    stages: int
+    staging_boxes: int = 2  # 64 x 64 C staging boxes of the one ring the ping-pong epilogues share
+    group: int = 8  # K tiles per raster group of the walk (a run-time argument)
+    element: Literal["bf16", "fp16"] = "bf16"
+    out: Literal["bf16", "fp16", "fp32"] = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.element not in ("bf16", "fp16") or self.out not in ("bf16", "fp16", "fp32"):
+            raise ValueError(f"k7 takes bf16 or fp16 operands and writes bf16, fp16 or fp32; got {self.element} "
+                             f"operands and {self.out} out")
+        if self.bn % BOX or not BOX <= self.bn <= 192:
+            raise ValueError(f"k7's BN is 64, 128 or 192 (a warpgroup holds 128 x BN fp32 accumulators), got "
+                             f"{self.bn}")
+
+    @property
+    def stage_bytes(self) -> int:
+        return (TILE_K + self.bn) * BK * 2  # A: 64 rows x 128 of K; dC: 64 rows x BN
+
+    @property
+    def dynamic_smem_bytes(self) -> int:
+        return self.stages * self.stage_bytes + self.staging_boxes * BOX * BOX * 2 + SWIZZLE_ALIGN
+
+    @property
+    def kernel_name(self) -> str:
+        return (f"{KERNEL_FUNCTION}<{self.bn}, {self.stages}, {self.staging_boxes}, {ELEMENT_CODES[self.element]}, "
+                f"{ELEMENT_CODES[self.out]}>")
+
+    @property
+    def label(self) -> str:
+        """What a results record keeps of the configuration: '128x192 pingpong g8 s5 bf16->fp32'."""
+        types = "" if (self.element, self.out) == ("bf16", "bf16") else f" {self.element}->{self.out}"
+        return f"{TILE_K}x{self.bn} pingpong g{self.group} s{self.stages}{types}"
+
+    def replace(self, **changes) -> K7Config:
+        return dataclasses.replace(self, **changes)
+
+
+# --8<-- [start:ladder]
+LADDER: dict[str, K7Config] = {
+    # 5 x 40 KB stages + a 16 KB staging ring: k6/pingpong-bn192's budget
+    "k7/bn192": K7Config(192, stages=5),
+    # 6 x 32 KB stages: more stages in flight for short reductions
+    "k7/bn128": K7Config(128, stages=6),
+}
+# --8<-- [end:ladder]
+
+
+def refusals(experts: int, K: int, N: int, a_address: int = 0, dc_address: int = 0) -> list[str]:
+    """Every rule of k7 that A [M_tot, K] and dC [M_tot, N] (dense, row-major) break, one reason each."""
+    reasons = []
+    if K < 1 or N < 1:
+        reasons.append(f"K = {K} and N = {N}: dB [E, K, N] needs at least one row and one column")
+    if K % BK:
+        reasons.append(f"K = {K} is not a multiple of {BK} (A's 64-column boxes; dB's 64-row slices)")
+    if N % 8:
+        reasons.append(f"N = {N} is not a multiple of 8 (TMA's 16-byte rows)")
+    if not 1 <= experts <= MAX_EXPERTS:
+        reasons.append(f"E = {experts} experts: the kernel holds 1 to {MAX_EXPERTS} expert ends in shared memory")
+    if a_address % 16 or dc_address % 16:
+        reasons.append("A and dC must start on 16-byte boundaries (TMA)")
+    return reasons

@@ -1,0 +1,107 @@
+"""k7 without a GPU: every rung compiles for sm_90a in every type pair without spills and within the shared
+memory, its SASS is the kernel described (wgmma with both operands transposed from shared memory, a main
+loop that adds constant steps to two descriptors, the tail's zeroing outside it), the configurations name
+the template instances they compile, the arguments are K7_PARAMS in number and kind, and the refusals
+name their rules."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moe_gemm.cuda.tensormap import TiledMap
+from moe_gemm.model.problem import BF16_OPERANDS, FP16, FP32, problem_from_counts
+from moe_gemm.variants.k7 import K7WeightGrad, arguments, ladder
+from moe_gemm.variants.k7.config import LADDER, STATIC_SMEM_ALLOWANCE, THREADS, K7Config, refusals
+from moe_gemm.variants.sm90.config import SMEM_LIMIT
+
+SOURCE = (Path(__file__).resolve().parents[1] / "kernels" / "k7_weight_grad.cu").read_text()
+TYPES = [("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp32"), ("fp16", "fp32")]
+
+
+@pytest.mark.parametrize("types", TYPES)
+@pytest.mark.parametrize("name", list(LADDER))
+def test_every_rung_builds_in_every_type_pair_without_spills(name, types):
+    from moe_gemm.cuda.sass import opcode_counts
+
+    variant = K7WeightGrad(name, LADDER[name].replace(element=types[0], out=types[1]))
+    kernel = variant.compile("sm_90a")
+    assert kernel.report.spill_store_bytes == 0 and kernel.report.spill_load_bytes == 0
+    assert kernel.report.static_smem_bytes <= STATIC_SMEM_ALLOWANCE
+    assert variant.config.dynamic_smem_bytes + STATIC_SMEM_ALLOWANCE <= SMEM_LIMIT
+    assert "C7520" not in kernel.log  # no serialized wgmma
+    sass = kernel.sass()
+    # both operands transposed: the HGMMA reads A^T and dC as they lie (no K-major copy)
+    wgmmas = set(re.findall(r"HGMMA\.64x(\d+)x16\.F32(\.BF16)?", sass))
+    assert wgmmas == {(str(variant.config.bn), ".BF16" if types[0] == "bf16" else "")}
+    counts = opcode_counts(sass, ("HGMMA", "STSM", "UTMASTG", "STG.E.64", "STS.128", "USETMAXREG"))
+    # 2 slices and 1 slice x 4 k16 steps, each in the loop and in its peeled last stage
+    assert counts["HGMMA"] == 24 and counts["USETMAXREG"] == 2
+    assert counts["STS.128"] > 0  # the tail's zeros
+    fp32 = types[1] == "fp32"
+    assert (counts["STSM"] == 0 and counts["UTMASTG"] == 0) == fp32 and (counts["STG.E.64"] > 0) == fp32
+
+
+@pytest.mark.parametrize("name", list(LADDER))
+def test_the_main_loop_steps_two_descriptors_and_tests_nothing(name):
+    """The loop is k6's (71 instructions per k-step and warp for 8 HGMMA, 58 for 4): the tail's zeroing
+    sits in the peeled last stage, not in the loop."""
+    from moe_gemm.cuda.sass import main_loop_instructions
+
+    sass = K7WeightGrad(name).compile("sm_90a").sass()
+    assert main_loop_instructions(sass, 8) <= 80 and main_loop_instructions(sass, 4) <= 70
+
+
+def test_each_configuration_names_its_template_instance():
+    config = K7Config(192, stages=5, element="fp16", out="fp32")
+    assert config.kernel_name == "k7_weight_grad<192, 5, 2, 1, 2>"
+    assert re.search(r"template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT>\s*__global__ void "
+                     r"__launch_bounds__\(3 \* sm90::WARPGROUP, 1\) k7_weight_grad", SOURCE)
+    assert THREADS == 384
+    assert config.label == "128x192 pingpong g8 s5 fp16->fp32"
+    assert [v.name for v in ladder()] == list(LADDER)
+
+
+def test_the_arguments_are_k7_params_in_number_kind_and_order():
+    macro = re.search(r"#define K7_PARAMS(.*?)\n\n", SOURCE, re.S).group(1)
+    parameters = [p.split() for p in re.sub(r"/\*.*?\*/|\\", " ", macro).split(",")]
+
+    def kind(declaration: list[str]) -> str:
+        text = " ".join(declaration[:-1])
+        return "tensor map" if "CUtensorMap" in text else "pointer" if "*" in text else text
+
+    args = arguments(LADDER["k7/bn192"], 0x10000, 0x20000, 0x30000, 0x40004, 1000, 8, 1024, 2688)
+    kinds = ["tensor map" if isinstance(arg, TiledMap)
+             else "int" if isinstance(arg, np.int32) else "pointer" if type(arg) is int else repr(arg) for arg in args]
+    assert kinds == [kind(p) for p in parameters]
+    a_map, dc_map, db_map = args[:3]
+    assert a_map.box == (64, 64) and dc_map.box == (64, 64)  # 64 rows of the reduction x 64 of K or N
+    assert db_map.dims == (2688, 8 * 1024)  # dB as [E x K, N]
+
+
+def test_the_refusals_name_their_rules():
+    assert refusals(8, 1024, 2688) == []
+    reasons = " ".join(refusals(300, 96, 100, a_address=8))
+    for rule in ("K = 96 is not a multiple of 64", "N = 100 is not a multiple of 8", "E = 300 experts",
+                 "16-byte boundaries"):
+        assert rule in reasons
+    with pytest.raises(ValueError, match="K = 96 is not a multiple of 64"):
+        K7WeightGrad("k7/bn128").check_shape(4, 96, 64)
+    with pytest.raises(ValueError, match="BN is 64, 128 or 192"):
+        K7Config(256, stages=3)
+
+
+def test_it_takes_only_weight_gradients_in_its_types():
+    from moe_gemm.variants.compiled import require_takes
+
+    variant = K7WeightGrad("k7/bn192")
+    forward = problem_from_counts(np.array([3, 5]), 64, 64)
+    with pytest.raises(ValueError, match="ragged-K"):
+        require_takes(variant.name, forward, variant.ragged_axes, variant.formats, variant.out_dtypes)
+    for out in (FP16, FP32):
+        grad = problem_from_counts(np.array([3, 5]), 64, 64, ragged="K", fmt=BF16_OPERANDS, out_dtype=out)
+        require_takes(variant.name, grad, variant.ragged_axes, variant.formats, variant.out_dtypes)
+        assert variant.typed(grad).config.out == ("fp16" if out == FP16 else "fp32")
