@@ -1,0 +1,66 @@
+"""Chapter 09 without a GPU: the run falls back to its compile report, the recorded targets follow from the
+recorded records, and the page's sentences hold on the recorded H200 run (each of these can fail when a new
+run changes what the page says)."""
+
+from __future__ import annotations
+
+import pytest
+
+from moe_gemm.chapter import Workload, best_of, chapter_module, recorded
+
+RUN = chapter_module("09")
+DATA = recorded("09")
+pytestmark = pytest.mark.skipif(DATA is None, reason="no recorded chapter 09 results")
+
+
+def grid_cells() -> list[Workload]:
+    return RUN.workloads_of(DATA["records"], "grid")
+
+
+def test_the_grid_is_the_chapters_grid_in_the_weight_gradient():
+    cells = grid_cells()
+    assert {w.tokens for w in cells} == set(RUN.GRID_ROWS) and all(w.ragged == "K" for w in cells)
+    assert len(cells) == len(RUN.GRID_ROWS) * 5
+
+
+def test_the_recorded_targets_follow_from_the_recorded_records():
+    assert RUN.target_rows(DATA["records"]) == DATA["targets"]
+
+
+def test_k7_beats_torch_everywhere_and_trails_quack_everywhere_as_the_page_says():
+    records = DATA["records"]
+    for cell in grid_cells():
+        assert RUN.ratio(records, cell, RUN.K7, (RUN.TORCH,)) > 1.0, cell
+        assert RUN.ratio(records, cell, RUN.K7, RUN.QUACK) < 1.0, cell
+
+
+def test_quacks_pick_pairs_two_blocks_at_every_row_count_as_the_page_says():
+    tiles = {}
+    for r in DATA["records"]:
+        if r["variant"] == "peer/quack-wgrad" and r.get("part") == "grid":
+            c = r["config"]
+            assert c["cluster_m"] * c["cluster_n"] == 2, r["tokens"]
+            tiles.setdefault(r["tokens"], set()).add((c["tile_m"], c["tile_n"], c["pingpong"]))
+    assert tiles[16384] == {(128, 192, True)} and tiles[65536] == {(192, 128, True)}
+    assert tiles[2048] == tiles[4096] == {(128, 256, False)}
+
+
+def test_the_grid_is_memory_bound_below_65536_rows_as_the_page_says():
+    from moe_gemm.measure.ceilings import roofline_basis
+
+    basis = roofline_basis()
+    for cell in grid_cells():
+        assert basis.bound(cell) == ("compute" if cell.tokens == 65536 else "memory"), cell
+        assert best_of(DATA["records"], RUN.K7, cell)["useful_tflops"] <= basis.tflops(cell)
+
+
+def test_without_a_gpu_it_prints_the_compile_report_and_exits_0(capsys):
+    assert RUN.run_without_gpu(RUN.parse_args([]), "there is no NVIDIA GPU on this machine") == 0
+    out = capsys.readouterr().out
+    assert "k7 is not run here because there is no NVIDIA GPU" in out and "k7/bn192" in out
+
+
+def test_a_model_projection_not_measured_reads_as_a_dash():
+    table = RUN.models_table([r for r in DATA["records"] if r.get("part") == "grid"])
+    assert all(row[3] == "-" for row in table.rows)
+    assert len(table.rows) == len(RUN.MODELS) == 6
