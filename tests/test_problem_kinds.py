@@ -562,8 +562,13 @@ def test_every_compiled_variant_refuses_other_kinds_in_prepare(monkeypatch) -> N
     from moe_gemm.variants.compiled import CompiledVariant
 
     compiled = [v for v in _one_variant_per_family() if isinstance(v, CompiledVariant)]
-    assert {v.name.split("/")[0] for v in compiled} == {"k1", "k2", "k3", "k4", "k5", "k6"}
-    for variant in compiled:
+    assert {v.name.split("/")[0] for v in compiled} == {"k1", "k2", "k3", "k4", "k5", "k6", "k7"}
+    weight_gradient = next(v for v in compiled if v.name.startswith("k7/"))
+    assert (weight_gradient.ragged_axes, weight_gradient.formats, weight_gradient.out_dtypes) == \
+        (("K",), (BF16_OPERANDS, FP16_OPERANDS), (BF16, FP16, FP32))
+    with pytest.raises(ValueError, match=rf"^{weight_gradient.name} takes ragged-K .*; this one is ragged along M$"):
+        weight_gradient.prepare(_FakeDeviceProblem(problem_from_counts(np.array([40, 90]), 128, 200, seed=1)))
+    for variant in (v for v in compiled if v is not weight_gradient):
         k6 = variant.name.startswith("k6/")  # bf16 or fp16 operands, a bf16, fp16 or fp32 output
         assert (variant.ragged_axes, variant.formats, variant.out_dtypes) == \
             (("M",), (BF16_OPERANDS, FP16_OPERANDS), (BF16, FP16, FP32)) if k6 else \

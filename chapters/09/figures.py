@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from moe_gemm.chapter import Workload, best_of, chapter_module, figures_main, recorded, run_main
+from moe_gemm.chapter import best_of, chapter_module, figures_main, recorded, run_main
 from moe_gemm.site.compile_report import write_compile_report
 from moe_gemm.site.style import COLORS, new_figure, save_figure
 

@@ -4,6 +4,7 @@
     python chapters/09/run.py --parts grid      # only some parts: grid, models
     python chapters/09/run.py --quick           # fewer timed launches per round
     python chapters/09/run.py --tokens 4096 16384   # a part of the grid
+    python chapters/09/run.py --parts grid --tokens 2048 --profile   # also Nsight Compute, k7 beside quack
 
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every k7 rung
 (kernels/k7_weight_grad.cu) on the weight gradient's edge cases (exact, integer-valued inputs) and on random
@@ -82,7 +83,12 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
                   "ring + C staging + barriers + the walk's 2 KB; the rest: static SASS counts (HGMMA = wgmma, "
                   "UTMALDG / UTMASTG = TMA load / store, STSM = stmatrix, STS.128 = the last stage's zeroed rows, "
                   "SYNCS = mbarrier)")
-SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs"})
+# What --profile puts under Nsight Compute: k7's wider rung and quack's pick, where the grid is store-bound
+# (2,048 rows) and where it is compute-bound (65,536 rows).
+PROFILED = {Workload(2048, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad"),
+            Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad")}
+SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
+                      "profile"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; ours and quack's each at their best"
 
 
@@ -97,6 +103,8 @@ def parse_args(argv: Sequence[str] | None):
                              f"seed's shape), models (the {len(MODELS)} model projections)")
     parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_ROWS),
                         metavar="M", help=f"the grid's M_tot values (default {' '.join(map(str, GRID_ROWS))})")
+    parser.add_argument("--profile", action="store_true",
+                        help="also Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows")
     return parser.parse_args(argv)
 
 
@@ -168,6 +176,37 @@ def models_table(records: Sequence[dict[str, Any]]) -> Table:
                  legend="useful TFLOP/s (2 M_tot K N per time) of the faster k7 rung, torch._grouped_mm's 2D x 2D "
                         "form and quack's varlen-K (best of its pick and its three fastest configurations), same "
                         "inputs, same run; dB per expert: K x N")
+
+
+def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
+    def number(row: dict[str, Any], key: str, scale: float = 1.0, fmt: str = ".1f") -> str:
+        value = row.get(key)
+        return "-" if value is None else f"{value / scale:{fmt}}"
+
+    body = tuple((r["variant"], Workload.of(r).short_label, number(r, "duration_ns", 1e3), number(r, "gmma_pipe_pct"),
+                  number(r, "dram_bytes_read", 1e9, ".2f"), number(r, "dram_bytes_write", 1e9, ".2f"),
+                  number(r, "dram_throughput_pct"), number(r, "l2_bytes", 1e9, ".2f"), number(r, "stall_barrier"),
+                  number(r, "stall_long_scoreboard")) for r in rows)
+    return Table(("variant", "cell", "us", "wgmma %", "DRAM rd GB", "DRAM wr GB", "DRAM %", "L2 GB", "bar stall",
+                  "lsb stall"), body, title="Nsight Compute, one launch each",
+                 legend="us: the profiled launch; wgmma %: tensor pipe (HGMMA) active, % of peak; DRAM rd / wr: bytes "
+                        "read from and written to HBM; DRAM %: HBM throughput, % of peak; L2 GB: bytes through L2; "
+                        "stalls: warp cycles per issued instruction waiting at a barrier / on a long scoreboard")
+
+
+def profile_rows() -> list[dict[str, Any]]:
+    from moe_gemm.measure import profile
+    from moe_gemm.measure.check import progress
+
+    rows = []
+    for cell, names in PROFILED.items():
+        for name in names:
+            progress(f"[profile] {name} at {cell.label} under ncu")
+            try:
+                rows.append(profile.profile_variant(name, cell.tokens, cell.skew, profiler_range=True, ragged="K"))
+            except (RuntimeError, ValueError) as error:
+                progress(f"[profile] {name}: no profile ({str(error).splitlines()[0]})")
+    return rows
 
 
 # --------------------------------------------------------------------------- no GPU
@@ -246,6 +285,11 @@ def run_on_gpu(args, gpu) -> int:
         parts = sorted({r["part"] for r in results.rows("records")}, key=PARTS.index)
         path = results.save(compile_report=report, targets=target_rows(results.rows("records")), rounds=args.rounds,
                             parts=parts)
+    if args.profile:
+        results.put(profile=profile_rows())
+        show(profile_table(results.rows("profile")))
+        path = results.save(compile_report=report, targets=target_rows(results.rows("records")), rounds=args.rounds,
+                            parts=sorted({r["part"] for r in results.rows("records")}, key=PARTS.index))
     records = results.rows("records")
     show(grid_table(records, QUACK, "quack varlen-K"))
     show(grid_table(records, (TORCH,), "torch._grouped_mm 2D x 2D"))

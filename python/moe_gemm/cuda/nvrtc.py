@@ -107,11 +107,12 @@ def target_arch(arch: str | None = None) -> str:
 
 def compile_kernel(
     source_file: str, name: str, *, arch: str | None = None, defines: Mapping[str, Any] | None = None,
-    options: Iterable[str] = (), use_cache: bool = True, kernel_dir: Path = KERNEL_DIR,
+    options: Iterable[str] = (), use_cache: bool = True, kernel_dir: Path | None = None,
 ) -> CompiledKernel:
     """Compile kernel ``name`` (a template instantiation is fine) of ``kernels/<source_file>``
     for ``arch``, or for the running GPU's architecture when ``arch`` is None. ``kernel_dir``: another
-    copy of the kernels (the validation record's carry-over compiles an earlier commit's)."""
+    copy of the kernels (the validation record's carry-over compiles an earlier commit's); None: kernels/."""
+    kernel_dir = KERNEL_DIR if kernel_dir is None else kernel_dir
     arch = target_arch(arch)
     if arch not in ARCHES and not re.fullmatch(r"sm_\d+a?", arch):
         raise ValueError(f"arch must look like sm_90a (known: {', '.join(ARCHES)}), got {arch!r}")
@@ -131,7 +132,7 @@ def compile_kernel(
 
 
 def _nvrtc_compile(source: str, source_file: str, name: str, arch: str, defines: list[str],
-                   options: tuple[str, ...], kernel_dir: Path = KERNEL_DIR) -> CompiledKernel:
+                   options: tuple[str, ...], kernel_dir: Path) -> CompiledKernel:
     from cuda.core import Program, ProgramOptions
 
     program_options = ProgramOptions(

@@ -136,14 +136,15 @@ def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | 
 
 def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int = SEED_EXPERTS,
                     K: int = SEED_K, N: int = SEED_N, warmup: int | None = None, kernel_regex: str | None = None,
-                    profiler_range: bool = False) -> dict[str, Any]:
+                    profiler_range: bool = False, ragged: str = "M") -> dict[str, Any]:
     """Profile one launch of ``variant_name`` on one workload; the counters as a dict.
 
     ``kernel_regex`` defaults to the variant's ``kernel_function`` attribute (only its launches
     are counted and profiled). ``profiler_range`` profiles the first launch inside the target's
     cuProfilerStart/Stop range instead of counting launches: for variants whose preparation launches
     kernels of its own (an autotuner's trials). If ncu rejects metrics this GPU or ncu version lacks, the profile
-    is retaken without them (the three the model needs, :data:`ESSENTIAL`, are never dropped).
+    is retaken without them (the three the model needs, :data:`ESSENTIAL`, are never dropped). ``ragged="K"``
+    profiles the weight gradient (chapter 09) at the same sizes.
     """
     from moe_gemm.measure.profile_target import DEFAULT_WARMUP, launches_before_profiled
     from moe_gemm.variants.registry import get
@@ -152,7 +153,7 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
     if kernel_regex is None:
         kernel_regex = getattr(get(variant_name), "kernel_function", None)
     target = [sys.executable, "-m", "moe_gemm.measure.profile_target", variant_name, str(tokens), str(skew),
-              "--experts", str(experts), "-K", str(K), "-N", str(N), "--warmup", str(warmup)]
+              "--experts", str(experts), "-K", str(K), "-N", str(N), "--warmup", str(warmup), "--ragged", ragged]
     skip = None if profiler_range else launches_before_profiled(warmup)
     metrics = {**CORE_METRICS, **EXTRA_METRICS}
     values: dict[str, float] = {}
@@ -172,8 +173,9 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
     if not all(key in values for key in ESSENTIAL):
         raise RuntimeError(f"ncu gave no usable profile of {variant_name} (exit {code}):\n{output[-3000:]}\n"
                            f"{report[-2000:]}")
+    kind = {} if ragged == "M" else {"ragged": ragged}
     return {"variant": variant_name, "experts": experts, "K": K, "N": N, "tokens": tokens, "skew": float(skew),
-            **values, "issue_model": model_issue(values)}
+            **kind, **values, "issue_model": model_issue(values)}
 
 
 def _parse_or_empty(report: str, metrics: Mapping[str, str]) -> dict[str, float]:

@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-K", type=positive_int("-K", MAX_DIMENSION), default=SEED_K)
     parser.add_argument("-N", type=positive_int("-N", MAX_DIMENSION), default=SEED_N)
     parser.add_argument("--warmup", type=nonnegative_int("--warmup", MAX_REPEATS), default=DEFAULT_WARMUP)
+    parser.add_argument("--ragged", choices=("M", "K"), default="M",
+                        help="M: the forward (default); K: the weight gradient dB = A_e^T dC_e (chapter 09)")
     args = parser.parse_args(argv)
 
     from moe_gemm.cuda.device import DeviceProblem, synchronize
@@ -41,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from moe_gemm.variants.registry import get
 
     variant = get(args.variant)
-    workload = Workload(args.tokens, args.skew, args.experts, args.K, args.N)
+    workload = Workload(args.tokens, args.skew, args.experts, args.K, args.N, args.ragged)
     dev = DeviceProblem(workload.problem(0))
     check = verify(variant, dev)  # launch 1: checked
     if not check.passed:
