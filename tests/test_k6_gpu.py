@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from moe_gemm.model.edge_cases import EDGE_CASES, EdgeCase
+from moe_gemm.model.edge_cases import ADVERSARIAL_ENDS, EDGE_CASES, EdgeCase
 from moe_gemm.model.problem import BF16_OPERANDS, FP16, FP16_OPERANDS, FP32, Problem, make_problem, problem_from_counts
 from moe_gemm.variants.k6 import K6Persistent
 from moe_gemm.variants.k6.config import FUSED, LADDER
@@ -138,16 +138,9 @@ def test_refusals_before_any_launch(sm90a):
         K6Persistent("k6/pingpong-bn128").prepare(DeviceProblem(problem_from_counts(np.array([5]), 96, 64)))
 
 
-# Expert ends a model could pass by mistake (nothing checks them on the host): each rung's device walk
+# Expert ends a model could pass by mistake (model.edge_cases.ADVERSARIAL_ENDS): each rung's device walk
 # must keep inside A and C, compute exactly the rows its clamped offsets give each expert, and leave
 # the rows past the last clamped end unwritten (NaN-poisoned), as torch._grouped_mm leaves them.
-ADVERSARIAL_ENDS = {
-    "decreasing": (300, 120, 500, 640),
-    "beyond M_tot": (100, 5000, 9000, 10**9),
-    "negative": (-7, -1, 200, 640),
-    "the last end short of M_tot": (64, 128, 129, 130),
-    "every end zero": (0, 0, 0, 0),
-}
 
 
 @pytest.mark.parametrize("ends", list(ADVERSARIAL_ENDS))

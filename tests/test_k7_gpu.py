@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_gemm.model.edge_cases import RAGGED_K_EDGE_CASES
+from moe_gemm.model.edge_cases import ADVERSARIAL_ENDS, RAGGED_K_EDGE_CASES
 from moe_gemm.model.problem import BF16, BF16_OPERANDS, FP16, FP16_OPERANDS, FP32, make_problem, problem_from_counts
 from moe_gemm.variants.k7 import K7WeightGrad
 from moe_gemm.variants.k7.config import LADDER
@@ -71,17 +71,8 @@ def test_random_data_at_the_seed_shape_within_tolerance(variant, out, sm90a):
     assert check.passed, f"{variant.name}: {check.describe()}"
 
 
-# Expert ends a model could pass by mistake (nothing checks them on the host): the kernel must read only
+# Expert ends a model could pass by mistake (model.edge_cases.ADVERSARIAL_ENDS): the kernel must read only
 # inside A and dC, reduce exactly the rows its clamped offsets give each expert, and write zeros for the rest.
-ADVERSARIAL_ENDS = {
-    "decreasing": (300, 120, 500, 640),
-    "beyond M_tot": (100, 5000, 9000, 10**9),
-    "negative": (-7, -1, 200, 640),
-    "the last end short of M_tot": (64, 128, 129, 130),
-    "every end zero": (0, 0, 0, 0),
-}
-
-
 @pytest.mark.parametrize("ends", list(ADVERSARIAL_ENDS))
 def test_any_expert_ends_stay_inside_the_tensors(variant, ends, sm90a):
     from moe_gemm.cuda.device import DeviceProblem

@@ -114,6 +114,17 @@ RAGGED_K_EDGE_CASES = (
     EdgeCase("dB in fp32", (0, 70, 1, 129), ragged="K", out_dtype=FP32),
 )
 
+# Expert ends (torch's offs) a model could pass by mistake, for four experts over 640 rows: nothing checks them
+# on the host (reading them back would cost a synchronisation per launch), so every kernel that walks them on
+# the device (k6, k7) must clamp them and stay inside its tensors whatever they hold.
+ADVERSARIAL_ENDS = {
+    "decreasing": (300, 120, 500, 640),
+    "beyond M_tot": (100, 5000, 9000, 10**9),
+    "negative": (-7, -1, 200, 640),
+    "the last end short of M_tot": (64, 128, 129, 130),
+    "every end zero": (0, 0, 0, 0),
+}
+
 # Expert 0 owns row 0 (where the planted values go) and expert 1 none.
 FP8_COUNTS = (70, 0, 1, 129)
 
