@@ -98,14 +98,18 @@ def parse_args(argv: Sequence[str] | None):
     parser.add_argument("--rounds", type=positive_int("--rounds", MAX_REPEATS), default=3,
                         help="interleaved timing rounds per workload; each variant's median over rounds is kept "
                              "(default 3)")
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="which measurements to make (default both): grid (the --tokens rows x 5 skews at the "
-                             f"seed's shape), models (the {len(MODELS)} model projections)")
+    parser.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS),
+                        help="which measurements to make (default both; none, with --profile, to profile only): grid "
+                             f"(the --tokens rows x 5 skews at the seed's shape), models (the {len(MODELS)} model "
+                             "projections)")
     parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_ROWS),
                         metavar="M", help=f"the grid's M_tot values (default {' '.join(map(str, GRID_ROWS))})")
     parser.add_argument("--profile", action="store_true",
                         help="also Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.parts and not args.profile:
+        parser.error("--parts with no part measures nothing: name a part, or add --profile")
+    return args
 
 
 def grid(tokens: Sequence[int]) -> list[Workload]:
@@ -288,7 +292,8 @@ def run_on_gpu(args, gpu) -> int:
     if args.profile:
         results.put(profile=profile_rows())
         show(profile_table(results.rows("profile")))
-        path = results.save(compile_report=report, targets=target_rows(results.rows("records")), rounds=args.rounds,
+        path = results.save(compile_report=report, targets=target_rows(results.rows("records")),
+                            rounds=results.data.get("rounds", args.rounds),
                             parts=sorted({r["part"] for r in results.rows("records")}, key=PARTS.index))
     records = results.rows("records")
     show(grid_table(records, QUACK, "quack varlen-K"))
