@@ -64,3 +64,18 @@ def test_a_model_projection_not_measured_reads_as_a_dash():
     table = RUN.models_table([r for r in DATA["records"] if r.get("part") == "grid"])
     assert all(row[3] == "-" for row in table.rows)
     assert len(table.rows) == len(RUN.MODELS) == 6
+
+
+def _profile(variant: str, tokens: int) -> dict:
+    return next(r for r in DATA["profile"] if r["variant"] == variant and r["tokens"] == tokens)
+
+
+def test_the_profile_says_what_the_page_reads_from_it():
+    """2,048 rows: the same bytes written, k7 at a lower HBM throughput; 65,536 rows: k7's tensor pipe idles
+    more while the pair's L2 saving is under 10% (the page's revised prediction rests on both)."""
+    k7, quack = _profile("k7/bn192", 2048), _profile("peer/quack-wgrad", 2048)
+    assert abs(k7["dram_bytes_write"] / quack["dram_bytes_write"] - 1) < 0.02
+    assert k7["dram_throughput_pct"] < quack["dram_throughput_pct"]
+    k7, quack = _profile("k7/bn192", 65536), _profile("peer/quack-wgrad", 65536)
+    assert quack["gmma_pipe_pct"] - k7["gmma_pipe_pct"] > 10
+    assert 0 < 1 - quack["l2_bytes"] / k7["l2_bytes"] < 0.10

@@ -137,3 +137,20 @@ def test_empty_problem_checks() -> None:
     assert reference_gemm(problem).shape == (0, 8)
     assert check_output(c, problem).passed
     assert check_output(c, problem, exact=True).passed
+
+
+def test_relative_error_in_slices_is_the_whole_arrays_norm(monkeypatch):
+    """relative_error sums over slices (a dB can be billions of elements); the slices must add up to the
+    Frobenius norms of the whole arrays, and a non-finite element in any slice gives inf."""
+    import numpy as np
+
+    from moe_gemm.model import reference
+
+    rng = np.random.default_rng(3)
+    c_ref = rng.standard_normal((5, 7, 11)).astype(np.float32)
+    c = c_ref + 1e-3 * rng.standard_normal(c_ref.shape).astype(np.float32)
+    whole = np.linalg.norm(c.astype(np.float64) - c_ref) / np.linalg.norm(c_ref.astype(np.float64))
+    monkeypatch.setattr(reference, "RELATIVE_ERROR_CHUNK", 13)  # slices that cut across rows and experts
+    assert abs(reference.relative_error(c, c_ref) / whole - 1) < 1e-9
+    c[4, 6, 10] = np.nan
+    assert reference.relative_error(c, c_ref) == float("inf")

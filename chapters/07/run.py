@@ -456,6 +456,8 @@ def run_on_gpu(args, gpu) -> int:
     show_tables(results.rows("records"), basis_for(gpu))
     if args.profile:
         results.put(profile=profile_rows())
+        results.ran("profile", "Nsight Compute on k6/auto, a rung per ladder step, k3 and quack at 65,536 rows, "
+                               "s=0, and on k6/auto, the M-paired rung and quack at 16,384 rows")
         show(profile_table(results.rows("profile")))
         path = save()
     show(targets_table(targets(), TARGETS_LEGEND))

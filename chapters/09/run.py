@@ -253,13 +253,10 @@ def peers(args) -> list[Any]:
     return found + quack_peers("K")
 
 
-def measure_part(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
-    """One part's records, each tagged with the part (a later run of one part replaces only its own)."""
-    from moe_gemm.variants.k7 import ladder
-
-    workloads = grid(args.tokens) if part == "grid" else list(MODELS.values())
-    records = run_variants([*ladder(), *peers(args)], workloads, rounds=args.rounds, **timing)
-    return [{**r, "part": part} for r in records]
+def measure_workload(part: str, workload: Workload, variants: Sequence[Any], args,
+                     timing: dict[str, int]) -> list[dict[str, Any]]:
+    """One workload's records, each tagged with its part (a later run of that workload replaces only these)."""
+    return [{**r, "part": part} for r in run_variants(variants, [workload], rounds=args.rounds, **timing)]
 
 
 def run_on_gpu(args, gpu) -> int:
@@ -283,14 +280,20 @@ def run_on_gpu(args, gpu) -> int:
     results.put(checks=checks)
     measured = {"grid": f"the grid's rows {', '.join(f'{t:,}' for t in args.tokens)}",
                 "models": "the model projections' weight gradients"}
+    variants = [*ladder(), *peers(args)]
     for part in args.parts:
-        results.replace("records", measure_part(part, args, timing), key=lambda r: (r["part"], Workload.of(r)))
-        results.ran(part, measured[part])
-        parts = sorted({r["part"] for r in results.rows("records")}, key=PARTS.index)
-        path = results.save(compile_report=report, targets=target_rows(results.rows("records")), rounds=args.rounds,
-                            parts=parts)
-    if args.profile:
+        # saved after every workload: a run stopped part-way (a time limit, a host out of memory at a model's
+        # 7.5 G-element dB) keeps every workload it finished
+        for workload in grid(args.tokens) if part == "grid" else MODELS.values():
+            records = measure_workload(part, workload, variants, args, timing)
+            results.replace("records", records, key=lambda r: (r["part"], Workload.of(r)))
+            results.ran(part, measured[part])
+            parts = sorted({r["part"] for r in results.rows("records")}, key=PARTS.index)
+            path = results.save(compile_report=report, targets=target_rows(results.rows("records")),
+                                rounds=args.rounds, parts=parts)
+    if args.profile:  # a later run of the parts keeps the profile, and this entry says which run took it
         results.put(profile=profile_rows())
+        results.ran("profile", "Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows")
         show(profile_table(results.rows("profile")))
         path = results.save(compile_report=report, targets=target_rows(results.rows("records")),
                             rounds=results.data.get("rounds", args.rounds),
