@@ -107,9 +107,9 @@ def test_the_swiglu_reference_pairs_each_gate_column_with_the_up_column_n_over_2
 
 
 def test_the_robust_rule_picks_the_rung_closest_to_the_best_on_both_routings():
-    """Chapter 07's ladder at 16,384 rows, balanced and at s = 1.2 (one run): the M pair is within 1% of
-    the fastest candidate on balanced rows but more than 10% behind at s = 1.2; the robust rule takes the
-    N pair, which is within 1% of the fastest at both."""
+    """Chapter 07's ladder at 16,384 rows, balanced and at s = 1.2 (one run): the M pair is the fastest
+    candidate on balanced rows but more than 5% behind at s = 1.2; the robust rule takes the N pair, whose
+    worse slowdown is smaller, under 6% at both."""
     from moe_gemm.chapter import chapter_module, recorded
     from moe_gemm.model.workloads import Workload
     from moe_gemm.variants.k6.auto import robust_choice
@@ -122,9 +122,10 @@ def test_the_robust_rule_picks_the_rung_closest_to_the_best_on_both_routings():
     timings = [{name: run.find(ladder, name, Workload(16384, skew))["median_ms"] for name in AUTO_CANDIDATES}
                for skew in (0.0, 1.2)]
     balanced, skewed = ({name: ms / min(t.values()) for name, ms in t.items()} for t in timings)
-    assert balanced["k6/pingpong-mcluster-bn192"] < 1.01 and skewed["k6/pingpong-mcluster-bn192"] > 1.10
+    assert balanced["k6/pingpong-mcluster-bn192"] == 1.0 and skewed["k6/pingpong-mcluster-bn192"] > 1.05
     assert robust_choice(timings) == "k6/pingpong-cluster-bn192"
-    assert max(balanced["k6/pingpong-cluster-bn192"], skewed["k6/pingpong-cluster-bn192"]) < 1.01
+    worse = max(balanced["k6/pingpong-cluster-bn192"], skewed["k6/pingpong-cluster-bn192"])
+    assert worse < min(1.06, skewed["k6/pingpong-mcluster-bn192"])
     assert robust_choice([{"a": 1.0, "b": 2.0}, {"b": 1.0}]) == "b"  # only candidates timed on both count
     with pytest.raises(ValueError, match="every routing"):
         robust_choice([{"a": 1.0}, {"b": 1.0}])
