@@ -23,8 +23,9 @@
 //
 // The rest is k6's ping-pong kernel (chapter 07): a producer warp issues TMA into a ring of STAGES,
 // two consumer warpgroups each own a whole 128 x BN tile and take turns on the tensor cores, the
-// epilogues take turns on one ring of STAGING_BOXES C staging boxes; persistent blocks walk the
-// tiles in order, expert by expert, in raster groups of GROUP K tiles.
+// epilogues take turns on one ring of STAGING_BOXES C staging boxes (RINGS = 1) or each store through
+// a ring of its own, at once (RINGS = 2); persistent blocks walk the tiles in order, expert by expert,
+// in raster groups of GROUP K tiles.
 #include "descriptor_steps.cuh"
 #include "epilogues.cuh"
 #include "named_barriers.cuh"
@@ -36,8 +37,9 @@
 namespace k7 {
 
 // --8<-- [start:config]
-template <int BN, int STAGES, int STAGING_BOXES>
+template <int BN, int STAGES, int STAGING_BOXES, int RINGS>
 struct Config {
+    static_assert(RINGS == 1 || RINGS == 2, "one staging ring taken in turns, or one per warpgroup");
     static_assert(BN % sm90::BOX == 0 && BN <= 192, "BN is 64, 128 or 192: a warpgroup holds 128 x BN fp32");
     static constexpr int WG_ROWS = 128, M_ITERS = 2;   // two m64 slices of dB's K per warpgroup
     static constexpr int TILE_N = BN;
@@ -46,7 +48,7 @@ struct Config {
     static constexpr unsigned A_BYTES = A_BOXES * sm90::BOX_BYTES;
     static constexpr unsigned STAGE_BYTES = (A_BOXES + B_BOXES) * sm90::BOX_BYTES;
     static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // as k6: 192 accumulators at BN = 192
-    static constexpr unsigned STAGING_BYTES = STAGING_BOXES * sm90::BOX_BYTES;
+    static constexpr unsigned STAGING_BYTES = RINGS * STAGING_BOXES * sm90::BOX_BYTES;
     // The host sizes the launch the same way (moe_gemm.variants.k7.config): ring, staging and the
     // 1 KB the ring's alignment may cost, within what a block may have less the static part.
     static_assert(STAGES * STAGE_BYTES + STAGING_BYTES + sm90::SWIZZLE_ALIGN <= 232448 - 2304,
@@ -189,13 +191,13 @@ __device__ __forceinline__ void skip(int& stage, unsigned& phase, int steps) {
 }
 
 // --8<-- [start:body]
-template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT>
+template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS>
 __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_dc,
                                         const CUtensorMap* tmap_db, void* dB, const int* ends, int tokens,
                                         int experts, int group, int K, int N) {
     static_assert((IN == sm90::BF16 || IN == sm90::F16) && OUT >= sm90::BF16 && OUT <= sm90::F32,
                   "bf16 or fp16 operands; a bf16, fp16 or fp32 dB");
-    using Cfg = Config<BN, STAGES, STAGING_BOXES>;
+    using Cfg = Config<BN, STAGES, STAGING_BOXES, RINGS>;
     constexpr bool F16 = IN == sm90::F16;
     __shared__ alignas(8) unsigned long long full[STAGES];
     __shared__ alignas(8) unsigned long long empty[STAGES];
@@ -230,6 +232,7 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
         float acc[Cfg::M_ITERS][BN / 2];
+        const unsigned my_staging = staging + (RINGS == 2 ? warpgroup : 0) * STAGING_BOXES * sm90::BOX_BYTES;
         const int mine = first < tiles ? (tiles - first + stride - 1) / stride : 0;
         int stage = 0, stored = 0;
         unsigned phase = 0;
@@ -260,14 +263,18 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
             else
                 multiply<Cfg, 1, STAGES, F16>(acc, steps, own_last, warpgroup, ring, full, empty, stage, phase,
                                               hand_over);
-            if (ordinal > 0) named_barrier_sync(EPILOGUE_ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
-            stored = 0;
+            // One ring: the epilogues take turns on it, each waiting until TMA has read every box it filled
+            // (as k6's ping-pong does). A ring each: the two store at once, each reusing its own boxes.
+            if (RINGS == 1 && ordinal > 0) named_barrier_sync(EPILOGUE_ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
+            if (RINGS == 1) stored = 0;
             // dB [E, K, N] as a matrix of E x K rows: this tile's rows start at expert x K + its first K row.
             sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT>(acc, tile.x * K + tile.y, rows, tile.z, warpgroup,
-                                                            staging, stored, tmap_db, dB, N);
-            if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait_read<0>();
-            if (ordinal + 1 < mine)
-                named_barrier_arrive(EPILOGUE_ORDER_BARRIER + (warpgroup ^ 1), 2 * sm90::WARPGROUP);
+                                                            my_staging, stored, tmap_db, dB, N);
+            if (RINGS == 1) {
+                if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait_read<0>();
+                if (ordinal + 1 < mine)
+                    named_barrier_arrive(EPILOGUE_ORDER_BARRIER + (warpgroup ^ 1), 2 * sm90::WARPGROUP);
+            }
         }
         if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait<0>();  // the staged boxes are read before exit
     }
@@ -286,9 +293,10 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
     int tokens,                                   /* M_tot: the rows of A and dC; every end is clamped to it */ \
     int experts, int group, int K, int N
 
-template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT>
+// RINGS last, with its default: the instances named before it existed keep their names.
+template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k7_weight_grad(K7_PARAMS) {
-    k7::k7_body<BN, STAGES, STAGING_BOXES, IN, OUT>(&tmap_a, &tmap_dc, &tmap_db, dB, ends, tokens, experts, group,
-                                                    K, N);
+    k7::k7_body<BN, STAGES, STAGING_BOXES, IN, OUT, RINGS>(&tmap_a, &tmap_dc, &tmap_db, dB, ends, tokens, experts,
+                                                           group, K, N);
 }
 // --8<-- [end:kernel]

@@ -15,7 +15,7 @@ import pytest
 from moe_gemm.cuda.tensormap import TiledMap
 from moe_gemm.model.problem import BF16_OPERANDS, FP16, FP32, problem_from_counts
 from moe_gemm.variants.k7 import K7WeightGrad, arguments, ladder
-from moe_gemm.variants.k7.config import LADDER, STATIC_SMEM_ALLOWANCE, THREADS, K7Config, refusals
+from moe_gemm.variants.k7.config import LADDER, NEXT, STATIC_SMEM_ALLOWANCE, THREADS, K7Config, refusals
 from moe_gemm.variants.sm90.config import SMEM_LIMIT
 
 SOURCE = (Path(__file__).resolve().parents[1] / "kernels" / "k7_weight_grad.cu").read_text()
@@ -58,8 +58,9 @@ def test_the_main_loop_steps_two_descriptors_and_tests_nothing(name):
 def test_each_configuration_names_its_template_instance():
     config = K7Config(192, stages=5, element="fp16", out="fp32")
     assert config.kernel_name == "k7_weight_grad<192, 5, 2, 1, 2>"
-    assert re.search(r"template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT>\s*__global__ void "
-                     r"__launch_bounds__\(3 \* sm90::WARPGROUP, 1\) k7_weight_grad", SOURCE)
+    assert re.search(r"template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1>\s*"
+                     r"__global__ void __launch_bounds__\(3 \* sm90::WARPGROUP, 1\) k7_weight_grad", SOURCE)
+    assert K7Config(128, stages=5, rings=2).kernel_name == "k7_weight_grad<128, 5, 2, 0, 0, 2>"
     assert THREADS == 384
     assert config.label == "128x192 pingpong g8 s5 fp16->fp32"
     assert [v.name for v in ladder()] == list(LADDER)
@@ -105,3 +106,26 @@ def test_it_takes_only_weight_gradients_in_its_types():
         grad = problem_from_counts(np.array([3, 5]), 64, 64, ragged="K", fmt=BF16_OPERANDS, out_dtype=out)
         require_takes(variant.name, grad, variant.ragged_axes, variant.formats, variant.out_dtypes)
         assert variant.typed(grad).config.out == ("fp16" if out == FP16 else "fp32")
+
+
+@pytest.mark.parametrize("name", list(NEXT))
+def test_the_next_rungs_build_and_wait_for_the_gpu(name):
+    """A staging ring per warpgroup (RINGS = 2): compiled without spills within the shared memory, the same
+    main loop; not registered (nor timed) until a GPU run has validated it."""
+    from moe_gemm.cuda.sass import main_loop_instructions
+    from moe_gemm.variants.k7 import VARIANTS
+
+    variant = K7WeightGrad(name, NEXT[name])
+    kernel = variant.compile("sm_90a")
+    assert kernel.report.spill_store_bytes == 0 and "C7520" not in kernel.log
+    assert variant.config.dynamic_smem_bytes + STATIC_SMEM_ALLOWANCE <= SMEM_LIMIT
+    assert variant.config.kernel_name.endswith(", 2>") and name not in VARIANTS
+    sass = kernel.sass()
+    assert main_loop_instructions(sass, 8) <= 80 and main_loop_instructions(sass, 4) <= 70
+
+
+def test_the_rings_parameter_keeps_the_validated_instances_names():
+    """RINGS comes last with a default, so the rungs validated before it existed keep their names (and, the
+    validation record's carry-over checked, their machine code)."""
+    assert all(config.kernel_name.count(",") == 4 for config in LADDER.values())
+    assert re.search(r"int IN, int OUT, int RINGS = 1>\s*__global__", SOURCE)

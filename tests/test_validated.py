@@ -144,3 +144,11 @@ def test_a_header_edit_that_leaves_the_machine_code_alone_carries_the_record_ove
     record = {"kernels": {name: {"hash": validation.source_hash(source, instance, old)}}}
     assert validation.carry_over(record, [name], old, "HEAD", kernel_dir=new) == {name: "code changed"}
     assert record["kernels"][name]["hash"] == validation.source_hash(source, instance, old)
+
+
+def test_machine_code_is_the_listing_without_its_function_headers():
+    listing = ("\n\tcode for sm_90a\n\t\tFunction : _Z3fooILi1EEvv\n\t.headerflags @\"EF_CUDA_SM90\"\n"
+               "        /*0000*/                   LDC R1, c[0x0][0x28] ;\n")
+    renamed = listing.replace("_Z3fooILi1EEvv", "_Z3fooILi1ELi1EEvv")
+    assert validation.machine_code(listing) == validation.machine_code(renamed)
+    assert validation.machine_code(listing) != validation.machine_code(listing.replace("R1", "R2"))
