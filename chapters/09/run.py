@@ -35,9 +35,8 @@ from moe_gemm.chapter import (
     best_of,
     chapter_main,
     chapter_parser,
-    checks_table,
+    checks_passed,
     describe_gpu,
-    failed_variants,
     print_not_run,
     run_checks,
     run_main,
@@ -260,7 +259,6 @@ def measure_workload(part: str, workload: Workload, variants: Sequence[Any], arg
 
 
 def run_on_gpu(args, gpu) -> int:
-    import sys
 
     from moe_gemm.measure.parts import PartsFile
     from moe_gemm.variants.k7 import ladder
@@ -271,12 +269,8 @@ def run_on_gpu(args, gpu) -> int:
     show(compile_report_table(report))
     results = PartsFile(CHAPTER, gpu, SECTIONS)
     checks = run_checks(ladder(), ragged="K")
-    show(checks_table([c for c in checks if not c["passed"]] or checks[:4]))
-    failed = failed_variants(checks)
-    if failed:
-        print(f"checks FAILED for {', '.join(failed)}: nothing is timed.", file=sys.stderr)
+    if not checks_passed(checks, shown=4):
         return 1
-    print(f"all {len(checks)} checks passed\n")
     results.put(checks=checks)
     measured = {"grid": f"the grid's rows {', '.join(f'{t:,}' for t in args.tokens)}",
                 "models": "the model projections' weight gradients"}

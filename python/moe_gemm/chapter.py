@@ -131,6 +131,20 @@ def show(table: Table) -> None:
     print(table.text(), end="\n\n")
 
 
+def checks_passed(checks: Sequence[dict[str, Any]], shown: int = 3) -> bool:
+    """Show the failed checks (or the first ``shown`` when none failed) and say whether all passed; a
+    chapter times nothing after a failure (each workload is checked again before it is timed)."""
+    import sys
+
+    show(checks_table([c for c in checks if not c["passed"]] or list(checks[:shown])))
+    failed = failed_variants(checks)
+    if failed:
+        print(f"checks FAILED for {', '.join(failed)}: nothing is timed.", file=sys.stderr)
+        return False
+    print(f"all {len(checks)} checks passed\n")
+    return True
+
+
 # --------------------------------------------------------------------------- looking records up
 
 PEERS = GROUPED_MM_PEERS  # torch._grouped_mm given B as [E, K, N] and as B^T [E, N, K]
