@@ -415,7 +415,6 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def run_on_gpu(args, gpu) -> int:
-
     from moe_gemm.measure.ceilings import basis_for
     from moe_gemm.measure.parts import PartsFile
     from moe_gemm.variants.k6 import ladder

@@ -26,13 +26,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from moe_gemm.chapter import (
-    GRID_SKEWS,
     LAYERS,
     SM90A,
     Table,
     Workload,
     add_timing_arguments,
     best_of,
+    best_ratio,
     chapter_main,
     chapter_parser,
     checks_passed,
@@ -49,6 +49,7 @@ from moe_gemm.chapter import (
 from moe_gemm.core.checks import MAX_REPEATS, MAX_ROWS
 from moe_gemm.core.cli import positive_int
 from moe_gemm.model.workloads import MODEL_ROWS, MODEL_SKEW
+from moe_gemm.model.workloads import grid as seed_grid
 from moe_gemm.variants.peer.quack import QUACK_WGRAD_PEERS
 from moe_gemm.variants.peer.torch import PEER_GROUPED_MM_WGRAD
 
@@ -112,16 +113,11 @@ def parse_args(argv: Sequence[str] | None):
 
 
 def grid(tokens: Sequence[int]) -> list[Workload]:
-    return [Workload(t, s).weight_gradient() for t in tokens for s in GRID_SKEWS]
+    """Chapter 06's grid at the seed's shape, in the weight gradient."""
+    return [w.weight_gradient() for w in seed_grid(tokens)]
 
 
 # --------------------------------------------------------------------------- ratios and targets
-
-def ratio(records: Sequence[dict[str, Any]], workload: Workload, ours: Sequence[str],
-          theirs: Sequence[str]) -> float | None:
-    """The faster of ``ours`` over the faster of ``theirs`` at ``workload`` (useful TFLOP/s), same run."""
-    mine, other = best_of(records, ours, workload), best_of(records, theirs, workload)
-    return None if mine is None or other is None else mine["useful_tflops"] / other["useful_tflops"]
 
 
 def workloads_of(records: Sequence[dict[str, Any]], part: str) -> list[Workload]:
@@ -132,7 +128,7 @@ def target_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
 
     def worst(part: str, theirs: Sequence[str], goal: float, least_rows: int = 0) -> None:
-        cells = [(w, ratio(records, w, K7, theirs)) for w in workloads_of(records, part) if w.tokens >= least_rows]
+        cells = [(w, best_ratio(records, K7, theirs, w)) for w in workloads_of(records, part) if w.tokens >= least_rows]
         cells = [(w, value) for w, value in cells if value is not None]
         if cells:
             cell, value = min(cells, key=lambda c: c[1])
@@ -157,7 +153,7 @@ def grid_table(records: Sequence[dict[str, Any]], theirs: Sequence[str], name: s
     skews = list(dict.fromkeys(c.skew for c in cells))
     body = []
     for t in tokens:
-        values = [ratio(records, Workload(t, s).weight_gradient(), K7, theirs) for s in skews]
+        values = [best_ratio(records, K7, theirs, Workload(t, s).weight_gradient()) for s in skews]
         body.append((f"{t:,}", *("-" if v is None else f"{v:.2f}" for v in values)))
     return Table(("M_tot", *(f"s={s:g}" for s in skews)), tuple(body), title=f"k7 over {name}, the grid",
                  legend=f"useful TFLOP/s of the faster k7 rung over {name}'s on the same inputs in the same run "
@@ -171,7 +167,7 @@ def models_table(records: Sequence[dict[str, Any]]) -> Table:
             best = best_of(records, names, workload)
             return "-" if best is None else f"{best['useful_tflops']:.0f}"
 
-        q, t = ratio(records, workload, K7, QUACK), ratio(records, workload, K7, (TORCH,))
+        q, t = best_ratio(records, K7, QUACK, workload), best_ratio(records, K7, (TORCH,), workload)
         body.append((label, f"{workload.experts}", f"{workload.K:,} x {workload.N:,}", tflops(K7), tflops((TORCH,)),
                      tflops(QUACK), "-" if q is None else f"{q:.2f}", "-" if t is None else f"{t:.2f}"))
     return Table(("projection", "E", "dB per expert", "k7", "torch", "quack", "k7/quack", "k7/torch"), tuple(body),
@@ -259,7 +255,6 @@ def measure_workload(part: str, workload: Workload, variants: Sequence[Any], arg
 
 
 def run_on_gpu(args, gpu) -> int:
-
     from moe_gemm.measure.parts import PartsFile
     from moe_gemm.variants.k7 import ladder
 
