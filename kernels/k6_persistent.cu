@@ -219,14 +219,6 @@ __device__ __forceinline__ void swiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TIL
 }
 // --8<-- [end:swiglu]
 
-// A warpgroup's position in the ring after skipping `steps` stages (the other warpgroup's tile).
-template <int STAGES>
-__device__ __forceinline__ void skip(int& stage, unsigned& phase, int steps) {
-    const int moved = stage + steps;
-    stage = moved % STAGES;
-    phase ^= (moved / STAGES) & 1;
-}
-
 // --8<-- [start:body]
 // IN: the operands' element type (BF16 or F16), OUT: C's (BF16, F16 or F32).
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
@@ -286,7 +278,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
         unsigned phase = 0;
         for (int ordinal = 0; ordinal < mine; ++ordinal) {
             if (MODE == PINGPONG && ordinal % 2 != warpgroup) {  // the other warpgroup's tile
-                skip<STAGES>(stage, phase, k_steps);
+                sm90::skip_stages<STAGES>(stage, phase, k_steps);
                 continue;
             }
             // Ping-pong: wait until the other warpgroup has issued its whole main loop (and tell it

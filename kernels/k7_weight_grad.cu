@@ -182,14 +182,6 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N 
 }
 // --8<-- [end:consumer]
 
-// A warpgroup's position in the ring after skipping `steps` stages (the other warpgroup's tile).
-template <int STAGES>
-__device__ __forceinline__ void skip(int& stage, unsigned& phase, int steps) {
-    const int moved = stage + steps;
-    stage = moved % STAGES;
-    phase ^= (moved / STAGES) & 1;
-}
-
 // --8<-- [start:body]
 template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS>
 __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_dc,
@@ -240,7 +232,7 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
             const int3 tile = tile_at(first + ordinal * stride, k_tiles, n_tiles, group, BN);
             const int steps = steps_of(tile);
             if (ordinal % 2 != warpgroup) {  // the other warpgroup's tile
-                skip<STAGES>(stage, phase, steps);
+                sm90::skip_stages<STAGES>(stage, phase, steps);
                 continue;
             }
             // The hand-overs of k6's ping-pong (k6_persistent.cu), for the same two reasons: the

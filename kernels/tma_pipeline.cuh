@@ -82,4 +82,13 @@ __device__ __forceinline__ void release(unsigned long long* empty, int stage) {
 }
 // --8<-- [end:release]
 
+// A ping-pong consumer warpgroup's position in the ring (stage and parity) after `steps` stages it
+// skips, the other warpgroup's tile (k6, k7).
+template <int STAGES>
+__device__ __forceinline__ void skip_stages(int& stage, unsigned& phase, int steps) {
+    const int moved = stage + steps;
+    stage = moved % STAGES;
+    phase ^= (moved / STAGES) & 1;
+}
+
 }  // namespace sm90
