@@ -25,10 +25,14 @@ __device__ __forceinline__ unsigned pack_pair(float lo, float hi) {
 }
 
 // C[index], C[index + 1] = lo, hi in OUT: one 4-byte store for 16-bit outputs, one 8-byte store for
-// fp32 (index is even: a thread's pair of accumulator columns, 8j + 2t and the next).
-template <int OUT>
+// fp32 (index is even: a thread's pair of accumulator columns, 8j + 2t and the next). ACCUMULATE
+// (fp32 only): C[index], C[index + 1] += lo, hi, one 8-byte reduction in L2 (ptx.cuh, red_add_f32x2).
+template <int OUT, bool ACCUMULATE = false>
 __device__ __forceinline__ void store_pair(void* C, long long index, float lo, float hi) {
-    if constexpr (OUT == F32)
+    static_assert(!ACCUMULATE || OUT == F32, "gradients accumulate into an fp32 buffer only");
+    if constexpr (ACCUMULATE)
+        red_add_f32x2(static_cast<float*>(C) + index, lo, hi);
+    else if constexpr (OUT == F32)
         *reinterpret_cast<float2*>(static_cast<float*>(C) + index) = make_float2(lo, hi);
     else
         *reinterpret_cast<unsigned*>(static_cast<unsigned short*>(C) + index) = pack_pair<OUT>(lo, hi);
@@ -125,8 +129,9 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[Cfg::M_ITERS][
 // whole boxes and the rows past it belong to the next expert.
 // COLS is the tile's width in C: BN, or BN / 2 after the SwiGLU epilogue. An fp32 C (OUT = F32) is
 // stored from registers throughout: stmatrix moves 16-bit elements only, and a 64-column fp32 box is
-// 256 bytes wide, twice what the 128-byte swizzle lets one TMA box span.
-template <class Cfg, int STAGING_BOXES, int COLS, int OUT>
+// 256 bytes wide, twice what the 128-byte swizzle lets one TMA box span. ACCUMULATE adds the tile into
+// an fp32 C instead of overwriting it (k7's accumulate mode), on the same register path.
+template <class Cfg, int STAGING_BOXES, int COLS, int OUT, bool ACCUMULATE = false>
 __device__ __forceinline__ void store_slices(const float (&acc)[Cfg::M_ITERS][COLS / 2], int row0, int rows, int col0,
                                       int warpgroup, unsigned staging, int& stored, const CUtensorMap* tmap_c,
                                       void* __restrict__ C, int N) {
@@ -148,7 +153,8 @@ __device__ __forceinline__ void store_slices(const float (&acc)[Cfg::M_ITERS][CO
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) {
                     const int col = col0 + j * 8 + 2 * t;
-                    if (col < N) store_pair<OUT>(C, c_row + col, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+                    if (col < N)
+                        store_pair<OUT, ACCUMULATE>(C, c_row + col, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
                 }
             }
             continue;

@@ -25,7 +25,8 @@
 // two consumer warpgroups each own a whole 128 x BN tile and take turns on the tensor cores, the
 // epilogues take turns on one ring of STAGING_BOXES C staging boxes (RINGS = 1) or each store through
 // a ring of its own, at once (RINGS = 2); persistent blocks walk the tiles in order, expert by expert,
-// in raster groups of GROUP K tiles.
+// in raster groups of GROUP K tiles. ACCUMULATE adds into an fp32 dB instead (dB += A_e^T dC_e, as
+// gradient accumulation across micro-batches does), each element by one reduction in L2.
 #include "descriptor_steps.cuh"
 #include "epilogues.cuh"
 #include "named_barriers.cuh"
@@ -183,12 +184,13 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N 
 // --8<-- [end:consumer]
 
 // --8<-- [start:body]
-template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS>
+template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS, bool ACCUMULATE>
 __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_dc,
                                         const CUtensorMap* tmap_db, void* dB, const int* ends, int tokens,
                                         int experts, int group, int K, int N) {
     static_assert((IN == sm90::BF16 || IN == sm90::F16) && OUT >= sm90::BF16 && OUT <= sm90::F32,
                   "bf16 or fp16 operands; a bf16, fp16 or fp32 dB");
+    static_assert(!ACCUMULATE || OUT == sm90::F32, "dB += A^T dC accumulates into an fp32 dB only");
     using Cfg = Config<BN, STAGES, STAGING_BOXES, RINGS>;
     constexpr bool F16 = IN == sm90::F16;
     __shared__ alignas(8) unsigned long long full[STAGES];
@@ -243,7 +245,7 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
             };
             const int rows = min(Cfg::WG_ROWS, K - tile.y);  // 64 where K ends half-way into the tile
             const int own_last = (offsets[tile.x + 1] - offsets[tile.x]) - (steps - 1) * Cfg::ROWS;
-            if (steps == 0) {  // an expert with no rows: its gradient is exactly zero
+            if (steps == 0) {  // an expert with no rows: its gradient is exactly zero (accumulating: nothing to add)
 #pragma unroll
                 for (int i = 0; i < Cfg::M_ITERS; ++i)
 #pragma unroll
@@ -260,8 +262,11 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
             if (RINGS == 1 && ordinal > 0) named_barrier_sync(EPILOGUE_ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
             if (RINGS == 1) stored = 0;
             // dB [E, K, N] as a matrix of E x K rows: this tile's rows start at expert x K + its first K row.
-            sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT>(acc, tile.x * K + tile.y, rows, tile.z, warpgroup,
-                                                            my_staging, stored, tmap_db, dB, N);
+            // Accumulating, an expert with no rows leaves its dB as it was.
+            if (!ACCUMULATE || steps > 0)
+                sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT, ACCUMULATE>(acc, tile.x * K + tile.y, rows, tile.z,
+                                                                            warpgroup, my_staging, stored, tmap_db,
+                                                                            dB, N);
             if (RINGS == 1) {
                 if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait_read<0>();
                 if (ordinal + 1 < mine)
@@ -280,15 +285,16 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
     const __grid_constant__ CUtensorMap tmap_a,   /* A [M_tot, K]: box {64, 64}                             */ \
     const __grid_constant__ CUtensorMap tmap_dc,  /* dC [M_tot, N]: box {64, 64}                            */ \
     const __grid_constant__ CUtensorMap tmap_db,  /* dB [E x K, N]: box {64, 64}                            */ \
-    void* __restrict__ dB,                        /* [E, K, N] in OUT: bf16, fp16 or fp32                   */ \
+    void* __restrict__ dB,                        /* [E, K, N] in OUT: bf16, fp16 or fp32 (ACCUMULATE: += ) */ \
     const int* __restrict__ ends,                 /* [E] cumulative row ends (torch's offs)                 */ \
     int tokens,                                   /* M_tot: the rows of A and dC; every end is clamped to it */ \
     int experts, int group, int K, int N
 
-// RINGS last, with its default: the instances named before it existed keep their names.
-template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1>
+// RINGS and ACCUMULATE last, with their defaults: the instances named before them keep their names.
+// ACCUMULATE: dB += A_e^T dC_e into an fp32 dB (gradient accumulation across micro-batches).
+template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1, bool ACCUMULATE = false>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k7_weight_grad(K7_PARAMS) {
-    k7::k7_body<BN, STAGES, STAGING_BOXES, IN, OUT, RINGS>(&tmap_a, &tmap_dc, &tmap_db, dB, ends, tokens, experts,
-                                                           group, K, N);
+    k7::k7_body<BN, STAGES, STAGING_BOXES, IN, OUT, RINGS, ACCUMULATE>(&tmap_a, &tmap_dc, &tmap_db, dB, ends, tokens,
+                                                                       experts, group, K, N);
 }
 // --8<-- [end:kernel]

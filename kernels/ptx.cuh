@@ -446,6 +446,16 @@ __device__ __forceinline__ void stmatrix_x4(unsigned smem_row, const unsigned (&
                  :: "r"(smem_row), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
 }
 
+// C[i], C[i + 1] += lo, hi in global memory (8-byte aligned), as one reduction that L2 performs: the
+// thread issues it and moves on, with no load to wait for (SASS: REDG.E.ADD.F32x2...). k7's accumulate
+// mode adds a weight gradient into an fp32 buffer this way; each element receives one add per launch,
+// so the sum is the same whatever order the blocks run in. Vector red needs sm_90 and .global.
+// PTX ISA "Parallel Synchronization and Communication Instructions: red"
+//   #parallel-synchronization-and-communication-instructions-red
+__device__ __forceinline__ void red_add_f32x2(float* address, float lo, float hi) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" :: "l"(address), "f"(lo), "f"(hi) : "memory");
+}
+
 // Sixteen zero bytes to shared memory at `addr` (16-byte aligned): k7 overwrites another expert's
 // rows in a stage with zeros before its wgmmas read it (SASS: STS.128).
 // PTX ISA "Data Movement and Conversion Instructions: st"   #data-movement-and-conversion-instructions-st

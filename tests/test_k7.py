@@ -15,7 +15,7 @@ import pytest
 from moe_gemm.cuda.tensormap import TiledMap
 from moe_gemm.model.problem import BF16_OPERANDS, FP16, FP32, problem_from_counts
 from moe_gemm.variants.k7 import K7WeightGrad, arguments, ladder
-from moe_gemm.variants.k7.config import LADDER, NEXT, STATIC_SMEM_ALLOWANCE, THREADS, K7Config, refusals
+from moe_gemm.variants.k7.config import LADDER, STATIC_SMEM_ALLOWANCE, THREADS, K7Config, refusals
 from moe_gemm.variants.sm90.config import SMEM_LIMIT
 
 SOURCE = (Path(__file__).resolve().parents[1] / "kernels" / "k7_weight_grad.cu").read_text()
@@ -58,7 +58,8 @@ def test_the_main_loop_steps_two_descriptors_and_tests_nothing(name):
 def test_each_configuration_names_its_template_instance():
     config = K7Config(192, stages=5, element="fp16", out="fp32")
     assert config.kernel_name == "k7_weight_grad<192, 5, 2, 1, 2>"
-    assert re.search(r"template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1>\s*"
+    assert re.search(r"template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1, "
+                     r"bool ACCUMULATE = false>\s*"
                      r"__global__ void __launch_bounds__\(3 \* sm90::WARPGROUP, 1\) k7_weight_grad", SOURCE)
     assert K7Config(128, stages=5, rings=2).kernel_name == "k7_weight_grad<128, 5, 2, 0, 0, 2>"
     assert THREADS == 384
@@ -108,24 +109,40 @@ def test_it_takes_only_weight_gradients_in_its_types():
         assert variant.typed(grad).config.out == ("fp16" if out == FP16 else "fp32")
 
 
-@pytest.mark.parametrize("name", list(NEXT))
-def test_the_next_rungs_build_and_wait_for_the_gpu(name):
-    """A staging ring per warpgroup (RINGS = 2): compiled without spills within the shared memory, the same
-    main loop; not registered (nor timed) until a GPU run has validated it."""
+@pytest.mark.parametrize("name", [n for n in LADDER if LADDER[n].rings == 2])
+def test_the_rings_rungs_keep_the_main_loop(name):
+    """A staging ring per warpgroup (RINGS = 2): the same main loop, the template's third-last argument."""
     from moe_gemm.cuda.sass import main_loop_instructions
-    from moe_gemm.variants.k7 import VARIANTS
 
-    variant = K7WeightGrad(name, NEXT[name])
-    kernel = variant.compile("sm_90a")
-    assert kernel.report.spill_store_bytes == 0 and "C7520" not in kernel.log
-    assert variant.config.dynamic_smem_bytes + STATIC_SMEM_ALLOWANCE <= SMEM_LIMIT
-    assert variant.config.kernel_name.endswith(", 2>") and name not in VARIANTS
-    sass = kernel.sass()
+    variant = K7WeightGrad(name)
+    assert variant.config.kernel_name.endswith(", 2>")
+    sass = variant.compile("sm_90a").sass()
     assert main_loop_instructions(sass, 8) <= 80 and main_loop_instructions(sass, 4) <= 70
+
+
+@pytest.mark.parametrize("name", ["k7/bn192", "k7/bn128"])
+def test_the_accumulate_mode_adds_by_reduction_in_l2(name):
+    """dB += A^T dC: every store of the fp32 epilogue becomes one 8-byte reduction (REDG ... F32x2), no plain
+    store and no load of dB is left, and the main loop is untouched."""
+    from moe_gemm.cuda.sass import main_loop_instructions, opcode_counts
+
+    variant = K7WeightGrad(name, LADDER[name].replace(out="fp32", accumulate=True))
+    assert variant.config.kernel_name.endswith(", 1, true>") and variant.config.label.endswith("bf16->fp32 +=")
+    kernel = variant.compile("sm_90a")
+    assert kernel.report.spill_store_bytes == 0
+    sass = kernel.sass()
+    reductions = re.findall(r"REDG\.E\.ADD\.F32x2\S*", sass)
+    # 2 m64 slices x 2 row halves x BN / 8 column pairs per thread
+    assert len(reductions) == 2 * 2 * variant.config.bn // 8
+    counts = opcode_counts(sass, ("STG.E.64", "LDG.E.64"))
+    assert counts["STG.E.64"] == 0 and counts["LDG.E.64"] == 0
+    assert main_loop_instructions(sass, 8) <= 80
+    with pytest.raises(ValueError, match="accumulates into an fp32 dB only"):
+        LADDER[name].replace(accumulate=True)
 
 
 def test_the_rings_parameter_keeps_the_validated_instances_names():
     """RINGS comes last with a default, so the rungs validated before it existed keep their names (and, the
     validation record's carry-over checked, their machine code)."""
-    assert all(config.kernel_name.count(",") == 4 for config in LADDER.values())
-    assert re.search(r"int IN, int OUT, int RINGS = 1>\s*__global__", SOURCE)
+    assert all(config.kernel_name.count(",") == 4 for config in LADDER.values() if config.rings == 1)
+    assert re.search(r"int IN, int OUT, int RINGS = 1, bool ACCUMULATE = false>\s*__global__", SOURCE)

@@ -50,13 +50,14 @@ from moe_gemm.core.checks import MAX_REPEATS, MAX_ROWS
 from moe_gemm.core.cli import positive_int
 from moe_gemm.model.workloads import MODEL_ROWS, MODEL_SKEW
 from moe_gemm.model.workloads import grid as seed_grid
+from moe_gemm.variants.k7.config import LADDER
 from moe_gemm.variants.peer.quack import QUACK_WGRAD_PEERS
 from moe_gemm.variants.peer.torch import PEER_GROUPED_MM_WGRAD
 
 CHAPTER = "09"
 REQUIRES = SM90A
 ARCH = "sm_90a"
-K7 = ("k7/bn192", "k7/bn128")  # our rungs: the faster at each workload counts, as quack's best of three does
+K7 = tuple(LADDER)  # our rungs: the fastest at each workload counts, as quack's best of three does
 TORCH = PEER_GROUPED_MM_WGRAD
 QUACK = QUACK_WGRAD_PEERS
 PARTS = ("grid", "models")

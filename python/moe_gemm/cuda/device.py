@@ -62,6 +62,25 @@ def cuda_device():
 
 
 @functools.cache
+def _primary_context(index: int) -> Any:
+    from cuda.bindings import driver
+
+    return check_driver(driver.cuDevicePrimaryCtxRetain(check_driver(driver.cuDeviceGet(index))))
+
+
+def make_context_current(index: int) -> None:
+    """Make GPU ``index``'s primary context (torch's and numba's) current on this thread if none is: a thread
+    torch started for autograd's backward can run torch's kernels with no driver context current, and a
+    tensor map encode or a driver launch there fails with CUDA_ERROR_INVALID_CONTEXT (seen on the H200: the
+    op's backward, when the weight gradient was the first of our launches on that thread). A context that is
+    current is left alone: the CUDA runtime reads torch's current device from it."""
+    from cuda.bindings import driver
+
+    if int(check_driver(driver.cuCtxGetCurrent())) == 0:
+        check_driver(driver.cuCtxSetCurrent(_primary_context(index)))
+
+
+@functools.cache
 def harness_stream():
     """The stream every harness launch, copy and timing event uses."""
     return cuda_device().create_stream()

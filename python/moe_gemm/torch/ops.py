@@ -164,6 +164,9 @@ class _Runner:
         self.launches: dict[tuple[int, ...], Callable[[], None]] = {}
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> None:
+        from moe_gemm.cuda.device import make_context_current
+
+        make_context_current(self.index)  # autograd's backward thread may have no driver context current
         stream = torch._C._cuda_getCurrentRawStream(self.index)  # torch.cuda.current_stream's handle, 2 us sooner
         key = (a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), stream)
         run = self.launches.get(key)
@@ -337,9 +340,11 @@ torch.library.register_fake("moe_gemm::grouped_mm",
 
 # --8<-- [start:autograd]
 def _weight_grad(a: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """dB[e] = A[rows of e]^T dC[rows of e]: a ragged K, which k6 does not do: torch._grouped_mm's 2D x 2D
-    form (rows past offs[-1] count for no expert)."""
-    return torch._grouped_mm(a.t(), grad.to(a.dtype), offs=offs, out_dtype=dtype)
+    """dB[e] = A[rows of e]^T dC[rows of e]: a ragged K, k7's (chapter 09; moe_gemm.torch.weight_gradient, which
+    runs torch._grouped_mm's 2D x 2D form for what k7 cannot take). Rows past offs[-1] count for no expert."""
+    from moe_gemm.torch.weight_gradient import weight_grad
+
+    return weight_grad(a, grad.to(a.dtype), offs, dtype)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:

@@ -12,6 +12,10 @@ Two kinds of answer:
   K not a multiple of 64, a GPU other than sm_90a, ...). The op warns once per reason. What k6 itself
   takes (shapes, strides, addresses) is k6's to say: moe_gemm.variants.k6.rules, which the harness's
   variants ask too.
+
+The weight gradient dB[e] = a[rows of e]^T dc[rows of e] (``moe_gemm.torch.weight_grad``, the op's
+backward) has rules of its own in the same two kinds: :func:`check_weight_grad` and
+:func:`route_weight_grad`, k7 or torch._grouped_mm's 2D x 2D form.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 
 from moe_gemm.model.reference import SWIGLU_BLOCK
 from moe_gemm.variants.k6.rules import b_layout, refusals
+from moe_gemm.variants.k7.config import refusals as k7_refusals
 from moe_gemm.variants.sm90.config import REQUIRED_CAPABILITY as SM90A
 from moe_gemm.variants.sm90.maps import other_target
 
@@ -54,7 +59,7 @@ K6_TYPES = {("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "floa
 
 @dataclass(frozen=True)
 class Route:
-    kernel: str  # "k6" or "torch"
+    kernel: str  # "k6", "k7" (the weight gradient) or "torch"
     b_layout: str | None = None  # "kn": B [E, K, N] row-major; "nk": each B[e] column-major (B^T row-major)
     reason: str | None = None  # why torch._grouped_mm runs instead
     element: str | None = None  # k6's operand type, "bf16" or "fp16"
@@ -126,3 +131,73 @@ def route(op: Operands, epilogue: str = "none") -> Route:
         return Route("torch", reason="; ".join(reasons))
     return Route("k6", b_layout=b_layout(op.b_shape, op.b_strides), element=K6_ELEMENTS[op.a_dtype],
                  out=K6_ELEMENTS[op.out_dtype])
+
+
+# --8<-- [start:weight_grad]
+@dataclass(frozen=True)
+class GradOperands:
+    """The weight gradient's view of the tensors: a [M_tot, K] and dc [M_tot, N] (the forward's input and
+    its output's gradient, rows grouped by expert), offs [E], out dB [E, K, N] in ``out_dtype``."""
+
+    a_shape: Sequence[int]
+    a_strides: Sequence[int]
+    a_dtype: str
+    dc_shape: Sequence[int]
+    dc_strides: Sequence[int]
+    dc_dtype: str
+    offs_shape: Sequence[int]
+    offs_dtype: str
+    out_dtype: str = "bfloat16"
+    a_device: str = "cuda:0"
+    dc_device: str = "cuda:0"
+    offs_device: str = "cuda:0"
+    capability: tuple[int, int] | None = SM90A
+    a_address: int = 0
+    dc_address: int = 0
+    accumulate: bool = False  # dB += A^T dC into an existing fp32 dB
+
+
+def check_weight_grad(op: GradOperands) -> None:
+    """ValueError naming the first rule of dB[e] = a[rows of e]^T dc[rows of e] these operands break."""
+    if len(op.a_shape) != 2 or len(op.dc_shape) != 2:
+        raise ValueError(f"weight_grad: a and dc must be 2-D [M_tot, K] and [M_tot, N], got {tuple(op.a_shape)} "
+                         f"and {tuple(op.dc_shape)}")
+    if op.a_shape[0] != op.dc_shape[0]:
+        raise ValueError(f"weight_grad: a and dc must have the same rows (M_tot), got {op.a_shape[0]} and "
+                         f"{op.dc_shape[0]}")
+    if len(op.offs_shape) != 1 or op.offs_shape[0] < 1:
+        raise ValueError(f"weight_grad: offs must be 1-D with one cumulative row end per expert (at least one), "
+                         f"got shape {tuple(op.offs_shape)}")
+    if op.offs_dtype != "int32":
+        raise ValueError(f"weight_grad: offs must be int32 (the cumulative row ends), got {op.offs_dtype}")
+    if op.dc_device != op.a_device or op.offs_device != op.a_device:
+        raise ValueError(f"weight_grad: dc and offs must be on a's device ({op.a_device}), got dc on "
+                         f"{op.dc_device} and offs on {op.offs_device}")
+    if op.a_dtype != op.dc_dtype:
+        raise ValueError(f"weight_grad: a and dc must share a dtype, got {op.a_dtype} and {op.dc_dtype}")
+    if op.accumulate and op.out_dtype != "float32":
+        raise ValueError(f"weight_grad: accumulate=True adds into an fp32 out (a 16-bit sum would round at every "
+                         f"micro-batch), got out of {op.out_dtype}")
+
+
+def route_weight_grad(op: GradOperands) -> Route:
+    """k7 when it can take these operands (kernels/k7_weight_grad.cu), else torch._grouped_mm's 2D x 2D form
+    and the reason."""
+    check_weight_grad(op)
+    (_, K), (_, N), experts = op.a_shape, op.dc_shape, op.offs_shape[0]
+    reasons = []
+    if not op.a_device.startswith("cuda"):
+        reasons.append(f"the tensors are on {op.a_device}, not a CUDA GPU")
+    elif (have := other_target(op.capability)) is not None:
+        reasons.append(f"our kernels need an sm_90a GPU (wgmma); this is {have}")
+    if (op.a_dtype, op.out_dtype) not in K6_TYPES:
+        reasons.append(f"our kernels take bf16 or fp16 in and the same or fp32 out, got {op.a_dtype} in, "
+                       f"{op.out_dtype} out")
+    if tuple(op.a_strides) != (K, 1) or tuple(op.dc_strides) != (N, 1):
+        reasons.append(f"a and dc must be row-major (strides ({K}, 1) and ({N}, 1)), got {tuple(op.a_strides)} "
+                       f"and {tuple(op.dc_strides)}")
+    reasons += k7_refusals(experts, K, N, op.a_address, op.dc_address)
+    if reasons:
+        return Route("torch", reason="; ".join(reasons))
+    return Route("k7", element=K6_ELEMENTS[op.a_dtype], out=K6_ELEMENTS[op.out_dtype])
+# --8<-- [end:weight_grad]

@@ -32,6 +32,7 @@ class K7Config:
     staging_boxes: int = 2  # 64 x 64 C staging boxes per ring
     group: int = 8  # K tiles per raster group of the walk (a run-time argument)
     rings: int = 1  # 1: one staging ring the ping-pong epilogues take in turns; 2: one per warpgroup, at once
+    accumulate: bool = False  # dB += A_e^T dC_e into an fp32 dB (gradient accumulation across micro-batches)
     element: Literal["bf16", "fp16"] = "bf16"
     out: Literal["bf16", "fp16", "fp32"] = "bf16"
 
@@ -39,6 +40,9 @@ class K7Config:
         if self.element not in ("bf16", "fp16") or self.out not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"k7 takes bf16 or fp16 operands and writes bf16, fp16 or fp32; got {self.element} "
                              f"operands and {self.out} out")
+        if self.accumulate and self.out != "fp32":
+            raise ValueError(f"k7 accumulates into an fp32 dB only (a bf16 or fp16 sum would round at every "
+                             f"micro-batch), got {self.out} out")
         if self.rings not in (1, 2):
             raise ValueError(f"k7 stages dB through one ring or one per warpgroup (rings 1 or 2), got {self.rings}")
         if self.bn % BOX or not BOX <= self.bn <= 192:
@@ -55,16 +59,18 @@ class K7Config:
 
     @property
     def kernel_name(self) -> str:
-        rings = "" if self.rings == 1 else f", {self.rings}"  # the template's default: the names from before it
+        # RINGS and ACCUMULATE are the template's last parameters, with defaults: the names from before them
+        tail = f", {self.rings}, true" if self.accumulate else "" if self.rings == 1 else f", {self.rings}"
         return (f"{KERNEL_FUNCTION}<{self.bn}, {self.stages}, {self.staging_boxes}, {ELEMENT_CODES[self.element]}, "
-                f"{ELEMENT_CODES[self.out]}{rings}>")
+                f"{ELEMENT_CODES[self.out]}{tail}>")
 
     @property
     def label(self) -> str:
         """What a results record keeps of the configuration: '128x192 pingpong g8 s5 bf16->fp32'."""
         types = "" if (self.element, self.out) == ("bf16", "bf16") else f" {self.element}->{self.out}"
         rings = "" if self.rings == 1 else " 2 rings"
-        return f"{TILE_K}x{self.bn} pingpong g{self.group} s{self.stages}{rings}{types}"
+        mode = " +=" if self.accumulate else ""
+        return f"{TILE_K}x{self.bn} pingpong g{self.group} s{self.stages}{rings}{types}{mode}"
 
     def replace(self, **changes) -> K7Config:
         return dataclasses.replace(self, **changes)
@@ -76,17 +82,13 @@ LADDER: dict[str, K7Config] = {
     "k7/bn192": K7Config(192, stages=5),
     # 6 x 32 KB stages: more stages in flight for short reductions
     "k7/bn128": K7Config(128, stages=6),
-}
-# --8<-- [end:ladder]
-
-# Compiled and checked on the CPU (tests/test_k7.py), not yet run on the GPU: the next measurement validates
-# them and adds them to LADDER. The profile at 2,048 rows found the store stream the difference from quack
-# (the same bytes written at 52% of HBM's peak against quack's 70%), and these let the two ping-pong
-# epilogues store at once, each through a ring of its own, one stage fewer to make room.
-NEXT: dict[str, K7Config] = {
+    # A staging ring per warpgroup, so that the two ping-pong epilogues store at once, one stage fewer to make
+    # room: the profile at 2,048 rows found the store stream the difference from quack (the same bytes
+    # written at 52% of HBM's peak against quack's 70%).
     "k7/bn192-rings": K7Config(192, stages=4, staging_boxes=3, rings=2),
     "k7/bn128-rings": K7Config(128, stages=5, staging_boxes=2, rings=2),
 }
+# --8<-- [end:ladder]
 
 
 def refusals(experts: int, K: int, N: int, a_address: int = 0, dc_address: int = 0) -> list[str]:
