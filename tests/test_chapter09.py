@@ -41,8 +41,37 @@ def test_quacks_pick_pairs_two_blocks_at_every_row_count_as_the_page_says():
             c = r["config"]
             assert c["cluster_m"] * c["cluster_n"] == 2, r["tokens"]
             tiles.setdefault(r["tokens"], set()).add((c["tile_m"], c["tile_n"], c["pingpong"]))
-    assert tiles[16384] == {(128, 192, True)} and tiles[65536] == {(192, 128, True)}
+    assert all(pingpong for t in (16384, 65536) for _, _, pingpong in tiles[t]) and tiles[65536] == {(192, 128, True)}
     assert tiles[2048] == tiles[4096] == {(128, 256, False)}
+
+
+def test_the_rings_rungs_gain_only_at_few_rows_and_lose_where_the_stage_they_give_up_counts():
+    """The page's verdict on a staging ring per consumer warpgroup: within a few percent of the shared ring at
+    2,048 rows (far from quack's store rate), behind it at every cell of 16,384 rows and more."""
+    records = DATA["records"]
+    for cell in grid_cells():
+        rings = best_of(records, ("k7/bn192-rings",), cell)["useful_tflops"]
+        shared = best_of(records, ("k7/bn192",), cell)["useful_tflops"]
+        if cell.tokens == 2048:
+            assert abs(rings / shared - 1) < 0.05, cell
+            assert rings < 0.85 * best_of(records, RUN.QUACK, cell)["useful_tflops"], cell
+        if cell.tokens >= 16384:
+            assert rings < shared, cell
+
+
+def test_a_run_stopped_part_way_names_only_what_it_measured():
+    """part_runs: one entry per grid row (with its skews while the row is unfinished) and per model
+    projection; a whole part's entry replaces its pieces'."""
+    from moe_gemm.measure.parts import part_runs
+
+    row = RUN.grid([4096])
+    assert RUN.piece("grid", row[1], row[:2]) == ("grid-4096", "the grid's row 4,096, skews 0, 0.4")
+    assert RUN.piece("grid", row[-1], row) == ("grid-4096", "the grid's row 4,096")
+    label, workload = list(RUN.MODELS.items())[3]
+    assert RUN.piece("models", workload, [workload]) == ("models-3", f"the model projection {label}")
+    now = {"git_commit": "c", "date": "d", "command": "x"}
+    runs = part_runs({"grid-4096": {}, "models-3": {}, "profile": {}}, {"grid": "every row of the grid"}, now)
+    assert set(runs) == {"grid", "models-3", "profile"}
 
 
 def test_the_grid_is_memory_bound_below_65536_rows_as_the_page_says():

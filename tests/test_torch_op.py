@@ -80,6 +80,27 @@ def test_autograd_matches_fp32_torch():
     assert torch.count_nonzero(b.grad[1]) == 0  # the expert with no rows gets no gradient
 
 
+def test_the_weight_gradient_falls_back_on_the_cpu_in_each_output_type_and_in_accumulate_mode():
+    """torch's 2D x 2D form refuses an out_dtype other than a's: fp32 (and the accumulate mode) take fp32
+    operands instead, so the fp32 gradient is the fp32 product, not a rounded bf16 one."""
+    from moe_gemm.torch import weight_grad
+
+    a, _, offs = problem([5, 0, 7])
+    dc = torch.randn(12, 40, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    starts = [0, *offs.tolist()[:-1]]
+    exact = torch.stack([a[s:e].double().t() @ dc[s:e].double() for s, e in zip(starts, offs.tolist())])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        half, single = weight_grad(a, dc, offs), weight_grad(a, dc, offs, torch.float32)
+        out = torch.full((3, 64, 40), 2.0)
+        weight_grad(a, dc, offs, out=out, accumulate=True)
+    assert half.dtype == torch.bfloat16 and single.dtype == torch.float32
+    torch.testing.assert_close(single.double(), exact, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(out.double(), exact + 2, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(half.double(), exact, rtol=1e-2, atol=5e-2)
+    assert (half[1] == 0).all() and (single[1] == 0).all()
+
+
 def test_permutation_groups_rows_by_expert_and_counts_every_expert():
     experts = torch.tensor([[2, 0], [2, 1], [0, 2]])
     order, offs = permute(experts, 4)

@@ -174,6 +174,13 @@ def test_errors_before_any_launch_and_fallbacks(cuda):
         a96 = torch.randn(12, 96, device=cuda).to(torch.bfloat16)
         db = weight_grad(a96, dc, offs)
     torch.testing.assert_close(db.double(), fp64(a96, dc, offs), rtol=1e-2, atol=1e-1)
+    with warnings.catch_warnings():  # the same fallback in fp32, which torch's bf16 form refuses to output
+        warnings.simplefilter("ignore")
+        single = weight_grad(a96, dc, offs, torch.float32)
+        out = torch.ones(2, 96, 64, device=cuda)
+        weight_grad(a96, dc, offs, out=out, accumulate=True)
+    torch.testing.assert_close(single.double(), fp64(a96, dc, offs), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(out.double(), fp64(a96, dc, offs) + 1, rtol=1e-5, atol=1e-4)
     torch.cuda.synchronize()  # the context is intact
 
 

@@ -50,6 +50,7 @@ from moe_gemm.chapter import (
     chapter_main,
     chapter_parser,
     checks_passed,
+    chosen_shapes,
     describe_gpu,
     find,
     grid,
@@ -133,14 +134,8 @@ def parse_args(argv: Sequence[str] | None):
 
 
 def chosen_models(names: Sequence[str]) -> dict[str, Workload]:
-    """The model shapes ``--models`` names (every one when it names none); ValueError for a name that
-    matches no shape."""
-    unknown = [n for n in names if not any(n.lower() in label.lower() for label in MODELS)]
-    if unknown:
-        raise ValueError(f"--models {' '.join(unknown)}: no model shape's label contains it "
-                         f"(they are: {'; '.join(MODELS)})")
-    return {label: w for label, w in MODELS.items()
-            if not names or any(n.lower() in label.lower() for n in names)}
+    """The model shapes ``--models`` names (every one when it names none)."""
+    return chosen_shapes(MODELS, names)
 
 
 def piece(part: str, args) -> tuple[str, str]:

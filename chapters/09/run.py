@@ -4,6 +4,7 @@
     python chapters/09/run.py --parts grid      # only some parts: grid, models
     python chapters/09/run.py --quick           # fewer timed launches per round
     python chapters/09/run.py --tokens 4096 16384   # a part of the grid
+    python chapters/09/run.py --parts models --models qwen3   # some of the model projections
     python chapters/09/run.py --parts grid --tokens 2048 --profile   # also Nsight Compute, k7 beside quack
 
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every k7 rung
@@ -36,6 +37,7 @@ from moe_gemm.chapter import (
     chapter_main,
     chapter_parser,
     checks_passed,
+    chosen_shapes,
     describe_gpu,
     print_not_run,
     run_checks,
@@ -105,11 +107,18 @@ def parse_args(argv: Sequence[str] | None):
                              "projections)")
     parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_ROWS),
                         metavar="M", help=f"the grid's M_tot values (default {' '.join(map(str, GRID_ROWS))})")
+    parser.add_argument("--models", nargs="+", default=[], metavar="NAME",
+                        help="only the model projections whose label contains one of these (case-insensitive), "
+                             "e.g. '--models qwen3 deepseek'; default: all of them")
     parser.add_argument("--profile", action="store_true",
                         help="also Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows")
     args = parser.parse_args(argv)
     if not args.parts and not args.profile:
         parser.error("--parts with no part measures nothing: name a part, or add --profile")
+    try:
+        chosen_shapes(MODELS, args.models)  # a name that matches no projection is refused before anything runs
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -255,6 +264,19 @@ def measure_workload(part: str, workload: Workload, variants: Sequence[Any], arg
     return [{**r, "part": part} for r in run_variants(variants, [workload], rounds=args.rounds, **timing)]
 
 
+def piece(part: str, workload: Workload, done: Sequence[Workload]) -> tuple[str, str]:
+    """The part_runs entry for ``workload`` once this run has measured ``done`` of its part: one entry per
+    grid row (saying which skews, while the row is unfinished) or model projection, so that each names the run
+    that measured it; a run of the whole part then replaces them with one entry."""
+    if part == "models":
+        label = next(name for name, w in MODELS.items() if w == workload)
+        return f"models-{list(MODELS).index(label)}", f"the model projection {label}"
+    skews = [w.skew for w in done if w.tokens == workload.tokens]
+    every = len(skews) == len(grid([workload.tokens]))
+    return (f"grid-{workload.tokens}", f"the grid's row {workload.tokens:,}"
+            + ("" if every else f", skews {', '.join(f'{s:g}' for s in skews)}"))
+
+
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.parts import PartsFile
     from moe_gemm.variants.k7 import ladder
@@ -268,16 +290,18 @@ def run_on_gpu(args, gpu) -> int:
     if not checks_passed(checks, shown=4):
         return 1
     results.put(checks=checks)
-    measured = {"grid": f"the grid's rows {', '.join(f'{t:,}' for t in args.tokens)}",
-                "models": "the model projections' weight gradients"}
     variants = [*ladder(), *peers(args)]
     for part in args.parts:
         # saved after every workload: a run stopped part-way (a time limit, a host out of memory at a model's
-        # 7.5 G-element dB) keeps every workload it finished
-        for workload in grid(args.tokens) if part == "grid" else MODELS.values():
+        # 7.5 G-element dB) keeps every workload it finished, and its provenance names only those
+        workloads = grid(args.tokens) if part == "grid" else list(chosen_shapes(MODELS, args.models).values())
+        whole = set(args.tokens) == set(GRID_ROWS) if part == "grid" else len(workloads) == len(MODELS)
+        for done, workload in enumerate(workloads, 1):
             records = measure_workload(part, workload, variants, args, timing)
             results.replace("records", records, key=lambda r: (r["part"], Workload.of(r)))
-            results.ran(part, measured[part])
+            results.ran(*piece(part, workload, workloads[:done]))
+            if done == len(workloads) and whole:
+                results.ran(part, "every model projection" if part == "models" else "every row of the grid")
             parts = sorted({r["part"] for r in results.rows("records")}, key=PARTS.index)
             path = results.save(compile_report=report, targets=target_rows(results.rows("records")),
                                 rounds=args.rounds, parts=parts)

@@ -27,7 +27,7 @@ A figures.py reaches its run.py's tables and constants through ``chapter_module(
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ __all__ = [
     "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "LAYERS", "MODEL_PROJECTIONS", "MORE_MODEL_PROJECTIONS", "NO_GPU",
     "PEER", "PEERS", "SEED", "SEED_FIVE", "SEED_WORKLOADS", "SM90A", "LayerShape", "Requirement", "Table",
     "Workload", "add_timing_arguments", "best_of", "best_peer", "best_ratio", "chapter_main", "chapter_module",
+    "chosen_shapes",
     "chapter_parser", "checks_table", "describe_gpu", "failed_variants", "figures_main", "find", "grid",
     "grouped_mm_peers", "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded",
     "records_table", "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded",
@@ -92,6 +93,17 @@ class Requirement:
 NO_GPU = Requirement(None, "every number in this chapter is arithmetic on the routing")
 ANY_GPU = Requirement(lambda capability: True, "")
 SM90A = Requirement(lambda capability: capability == (9, 0), "wgmma runs only on sm_90a")
+
+
+def chosen_shapes(shapes: Mapping[str, Workload], names: Sequence[str]) -> dict[str, Workload]:
+    """The shapes (label -> workload) whose label contains one of ``names``, case-insensitive (every one when
+    ``names`` is empty), in their order: what a chapter's ``--models`` picks. ValueError for a name that
+    matches no label, so that a typo is refused before anything runs."""
+    unknown = [n for n in names if not any(n.lower() in label.lower() for label in shapes)]
+    if unknown:
+        raise ValueError(f"--models {' '.join(unknown)}: no model shape's label contains it "
+                         f"(they are: {'; '.join(shapes)})")
+    return {label: w for label, w in shapes.items() if not names or any(n.lower() in label.lower() for n in names)}
 
 
 def chapter_main(args: Any, requires: Requirement, run_on_gpu: Callable[[Any, _gpu.GpuInfo], int] | None,

@@ -49,18 +49,15 @@ def operands(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tensor, out_dtype: t
 
 def _torch_weight_grad(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype,
                        reason: str) -> torch.Tensor:
-    """torch._grouped_mm's 2D x 2D form (what autograd runs for torch._grouped_mm), warned once per reason;
-    expert by expert in fp32 where torch refuses (on the CPU, an out_dtype other than a's)."""
+    """torch._grouped_mm's 2D x 2D form (what autograd runs for torch._grouped_mm), warned once per reason.
+    Its out_dtype must be a's (on the GPU as on the CPU), so another output type (fp32, the accumulate mode's)
+    takes fp32 operands: torch's fp32 form (a loop over experts that reads offs on the host)."""
     if reason not in _warned:
         _warned.add(reason)
         warnings.warn(f"moe_gemm.torch.weight_grad runs torch._grouped_mm instead: {reason}", stacklevel=4)
-    if a.is_cuda or out_dtype == a.dtype:
-        return torch._grouped_mm(a.t(), dc, offs=offs, out_dtype=out_dtype)
-    out, start = a.new_empty((offs.shape[0], a.shape[1], dc.shape[1]), dtype=out_dtype), 0
-    for e, end in enumerate(offs.tolist()):
-        out[e] = (a[start:end].float().t() @ dc[start:end].float()).to(out_dtype)
-        start = end
-    return out
+    if out_dtype == a.dtype:
+        return torch._grouped_mm(a.t(), dc, offs=offs)
+    return torch._grouped_mm(a.t().float(), dc.float(), offs=offs).to(out_dtype)
 
 
 @functools.cache
