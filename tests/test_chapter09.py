@@ -42,6 +42,7 @@ def test_quacks_pick_pairs_two_blocks_at_every_row_count_as_the_page_says():
             assert c["cluster_m"] * c["cluster_n"] == 2, r["tokens"]
             tiles.setdefault(r["tokens"], set()).add((c["tile_m"], c["tile_n"], c["pingpong"]))
     assert all(pingpong for t in (16384, 65536) for _, _, pingpong in tiles[t]) and tiles[65536] == {(192, 128, True)}
+    assert all(r["config"]["swap_ab"] for r in DATA["records"] if r["variant"] == "peer/quack-wgrad")
     assert tiles[2048] == tiles[4096] == {(128, 256, False)}
 
 
@@ -57,6 +58,8 @@ def test_the_rings_rungs_gain_only_at_few_rows_and_lose_where_the_stage_they_giv
             assert rings < 0.85 * best_of(records, RUN.QUACK, cell)["useful_tflops"], cell
         if cell.tokens >= 16384:
             assert rings < shared, cell
+        if cell == Workload(4096, 0.0).weight_gradient():
+            assert rings > shared, cell
 
 
 def test_a_run_stopped_part_way_names_only_what_it_measured():
@@ -108,3 +111,14 @@ def test_the_profile_says_what_the_page_reads_from_it():
     k7, quack = _profile("k7/bn192", 65536), _profile("peer/quack-wgrad", 65536)
     assert quack["gmma_pipe_pct"] - k7["gmma_pipe_pct"] > 10
     assert 0 < 1 - quack["l2_bytes"] / k7["l2_bytes"] < 0.10
+
+
+def test_at_the_measured_projections_k7_beats_torch_trails_quack_and_trails_most_at_qwen3s_up_projection():
+    records = DATA["records"]
+    measured = [(label, w) for label, w in RUN.MODELS.items()
+                if best_of(records, RUN.K7, w) and best_of(records, RUN.QUACK, w)]
+    assert any("Qwen3-30B-A3B gate_up" in label for label, _ in measured) and len(measured) >= 3
+    over_quack = {label: best_ratio(records, RUN.K7, RUN.QUACK, w) for label, w in measured}
+    assert all(best_ratio(records, RUN.K7, (RUN.TORCH,), w) > 1.0 for _, w in measured)
+    assert max(over_quack.values()) < 1.0
+    assert min(over_quack, key=over_quack.get).startswith("Qwen3-30B-A3B gate_up")
