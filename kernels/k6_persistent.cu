@@ -83,15 +83,6 @@ struct Config {
                   "every stage, box and share of one starts on a 1 KB boundary (the 128-byte swizzle's period)");
 };
 
-// The producer writes each unit's tile into a slot before it announces the unit's first stage;
-// the consumer warpgroup reads it after that stage's full barrier. STAGES + 1 slots suffice, as in
-// k5: the producer reaches unit j + STAGES + 1 only once every stage of unit j has been released,
-// and a warpgroup reads the slot before it releases any stage of its unit.
-template <int STAGES>
-struct Slots {
-    static constexpr int COUNT = STAGES + 1;
-    int4 tile[COUNT];
-};
 // --8<-- [end:config]
 
 // --8<-- [start:producer]
@@ -105,7 +96,7 @@ struct Slots {
 template <class Cfg, int STAGES, int CLUSTER, bool B_K_MAJOR, bool SWIGLU, class UnitAt>
 __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, UnitAt&& unit_at,
                                         int units, int first, int stride, unsigned rank, int k_steps, int N,
-                                        unsigned ring, Slots<STAGES>& slots, unsigned long long* full,
+                                        unsigned ring, sm90::Slots<STAGES>& slots, unsigned long long* full,
                                         unsigned long long* empty) {
     tma_prefetch_descriptor(tmap_a);
     tma_prefetch_descriptor(tmap_b);
@@ -119,7 +110,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
         const unsigned stage_tx = Cfg::A_BYTES + boxes * sm90::BOX_BYTES;
         for (int ks = 0; ks < k_steps; ++ks) {
             mbarrier_wait_parity(smem_u32(&empty[stage]), phase ^ 1);
-            if (ks == 0) slots.tile[ordinal % Slots<STAGES>::COUNT] = tile;  // released by the arrive below
+            if (ks == 0) slots.tile[ordinal % sm90::Slots<STAGES>::COUNT] = tile;  // released by the arrive below
             const unsigned bar = smem_u32(&full[stage]);
             mbarrier_arrive_expect_tx(bar, stage_tx);
             const unsigned a_dst = ring + stage * Cfg::STAGE_BYTES;
@@ -235,7 +226,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     __shared__ alignas(8) unsigned long long full[STAGES];
     __shared__ alignas(8) unsigned long long empty[STAGES];
     __shared__ walk::Walk<Cfg::UNIT_ROWS, Cfg::UNIT_COLS> order;  // DEVICE_SCHEDULE only (2 KB)
-    __shared__ Slots<STAGES> slots;
+    __shared__ sm90::Slots<STAGES> slots;
     extern __shared__ unsigned char dynamic_smem[];
     const unsigned ring = (smem_u32(dynamic_smem) + sm90::SWIZZLE_ALIGN - 1) & ~(sm90::SWIZZLE_ALIGN - 1);
     const unsigned staging = ring + STAGES * Cfg::STAGE_BYTES;
@@ -288,7 +279,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             // a phase two fills old (same parity) and read a stage that holds the wrong tile.
             if (MODE == PINGPONG && ordinal > 0) named_barrier_sync(ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
             mbarrier_wait_parity(smem_u32(&full[stage]), phase);  // the unit's first stage, and its slot
-            const int4 tile = slots.tile[ordinal % Slots<STAGES>::COUNT];
+            const int4 tile = slots.tile[ordinal % sm90::Slots<STAGES>::COUNT];
             const int row_offset = MODE == PINGPONG ? 0 : warpgroup * Cfg::WG_ROWS;
             // None past N; none past M_tot either (the device walk's units end there already; the
             // host list is taken on trust), since the register stores of a partial slice write C directly.

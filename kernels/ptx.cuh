@@ -113,6 +113,16 @@ __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
     return packed;
 }
 
+// Two fp32 values rounded to nearest-even e4m3 (chapter 10's FP8), `lo` in the low byte: cvt puts its
+// first source in the upper 8 bits. .satfinite clamps a magnitude past 448, e4m3's largest finite value,
+// to 448 instead of turning it into NaN (e4m3fn has no infinity). sm_89 and newer.
+// PTX ISA "Data Movement and Conversion Instructions: cvt"   #data-movement-and-conversion-instructions-cvt
+__device__ __forceinline__ unsigned short pack_e4m3x2(float lo, float hi) {
+    unsigned short packed;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+
 // ============================================================================================
 // k2: TMA and mbarrier wrappers go below this line.
 // ============================================================================================
@@ -347,6 +357,54 @@ __device__ __forceinline__ void wgmma_16bit(float (&d)[N / 2], unsigned long lon
 #undef WGMMA_16BIT
 }
 // --8<-- [end:wgmma]
+
+// --8<-- [start:wgmma_e4m3]
+// D[64 x N] (+)= A[64 x 32] * B[32 x N] in fp8 e4m3 (chapter 10): twice the elements per instruction of the
+// 16-bit form at the same shared-memory bytes, so a k32 step is the same 32 bytes along a 128-byte swizzled
+// row as a bf16 k16 step, and the same descriptors address it (descriptor_steps.cuh). 8-bit types have no
+// transposed layouts: both operands are K-major in shared memory (A [M, K] and B^T [E, N, K] row-major), and
+// the instruction takes no transpose immediates, only the two scale immediates (1: no negation). The
+// accumulators keep the layout of wgmma_16bit's (d[4j + 2h + c] is D[16w + 8h + g][8j + 2t + c]); their
+// precision does not: Hopper's FP8 tensor cores add products into fewer bits than fp32 (about 14, per the
+// DeepSeek-V3 technical report, section 3.3.2), which is why k8 promotes its sums every 128 of K
+// (SASS: QGMMA.64xNx32.F32.E4M3.E4M3).
+// PTX ISA 9.7.15.5.2 "wgmma.mma_async" (.atype/.btype .e4m3 with .m64nNk32)
+//   #asynchronous-warpgroup-level-matrix-instructions-wgmma-mma-async
+#define PTX_WGMMA_E4M3(N, D, A, B, P)                                                             \
+    "{\n"                                                                                         \
+    "  .reg .pred accumulate;\n"                                                                  \
+    "  setp.ne.b32 accumulate, %" #P ", 0;\n"                                                     \
+    "  wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {" D "}, %" #A ", %" #B ",\n"    \
+    "      accumulate, 1, 1;\n"                                                                   \
+    "}\n"
+template <int N>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b,
+                                           bool accumulate) {
+    static_assert(N == 64 || N == 128 || N == 192 || N == 256, "e4m3 wgmma widths used here: 64, 128, 192, 256");
+    const int acc = accumulate;
+    if constexpr (N == 64)
+        asm volatile(PTX_WGMMA_E4M3(64, PTX_R32, 32, 33, 34) : PTX_F32(0) : "l"(desc_a), "l"(desc_b), "r"(acc));
+    if constexpr (N == 128)
+        asm volatile(PTX_WGMMA_E4M3(128, PTX_R64, 64, 65, 66) : PTX_F32(0), PTX_F32(32)
+                     : "l"(desc_a), "l"(desc_b), "r"(acc));
+    if constexpr (N == 192)
+        asm volatile(PTX_WGMMA_E4M3(192, PTX_R96, 96, 97, 98) : PTX_F32(0), PTX_F32(32), PTX_F32(64)
+                     : "l"(desc_a), "l"(desc_b), "r"(acc));
+    if constexpr (N == 256)
+        asm volatile(PTX_WGMMA_E4M3(256, PTX_R128, 128, 129, 130) : PTX_F32(0), PTX_F32(32), PTX_F32(64), PTX_F32(96)
+                     : "l"(desc_a), "l"(desc_b), "r"(acc));
+}
+
+// The compiler sees a wgmma's accumulators as written when the asm statement issues, not when
+// wgmma.wait_group returns, so ordinary code that reads them after the wait could be scheduled before it.
+// An empty volatile asm that "rewrites" each register, placed after the wait, pins every later read behind
+// it (volatile asm statements keep their order). CUTLASS calls it warpgroup_fence_operand.
+template <int COUNT>
+__device__ __forceinline__ void fence_accumulators(float (&d)[COUNT]) {
+#pragma unroll
+    for (int i = 0; i < COUNT; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+// --8<-- [end:wgmma_e4m3]
 
 // --8<-- [start:setmaxnreg]
 // Move registers between warpgroups at run time. The kernel starts every warp at the cap its

@@ -82,6 +82,16 @@ __device__ __forceinline__ void release(unsigned long long* empty, int stage) {
 }
 // --8<-- [end:release]
 
+// The producer writes each unit's tile into a slot before it announces the unit's first stage;
+// the consumer warpgroups read it after that stage's full barrier (k6, k8). STAGES + 1 slots suffice,
+// as in k5: the producer reaches unit j + STAGES + 1 only once every stage of unit j has been released,
+// and a warpgroup reads the slot before it releases any stage of its unit.
+template <int STAGES>
+struct Slots {
+    static constexpr int COUNT = STAGES + 1;
+    int4 tile[COUNT];
+};
+
 // A ping-pong consumer warpgroup's position in the ring (stage and parity) after `steps` stages it
 // skips, the other warpgroup's tile (k6, k7).
 template <int STAGES>

@@ -33,7 +33,7 @@ class Chapter:
     number: str
     title: str
     page: str
-    # The kernel family it introduces: a package moe_gemm/variants/<family> (k0 .. k7), or "torch"
+    # The kernel family it introduces: a package moe_gemm/variants/<family> (k0 .. k8), or "torch"
     # (chapter 08: the torch op, which runs k6, and the layer's combine kernel, in moe_gemm/torch/).
     family: str | None
     # The least compute capability its kernels run on; None: the chapter needs no GPU.
@@ -76,6 +76,9 @@ CHAPTERS = (
             gpu_tests=("tests/test_torch_op_gpu.py", "tests/test_layer_gpu.py"), in_parts=True),
     Chapter("09", "09 · Training: the weight gradient (k7)", "09-training.md", "k7", (9, 0),
             gpu_tests=("tests/test_k7_gpu.py", "tests/test_weight_grad_gpu.py"), sanitized=True, in_parts=True),
+    # k8's family also holds the FP8 quantizers (moe_gemm.torch.quantize), validated by their own GPU tests.
+    Chapter("10", "10 · FP8 e4m3 (k8)", "10-fp8.md", "k8", (9, 0),
+            gpu_tests=("tests/test_k8_gpu.py", "tests/test_quantize_gpu.py"), sanitized=True, in_parts=True),
 )
 
 

@@ -74,13 +74,14 @@ def loops(sass_text: str) -> list[list[str]]:
     return bodies
 
 
-def main_loop_instructions(sass_text: str, wgmmas: int) -> int:
-    """Instructions per trip of the smallest loop that issues exactly ``wgmmas`` HGMMAs: a GEMM's main
-    loop, one k-step of the ring per trip (ValueError if there is none)."""
-    def hgmmas(body: list[str]) -> int:
-        return sum(re.match(r"(?:@!?U?P\w+\s+)?HGMMA", text) is not None for text in body)
+def main_loop_instructions(sass_text: str, wgmmas: int, opcode: str = "HGMMA") -> int:
+    """Instructions per trip of the smallest loop that issues exactly ``wgmmas`` wgmma instructions (HGMMA for
+    16-bit operands, QGMMA for fp8): a GEMM's main loop, one k-step of the ring per trip (ValueError if there
+    is none)."""
+    def issued(body: list[str]) -> int:
+        return sum(re.match(rf"(?:@!?U?P\w+\s+)?{opcode}", text) is not None for text in body)
 
-    candidates = [body for body in loops(sass_text) if hgmmas(body) == wgmmas]
+    candidates = [body for body in loops(sass_text) if issued(body) == wgmmas]
     if not candidates:
-        raise ValueError(f"no loop issues exactly {wgmmas} HGMMA instructions per trip")
+        raise ValueError(f"no loop issues exactly {wgmmas} {opcode} instructions per trip")
     return min(len(body) for body in candidates)

@@ -31,7 +31,9 @@ SWIZZLE_BYTES = (0, 32, 64, 128)  # CU_TENSOR_MAP_SWIZZLE_NONE / 32B / 64B / 128
 L2_PROMOTION_BYTES = (0, 64, 128, 256)
 # The element types encoded here: the driver's data type and the bytes of one element. TMA copies bytes
 # and converts nothing; the type matters to the driver's checks and to the box's width in bytes.
-ELEMENTS: dict[str, tuple[str, int]] = {"bf16": ("BFLOAT16", 2), "fp16": ("FLOAT16", 2), "fp32": ("FLOAT32", 4)}
+# fp8 e4m3 goes as bytes (the driver's 8-bit unsigned type): the copy is the same whatever the byte means.
+ELEMENTS: dict[str, tuple[str, int]] = {"bf16": ("BFLOAT16", 2), "fp16": ("FLOAT16", 2), "fp32": ("FLOAT32", 4),
+                                        "e4m3": ("UINT8", 1)}
 
 
 def element_bytes(element: str, name: str = "") -> int:
@@ -43,7 +45,7 @@ def element_bytes(element: str, name: str = "") -> int:
 
 @dataclass(frozen=True)
 class TiledMap:
-    """One tiled tensor map for a bf16, fp16 or fp32 tensor. Dimensions innermost first; strides in bytes."""
+    """One tiled tensor map for a bf16, fp16, fp32 or e4m3 tensor. Dimensions innermost first; strides in bytes."""
 
     name: str  # for error messages, e.g. "A"
     address: int  # device address of element (0, 0, ...)

@@ -14,32 +14,32 @@ from typing import Any
 from moe_gemm.cuda.device import DeviceProblem
 from moe_gemm.cuda.variant import Variant
 from moe_gemm.measure.check import input_sets, measure, progress, verify
-from moe_gemm.model.edge_cases import EDGE_CASES, RAGGED_K_EDGE_CASES
-from moe_gemm.model.problem import Problem, RaggedAxis, make_problem
+from moe_gemm.model.edge_cases import edge_cases
+from moe_gemm.model.problem import BF16_OPERANDS, OperandFormat, Problem, RaggedAxis, make_problem
 from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N, Workload
 
 
-def check_cases(seed: int, ragged: RaggedAxis = "M") -> list[tuple[str, Problem, bool]]:
+def check_cases(seed: int, ragged: RaggedAxis = "M", fmt: OperandFormat = BF16_OPERANDS) -> list[tuple[str, Problem, bool]]:
     """(name, problem, exact): every edge case on integer-valued inputs, then two random problems; the
-    forward's (ragged M) or the weight gradient's (ragged K)."""
-    cases = [(case.name, case.exact_problem(seed=seed), True)
-             for case in (EDGE_CASES if ragged == "M" else RAGGED_K_EDGE_CASES)]
-    prefix = "random" if ragged == "M" else "dB: random"
+    forward's (ragged M, in operand format ``fmt``) or the weight gradient's (ragged K)."""
+    cases = [(case.name, case.exact_problem(seed=seed), True) for case in edge_cases(ragged, fmt)]
+    prefix = ("random" if ragged == "M" else "dB: random") + ("" if fmt == BF16_OPERANDS else f" {fmt}")
     cases += [(f"{prefix}, 1,000 rows s=1.2, E=8, K=1024, N=384",
-               make_problem(8, 1000, 1024, 384, 1.2, seed=seed, ragged=ragged), False),
+               make_problem(8, 1000, 1024, 384, 1.2, seed=seed, ragged=ragged, fmt=fmt), False),
               (f"{prefix}, 2,048 rows s=0, seed shape",
-               make_problem(SEED_EXPERTS, 2048, SEED_K, SEED_N, 0.0, seed=seed, ragged=ragged), False)]
+               make_problem(SEED_EXPERTS, 2048, SEED_K, SEED_N, 0.0, seed=seed, ragged=ragged, fmt=fmt), False)]
     return cases
 
 
-def run_checks(variants: Sequence[Variant], seed: int = 0, ragged: RaggedAxis = "M") -> list[dict[str, Any]]:
-    """Every variant on every :func:`check_cases` problem (of the ``ragged`` kind): exact bit for bit, or
-    within the tolerance.
+def run_checks(variants: Sequence[Variant], seed: int = 0, ragged: RaggedAxis = "M",
+               fmt: OperandFormat = BF16_OPERANDS) -> list[dict[str, Any]]:
+    """Every variant on every :func:`check_cases` problem (of the ``ragged`` kind, in format ``fmt``): exact bit
+    for bit, or within the tolerance.
 
     Each case is uploaded once and every variant runs on the same device buffers (the seed-shape
     case alone is 352 MB of B); the results come back grouped by variant."""
     results = []
-    for name, problem, exact in check_cases(seed, ragged):
+    for name, problem, exact in check_cases(seed, ragged, fmt):
         progress(f"[checks] {name}")
         dev = DeviceProblem(problem)
         for variant in variants:

@@ -47,16 +47,17 @@ from moe_gemm.core.paths import KERNEL_DIR, REPO_ROOT
 from moe_gemm.cuda.sources import source_hash
 from moe_gemm.measure.ceilings import CEILING_KERNELS
 from moe_gemm.measure.provenance import git_commit
-from moe_gemm.torch.kernels import COMBINE
+from moe_gemm.torch.kernels import COMBINE, QUANTIZE, QUANTIZE_WEIGHTS
 from moe_gemm.variants import registry
 
 RECORD_PATH = KERNEL_DIR / "validated.json"
 # The GPU tests of each chapter's family (a family with none, k4, needs a Blackwell GPU, and none is
 # available to this project: chapter 05 compiles and inspects it only), then the ceilings'.
 GPU_TESTS = {**{c.family: c.gpu_tests for c in CHAPTERS if c.gpu_tests}, "ceiling": ("tests/test_ceilings.py",)}
-# Kernels a chapter runs that are not variants: the torch layer's combine (chapter 08), whose GPU tests
-# include compute-sanitizer memcheck on it.
-TORCH_KERNELS = {"torch/combine": COMBINE}
+# Kernels a chapter runs that are not variants, each in the family whose GPU tests run it (the part of its
+# name before '/'): the torch layer's combine (chapter 08) and chapter 10's two FP8 quantizers, whose GPU
+# tests include compute-sanitizer memcheck on them.
+OTHER_KERNELS = {"torch/combine": COMBINE, "k8/quantize-1x128": QUANTIZE, "k8/quantize-128x128": QUANTIZE_WEIGHTS}
 # The CUDA C++ families; k0 is numba and the ceilings touch no memory.
 SANITIZED = tuple(c.family for c in CHAPTERS if c.sanitized)
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
@@ -69,7 +70,7 @@ def kernel_configurations() -> dict[str, tuple[str, str]]:
     """Every kernel configuration the chapters run on a GPU: name -> (source under kernels/, instance).
     A variant that only chooses among others (k6/auto: ``chooses_among``) has no kernel of its own."""
     found = {name: (kernel.source, kernel.name) for name, kernel in CEILING_KERNELS.items()}
-    found.update(TORCH_KERNELS)
+    found.update(OTHER_KERNELS)
     for family in GPU_TESTS:
         if family not in ("ceiling", "torch"):
             found.update((name, identity) for name in registry.names(family)

@@ -14,6 +14,7 @@ scales.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -136,3 +137,14 @@ FP8_EDGE_CASES = (
     EdgeCase("e4m3-rowwise: an all-zero scale group", FP8_COUNTS, fmt=FP8_ROWWISE, plant=zero_first_groups),
     EdgeCase("e4m3-rowwise: a group with one large value", FP8_COUNTS, fmt=FP8_ROWWISE, plant=plant_large_values),
 )
+
+
+def edge_cases(ragged: RaggedAxis = "M", fmt: OperandFormat = BF16_OPERANDS) -> list[EdgeCase]:
+    """The edge cases of a kind of problem: the weight gradient's, or the forward's routings in ``fmt`` and,
+    for e4m3, the cases of its scales (an all-zero group, one large value, a partial last K block)."""
+    if ragged == "K":
+        return list(RAGGED_K_EDGE_CASES)
+    if fmt == BF16_OPERANDS:
+        return list(EDGE_CASES)
+    return ([dataclasses.replace(case, name=f"{fmt}: {case.name}", fmt=fmt) for case in EDGE_CASES]
+            + [case for case in FP8_EDGE_CASES if case.fmt == fmt])

@@ -98,6 +98,16 @@ FP8_ROWWISE = OperandFormat("e4m3", "rowwise")
 FP8_BLOCKWISE = OperandFormat("e4m3", "blockwise")
 
 
+FORMATS: dict[str, OperandFormat] = {f.name: f for f in (BF16_OPERANDS, FP16_OPERANDS, FP8_ROWWISE, FP8_BLOCKWISE)}
+
+
+def format_named(name: str) -> OperandFormat:
+    """The operand format a results record names (``bf16``, ``e4m3-blockwise``, ...); ValueError if unknown."""
+    if name not in FORMATS:
+        raise ValueError(f"unknown operand format {name!r}; one of {', '.join(FORMATS)}")
+    return FORMATS[name]
+
+
 def dtype_name(dtype: np.dtype) -> str:
     """bf16, fp16 or fp32, as the GEMM literature writes them (numpy says bfloat16, float32)."""
     return {BF16: "bf16", FP16: "fp16", FP32: "fp32", E4M3: "e4m3"}.get(np.dtype(dtype), np.dtype(dtype).name)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from moe_gemm.model.problem import Problem, RaggedAxis, make_problem
+from moe_gemm.model.problem import BF16_OPERANDS, OperandFormat, Problem, RaggedAxis, format_named, make_problem
 from moe_gemm.model.routing import expert_counts
 
 SEED_EXPERTS, SEED_K, SEED_N, SEED_TOKENS = 64, 1024, 2688, 16384
@@ -42,12 +42,15 @@ class Workload:
     # "M": the forward (C = A_e B[e]); "K": the weight gradient dB[e] = A_e^T dC_e of the same layer, whose
     # reduction runs over each expert's rows (chapter 09). A record notes it only where it is "K".
     ragged: RaggedAxis = "M"
+    # What A and B hold: bf16 (the default), or e4m3 with scales (chapter 10). A record notes it only where it
+    # is not bf16.
+    fmt: OperandFormat = BF16_OPERANDS
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> Workload:
         """The workload a results record was measured on."""
         return cls(int(record["tokens"]), float(record["skew"]), int(record["experts"]), int(record["K"]),
-                   int(record["N"]), record.get("ragged", "M"))
+                   int(record["N"]), record.get("ragged", "M"), format_named(record.get("format", "bf16")))
 
     @property
     def seed_shape(self) -> bool:
@@ -57,7 +60,8 @@ class Workload:
     def label(self) -> str:
         extra = "" if self.seed_shape else f", E={self.experts} K={self.K} N={self.N}"
         kind = "" if self.ragged == "M" else " (dB)"
-        return f"{self.tokens:,} rows, s={self.skew:g}{extra}{kind}"
+        operands = "" if self.fmt == BF16_OPERANDS else f" {self.fmt}"
+        return f"{self.tokens:,} rows, s={self.skew:g}{extra}{kind}{operands}"
 
     @property
     def short_label(self) -> str:
@@ -70,16 +74,21 @@ class Workload:
         return expert_counts(self.experts, self.tokens, self.skew)
 
     def problem(self, seed: int) -> Problem:
-        return make_problem(self.experts, self.tokens, self.K, self.N, self.skew, seed=seed, ragged=self.ragged)
+        return make_problem(self.experts, self.tokens, self.K, self.N, self.skew, seed=seed, ragged=self.ragged,
+                            fmt=self.fmt)
 
     def matches(self, record: Mapping[str, Any]) -> bool:
         return (tuple(record[k] for k in WORKLOAD_KEYS) == (self.tokens, self.skew, self.experts, self.K, self.N)
-                and record.get("ragged", "M") == self.ragged)
+                and record.get("ragged", "M") == self.ragged and record.get("format", "bf16") == self.fmt.name)
 
     def weight_gradient(self) -> Workload:
         """The weight gradient of this forward projection over the same routed rows: dB [E, K, N] =
         A_e^T dC_e, ragged along its reduction (the same useful FLOPs, 2 M_tot K N)."""
         return dataclasses.replace(self, ragged="K")
+
+    def in_format(self, fmt: OperandFormat) -> Workload:
+        """The same shape and routing with operands in ``fmt`` (chapter 10: e4m3 with its scales)."""
+        return dataclasses.replace(self, fmt=fmt)
 
 
 SEED = Workload(SEED_TOKENS, 0.0)

@@ -30,9 +30,14 @@ def checks_table(checks: Sequence[dict[str, Any]]) -> Table:
 
 def targets_table(rows: Sequence[dict[str, Any]], legend: str) -> Table:
     """A chapter's targets, one row each: {"target", "value", "goal", "met"}, and "at_most" for a
-    target that is a ceiling (a relative extra time) rather than a floor (a ratio)."""
-    body = tuple((r["target"], f"{r['value']:+.3f}" if r.get("at_most") else f"{r['value']:.3f}",
-                  f"<= {r['goal']:.2f}" if r.get("at_most") else f">= {r['goal']:.2f}", "yes" if r["met"] else "NO")
+    target that is a ceiling (a relative extra time, an error) rather than a floor (a ratio). A goal below
+    0.01 (an error bound) is written in scientific notation, its value too."""
+    def number(value: float, goal: float, spec: str) -> str:
+        return f"{value:.1e}" if 0 < goal < 0.01 else format(value, spec)
+
+    body = tuple((r["target"], number(r["value"], r["goal"], "+.3f" if r.get("at_most") else ".3f"),
+                  f"{'<=' if r.get('at_most') else '>='} {number(r['goal'], r['goal'], '.2f')}",
+                  "yes" if r["met"] else "NO")
                  for r in rows)
     return Table(("target", "value", "goal", "met"), body, title="Targets, same run", legend=legend)
 

@@ -11,6 +11,8 @@ by the same code as the kernels, in the same run, on the same uploaded inputs: t
   ``offs[-1]`` would be left unwritten, which never happens here (``offs[-1] = M_tot``).
 * ``peer/torch_grouped_mm-wgrad``: the weight gradient dB[e] = A_e^T dC_e through the same call's 2D x 2D
   form (chapter 09).
+* ``peer/torch_scaled_grouped_mm`` and ``-fast``: torch's FP8 grouped GEMM with rowwise scales, its sums
+  promoted to fp32 or accumulated in the tensor core (chapter 10).
 * ``peer/torch_loop``: one ``torch.matmul`` (cuBLAS) per non-empty expert, written straight into
   the expert's rows of C. It is what grouped GEMM replaces: one launch per expert, issued from
   Python, so at small batches the host, not the GPU, sets its time.
@@ -28,13 +30,16 @@ import numpy as np
 from moe_gemm.cuda.device import BF16_NAN_BITS, DeviceArray, DeviceProblem, stream_handle, synchronize, to_device
 from moe_gemm.cuda.gpu import detect_gpu, require_capability
 from moe_gemm.cuda.variant import Prepared
-from moe_gemm.model.problem import BF16
+from moe_gemm.model.problem import BF16, FP8_ROWWISE
 from moe_gemm.variants.compiled import require_takes
 
 PEER_GROUPED_MM = "peer/torch_grouped_mm"
 PEER_GROUPED_MM_KMAJOR = "peer/torch_grouped_mm-kmajor"  # the same call, B column-major (K contiguous)
 PEER_LOOP = "peer/torch_loop"
 PEER_GROUPED_MM_WGRAD = "peer/torch_grouped_mm-wgrad"  # the weight gradient: the 2D x 2D form
+# torch's FP8 grouped GEMM with rowwise scales (chapter 10), its sums promoted to fp32 or not
+PEER_SCALED_GROUPED_MM = "peer/torch_scaled_grouped_mm"
+PEER_SCALED_GROUPED_MM_FAST = "peer/torch_scaled_grouped_mm-fast"
 # One call, B in either layout: the faster of the two is the peer's number at a workload.
 GROUPED_MM_PEERS = (PEER_GROUPED_MM, PEER_GROUPED_MM_KMAJOR)
 GROUPED_MM_MIN_CAPABILITY = (9, 0)  # torch._grouped_mm's bf16 CUTLASS kernels are sm_90+
@@ -215,6 +220,66 @@ class TorchWeightGrad:
 # --8<-- [end:grouped_mm_wgrad]
 
 
+# --8<-- [start:scaled_grouped_mm]
+class TorchScaledGroupedMM:
+    """``peer/torch_scaled_grouped_mm`` (``-fast`` with ``fast_accum=True``): torch's FP8 grouped GEMM with rowwise
+    scales, ``torch._scaled_grouped_mm(A, B, scale_a [M_tot], scale_b [E, N], offs=offs, out_dtype=bfloat16,
+    use_fast_accum=...)``, on sm_90 CUTLASS's. A row-major e4m3; B the [E, K, N] view of B^T [E, N, K] (its FP8
+    GEMM takes B column-major, K contiguous, made once in prepare as the k8 variants make theirs).
+    ``use_fast_accum=False`` promotes the tensor core's sums into fp32 as k8 does; True lets it accumulate all
+    of K (chapter 10)."""
+
+    uses_torch = True
+    formats = (FP8_ROWWISE,)
+    out_dtypes = (BF16,)
+
+    def __init__(self, fast_accum: bool = False) -> None:
+        self.fast_accum = fast_accum
+        self.name = PEER_SCALED_GROUPED_MM_FAST if fast_accum else PEER_SCALED_GROUPED_MM
+
+    def __repr__(self) -> str:
+        return f"TorchScaledGroupedMM(fast_accum={self.fast_accum})"
+
+    def prepare(self, dev: DeviceProblem) -> Prepared:
+        from moe_gemm.variants.sm90.maps import transposed_b
+
+        problem = dev.problem
+        require_takes(self.name, problem, formats=self.formats, out_dtypes=self.out_dtypes)
+        torch = _torch(self.name)
+        require_capability(detect_gpu(), GROUPED_MM_MIN_CAPABILITY, f"{self.name} (CUTLASS FP8 grouped GEMM)")
+        if not hasattr(torch, "_scaled_grouped_mm"):
+            raise ValueError(f"{self.name} needs torch._scaled_grouped_mm; this is torch {torch.__version__}")
+        if problem.K % 16 or problem.N % 16:
+            raise ValueError(f"{self.name} needs K and N to be multiples of 16 (16-byte rows of e4m3 and of its "
+                             f"B column-major), got K = {problem.K}, N = {problem.N}")
+        check_grouped_mm_inputs(problem.experts, problem.K, problem.N, dev.a.ptr, dev.b.ptr)
+        stream = torch_stream()
+        output = TorchOutput((problem.tokens, problem.N), stream)
+        if problem.tokens == 0:
+            return Prepared(launch=lambda: None, output=output, keep_alive=[dev])
+        b_t = transposed_b(dev)  # B^T [E, N, K]
+        a = torch_view(dev.a).view(torch.float8_e4m3fn)
+        b = torch_view(b_t).view(torch.float8_e4m3fn).transpose(1, 2)  # [E, K, N], column-major
+        scale_a, scale_b = torch_view(dev.scale_a), torch_view(dev.scale_b)
+        ends = to_device(problem.offsets[1:].astype(np.int32))
+        offs = torch_view(ends)
+
+        def run() -> None:
+            with torch.cuda.stream(stream):
+                output.tensor = None  # free the poisoned block first: the result reuses it
+                output.tensor = torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=torch.bfloat16,
+                                                         use_fast_accum=self.fast_accum)
+
+        try:  # torch checks its rules (layouts, alignments, dtypes) at the call: refused here, before any timing
+            run()
+            synchronize()
+        except RuntimeError as error:
+            raise ValueError(f"{self.name} refuses these inputs: {str(error).splitlines()[0]}") from None
+        output.fill_u16(BF16_NAN_BITS)
+        return Prepared(launch=run, output=output, keep_alive=[dev, b_t, ends, a, b, scale_a, scale_b, offs])
+# --8<-- [end:scaled_grouped_mm]
+
+
 class TorchLoop:
     """``peer/torch_loop``: one torch.matmul per non-empty expert, into that expert's rows of C."""
 
@@ -274,4 +339,6 @@ def available_peers() -> list[Any]:
 
 # Names the by-name entry points resolve (variants/registry.py maps the 'peer' family here).
 VARIANTS = {PEER_GROUPED_MM: TorchGroupedMM, PEER_GROUPED_MM_KMAJOR: lambda: TorchGroupedMM(k_major=True),
-            PEER_LOOP: TorchLoop, PEER_GROUPED_MM_WGRAD: TorchWeightGrad}
+            PEER_LOOP: TorchLoop, PEER_GROUPED_MM_WGRAD: TorchWeightGrad,
+            PEER_SCALED_GROUPED_MM: TorchScaledGroupedMM,
+            PEER_SCALED_GROUPED_MM_FAST: lambda: TorchScaledGroupedMM(fast_accum=True)}

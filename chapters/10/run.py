@@ -1,0 +1,359 @@
+"""Chapter 10: FP8 on Hopper. The grouped GEMM in e4m3 with fp32 scales (k8).
+
+    python chapters/10/run.py                       # checks, then every part
+    python chapters/10/run.py --parts grid          # some parts: quantize, accuracy, grid, models
+    python chapters/10/run.py --quick               # fewer timed launches per round
+    python chapters/10/run.py --tokens 4096 65536   # some of the grid's rows (--skews: some of its skews)
+    python chapters/10/run.py --parts models --models mixtral   # some of the model projections
+
+With an sm_90a GPU (the recorded numbers come from an H200) it checks every k8 rung (kernels/k8_fp8.cu) on the
+forward's edge cases and the cases of its scales (exact, integer-valued inputs with power-of-two scales) and on
+random data, then measures, each part saved as it finishes:
+  quantize  the two quantizers (kernels/k8_quantize.cu) against a device copy of the same bytes;
+  accuracy  each rung's error against the fp32 product of the dequantized inputs as K grows, promoted and not,
+            beside torch._scaled_grouped_mm's two accumulation modes;
+  grid      M_tot 4,096 .. 65,536 rows x skew 0 .. 1.6 at the seed's E = 64, K = 1024, N = 2688;
+  models    the up and down projections of two real MoE models at 65,536 balanced rows;
+timing, in interleaved rounds on the same inputs: the blockwise rungs; the rowwise rungs beside
+torch._scaled_grouped_mm with use_fast_accum False and True (rowwise scales, what torch offers on sm_90); and
+our bf16 k6/auto on bf16 inputs of the same shape and routing. It prints each table and the targets and writes
+chapters/10/results/<gpu>.json, keeping the records of the parts it did not run.
+
+Without a GPU it compiles every rung for sm_90a, prints the compile report and the recorded H200 results, and
+exits 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from moe_gemm.chapter import (
+    GRID_SKEWS,
+    LAYERS,
+    SM90A,
+    Table,
+    Workload,
+    add_timing_arguments,
+    best_of,
+    chapter_main,
+    chapter_parser,
+    checks_passed,
+    chosen_shapes,
+    describe_gpu,
+    print_not_run,
+    progress,
+    run_checks,
+    run_main,
+    run_variants,
+    show,
+    show_recorded,
+    targets_table,
+    timing_options,
+)
+from moe_gemm.core.checks import MAX_REPEATS, MAX_ROWS
+from moe_gemm.core.cli import positive_int
+from moe_gemm.model.problem import BF16_OPERANDS, FP8_BLOCKWISE, FP8_ROWWISE, OperandFormat
+from moe_gemm.variants.k8.config import LADDER
+from moe_gemm.variants.peer.torch import PEER_SCALED_GROUPED_MM, PEER_SCALED_GROUPED_MM_FAST
+
+CHAPTER = "10"
+REQUIRES = SM90A
+ARCH = "sm_90a"
+BLOCKWISE = tuple(name for name, config in LADDER.items() if config.scaling == "blockwise")
+ROWWISE_PROMOTED = tuple(name for name, config in LADDER.items() if config.scaling == "rowwise" and config.promote)
+ROWWISE_FAST = tuple(name for name, config in LADDER.items() if config.scaling == "rowwise" and not config.promote)
+TORCH, TORCH_FAST = PEER_SCALED_GROUPED_MM, PEER_SCALED_GROUPED_MM_FAST
+K6 = "k6/auto"  # our bf16 kernel, its configuration chosen for the shape
+PARTS = ("quantize", "accuracy", "grid", "models")
+FORMATS = (FP8_BLOCKWISE, FP8_ROWWISE, BF16_OPERANDS)  # each cell is measured in each, on inputs of its own
+GRID_ROWS = (4096, 16384, 65536)
+MODEL_ROWS = 65536  # the blockwise target's rows: DeepGEMM's published numbers are for 4-8 groups of 4-8k rows
+# The up and down projections of the two models whose weights are small enough to draw and quantize on the host
+# at 65,536 rows: Mixtral's E = 8 experts of 4,096 x 14,336 (its w1 alone, as chapter 09 takes it) and Qwen3's
+# 128 fine-grained experts of 2,048 x 768 (gate and up as one GEMM).
+MODELS = {
+    layer.projection_label(name, workload): workload
+    for layer, name, workload in (
+        (LAYERS["mixtral"], "w1", LAYERS["mixtral"].gate(MODEL_ROWS, 0.0)),
+        (LAYERS["mixtral"], "w2", LAYERS["mixtral"].down(MODEL_ROWS, 0.0)),
+        (LAYERS["qwen3"], "gate_up", LAYERS["qwen3"].gate_up(MODEL_ROWS, 0.0)),
+        (LAYERS["qwen3"], "down", LAYERS["qwen3"].down(MODEL_ROWS, 0.0)),
+    )
+}
+# accuracy: E = 8 experts, 2,048 balanced rows, N = 512, K from one block to 16,384
+ACCURACY_K = (128, 1024, 4096, 7168, 16384)
+ACCURACY_SHAPE = (8, 2048, 512)
+# quantize: the activations of GEMM 1 and 2 at 65,536 rows (K = 7,168 and 2,048: DeepSeek-V3's hidden and expert
+# widths) and Mixtral's w1 as weights
+QUANTIZE_ACTIVATIONS = ((65536, 7168), (65536, 2048))
+QUANTIZE_WEIGHTS = ((8, 4096, 14336),)
+BLOCKWISE_TARGET, BLOCKWISE_OVER_BF16 = 1150.0, 1.7  # useful TFLOP/s at 65,536 balanced rows, >= 2 projections
+FAST_TARGET, PROMOTED_TARGET, TARGET_ROWS = 1.0, 1.3, 4096  # k8 rowwise promoted over torch's fast / promoted
+ACCURACY_TARGET = 2e-3  # relative error of every promoted rung at every K
+QUANTIZE_TARGET = 0.8  # of the same run's copy bandwidth
+OPCODES = ("QGMMA", "FFMA", "UTMALDG", "UTMASTG", "STSM", "SYNCS", "USETMAXREG")
+COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consumers 232, the producer 40); smem: "
+                  "ring + A's scales + C staging + barriers + the walk's 2 KB; the rest: static SASS counts (QGMMA = "
+                  "FP8 wgmma, FFMA = fp32 multiply-adds, the promotion among them, UTMALDG / UTMASTG = TMA load / "
+                  "store, STSM = stmatrix, SYNCS = mbarrier)")
+SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
+                      "quantize", "accuracy"})
+TARGETS_LEGEND = "ratios of useful TFLOP/s on the same shape and routing in the same run, each kernel at its best"
+
+
+def parse_args(argv: Sequence[str] | None):
+    parser = chapter_parser(__doc__)
+    add_timing_arguments(parser, peers="torch._scaled_grouped_mm")
+    parser.add_argument("--rounds", type=positive_int("--rounds", MAX_REPEATS), default=3,
+                        help="interleaved timing rounds per workload; each variant's median over rounds is kept "
+                             "(default 3)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="which measurements to make (default all): quantize (the quantizers against a copy), "
+                             "accuracy (error against K), grid (the --tokens rows x --skews at the seed's shape), "
+                             f"models (the {len(MODELS)} model projections)")
+    parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_ROWS),
+                        metavar="M", help=f"the grid's M_tot values (default {' '.join(map(str, GRID_ROWS))})")
+    parser.add_argument("--skews", type=float, nargs="+", default=list(GRID_SKEWS), metavar="S",
+                        help=f"the grid's skews (default {' '.join(f'{s:g}' for s in GRID_SKEWS)})")
+    parser.add_argument("--models", nargs="+", default=[], metavar="NAME",
+                        help="only the model projections whose label contains one of these (case-insensitive), "
+                             "e.g. '--models qwen3'; default: all of them")
+    args = parser.parse_args(argv)
+    if any(s < 0 for s in args.skews):
+        parser.error("--skews: a skew is >= 0")
+    try:
+        chosen_shapes(MODELS, args.models)  # a name that matches no projection is refused before anything runs
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+# --------------------------------------------------------------------------- ratios and targets
+
+def cells_of(records: Sequence[dict[str, Any]], part: str) -> list[Workload]:
+    """The shapes and routings a part measured, in bf16 terms (each was measured in every format)."""
+    return list(dict.fromkeys(Workload.of(r).in_format(BF16_OPERANDS) for r in records if r.get("part") == part))
+
+
+def tflops(records: Sequence[dict[str, Any]], names: Sequence[str], fmt: OperandFormat, cell: Workload) -> float | None:
+    """The fastest of ``names`` at ``cell`` with operands in ``fmt``: useful TFLOP/s, or None."""
+    best = best_of(records, names, cell.in_format(fmt))
+    return None if best is None else best["useful_tflops"]
+
+
+def ratio(records: Sequence[dict[str, Any]], ours: tuple[Sequence[str], OperandFormat],
+          theirs: tuple[Sequence[str], OperandFormat], cell: Workload) -> float | None:
+    mine, other = tflops(records, *ours, cell), tflops(records, *theirs, cell)
+    return None if mine is None or other is None else mine / other
+
+
+def target_rows(records: Sequence[dict[str, Any]], accuracy: Sequence[dict[str, Any]] = (),
+                quantize: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    rows = []
+    models = cells_of(records, "models")
+    fast = [(c, tflops(records, BLOCKWISE, FP8_BLOCKWISE, c)) for c in models]
+    fast = sorted(((c, v) for c, v in fast if v is not None), key=lambda cv: -cv[1])
+    if fast:
+        second = fast[1] if len(fast) > 1 else fast[0]
+        label = next((name for name, w in MODELS.items() if w == second[0]), second[0].label)
+        rows.append({"target": f"blockwise k8 at 65,536 balanced rows, the second-best model projection ({label}), "
+                               f"useful TFLOP/s", "value": second[1], "goal": BLOCKWISE_TARGET,
+                     "met": len(fast) > 1 and second[1] >= BLOCKWISE_TARGET})
+        over = [(c, ratio(records, (BLOCKWISE, FP8_BLOCKWISE), ((K6,), BF16_OPERANDS), c)) for c, _ in fast[:2]]
+        over = [(c, v) for c, v in over if v is not None]
+        if over:
+            cell, value = min(over, key=lambda cv: cv[1])
+            rows.append({"target": f"blockwise k8 / bf16 k6/auto at the same two projections (worst: {cell.label})",
+                         "value": value, "goal": BLOCKWISE_OVER_BF16, "met": value >= BLOCKWISE_OVER_BF16})
+    cells = [c for part in ("grid", "models") for c in cells_of(records, part) if c.tokens >= TARGET_ROWS]
+    for peer, goal, mode in ((TORCH_FAST, FAST_TARGET, "True"), (TORCH, PROMOTED_TARGET, "False")):
+        values = [(c, ratio(records, (ROWWISE_PROMOTED, FP8_ROWWISE), ((peer,), FP8_ROWWISE), c)) for c in cells]
+        values = [(c, v) for c, v in values if v is not None]
+        if values:
+            cell, value = min(values, key=lambda cv: cv[1])
+            rows.append({"target": f"rowwise k8 (promoted) / torch._scaled_grouped_mm use_fast_accum={mode} at every "
+                                   f"cell of >= {TARGET_ROWS:,} rows (worst: {cell.label})",
+                         "value": value, "goal": goal, "met": value >= goal})
+    promoted = [r for r in accuracy if r["variant"] in (*BLOCKWISE, *ROWWISE_PROMOTED)]
+    if promoted:
+        worst = max(promoted, key=lambda r: r["rel_error"])
+        rows.append({"target": f"promoted k8 rungs' relative error, every K up to {max(ACCURACY_K):,} (worst: "
+                               f"{worst['variant']} at K = {worst['K']:,})", "value": worst["rel_error"],
+                     "goal": ACCURACY_TARGET, "met": worst["rel_error"] <= ACCURACY_TARGET, "at_most": True})
+    if quantize:
+        worst = min(quantize, key=lambda r: r["of_copy"])
+        rows.append({"target": f"quantizers' bandwidth / the same run's copy (worst: {worst['kernel']} {worst['shape']})",
+                     "value": worst["of_copy"], "goal": QUANTIZE_TARGET, "met": worst["of_copy"] >= QUANTIZE_TARGET})
+    return rows
+
+
+# --------------------------------------------------------------------------- tables
+
+def cell_table(records: Sequence[dict[str, Any]], part: str) -> Table:
+    body = []
+    for cell in cells_of(records, part):
+        def value(names: Sequence[str], fmt: OperandFormat) -> str:
+            v = tflops(records, names, fmt, cell)
+            return "-" if v is None else f"{v:.0f}"
+
+        def over(ours, theirs) -> str:
+            v = ratio(records, ours, theirs, cell)
+            return "-" if v is None else f"{v:.2f}"
+
+        label = next((name for name, w in MODELS.items() if w == cell), cell.short_label) if part == "models" \
+            else cell.short_label
+        body.append((label, value(BLOCKWISE, FP8_BLOCKWISE), value(ROWWISE_PROMOTED, FP8_ROWWISE),
+                     value(ROWWISE_FAST, FP8_ROWWISE), value((TORCH,), FP8_ROWWISE), value((TORCH_FAST,), FP8_ROWWISE),
+                     value((K6,), BF16_OPERANDS),
+                     over((BLOCKWISE, FP8_BLOCKWISE), ((K6,), BF16_OPERANDS)),
+                     over((ROWWISE_PROMOTED, FP8_ROWWISE), ((TORCH,), FP8_ROWWISE)),
+                     over((ROWWISE_PROMOTED, FP8_ROWWISE), ((TORCH_FAST,), FP8_ROWWISE))))
+    title = "The grid (seed shape: E = 64, K = 1024, N = 2688)" if part == "grid" else "Model projections"
+    return Table(("cell", "k8 block", "k8 row", "k8 row fast", "torch", "torch fast", "k6 bf16", "block/k6",
+                  "row/torch", "row/torch fast"), tuple(body), title=title,
+                 legend="useful TFLOP/s (2 M_tot K N per time), same shape and routing, same run: k8 blockwise (faster "
+                        "rung), k8 rowwise promoted and with fast accumulation, torch._scaled_grouped_mm with "
+                        "use_fast_accum False and True, our bf16 k6/auto on bf16 inputs; then the ratios")
+
+
+def accuracy_table(rows: Sequence[dict[str, Any]]) -> Table:
+    names = list(dict.fromkeys(r["variant"] for r in rows))
+    ks = sorted({r["K"] for r in rows})
+    body = []
+    for name in names:
+        errors = {r["K"]: r["rel_error"] for r in rows if r["variant"] == name}
+        out = next(r["out"] for r in rows if r["variant"] == name)
+        body.append((name, out, *("-" if k not in errors else f"{errors[k]:.1e}" for k in ks)))
+    return Table(("variant", "out", *(f"K={k:,}" for k in ks)), tuple(body), title="Error against K",
+                 legend="||C - C_ref|| / ||C_ref||, C_ref the fp32 product of the dequantized e4m3 inputs; "
+                        f"E = {ACCURACY_SHAPE[0]}, {ACCURACY_SHAPE[1]:,} balanced rows, N = {ACCURACY_SHAPE[2]}; "
+                        "bf16 out is bounded below by its own rounding (about 2e-3)")
+
+
+def quantize_table(rows: Sequence[dict[str, Any]]) -> Table:
+    body = tuple((r["kernel"], r["shape"], f"{r['median_us']:.1f}", f"{r['tbps']:.2f}", f"{r['copy_tbps']:.2f}",
+                  f"{r['of_copy']:.2f}") for r in rows)
+    return Table(("kernel", "shape", "us", "TB/s", "copy TB/s", "of copy"), body, title="The quantizers",
+                 legend="TB/s: bytes read (bf16) plus written (e4m3 and fp32 scales) per time; copy: a device copy of "
+                        "the same input bytes, same run")
+
+
+# --------------------------------------------------------------------------- no GPU
+
+def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
+    from moe_gemm.site.compile_report import compile_rows
+    from moe_gemm.variants.k8 import ladder
+
+    return compile_rows(ladder(), arch, OPCODES)
+
+
+def compile_report_table(rows: list[dict[str, Any]]) -> Table:
+    from moe_gemm.site.compile_report import compile_table
+
+    return compile_table(rows, OPCODES, {}, legend=COMPILE_LEGEND)
+
+
+def run_without_gpu(args, reason: str) -> int:
+    print_not_run(args, "k8", reason, f"compiling every rung for {ARCH} instead",
+                  ("--quick", "--no-peers", "--rounds", "--parts", "--tokens", "--skews", "--models"),
+                  "nothing is timed without an sm_90a GPU")
+    show(compile_report_table(compile_report(ARCH)))
+    if show_recorded(CHAPTER) != 0:
+        print(f"(no recorded results for chapter {CHAPTER} yet)")
+    return 0
+
+
+# --------------------------------------------------------------------------- with a GPU
+
+def variants_by_format(args) -> dict[OperandFormat, list[Any]]:
+    from moe_gemm.variants.k6.auto import K6Auto
+    from moe_gemm.variants.k8 import K8Fp8
+    from moe_gemm.variants.peer.torch import TorchScaledGroupedMM, torch_available
+
+    torch = [] if args.no_peers or not torch_available() else [TorchScaledGroupedMM(), TorchScaledGroupedMM(True)]
+    return {FP8_BLOCKWISE: [K8Fp8(name) for name in BLOCKWISE],
+            FP8_ROWWISE: [K8Fp8(name) for name in (*ROWWISE_PROMOTED, *ROWWISE_FAST)] + torch,
+            BF16_OPERANDS: [K6Auto()]}
+
+
+def measure_cell(part: str, cell: Workload, variants: dict[OperandFormat, list[Any]], args,
+                 timing: dict[str, int]) -> list[dict[str, Any]]:
+    """One shape and routing in every format, each on inputs of its own (a later run of the cell replaces all)."""
+    records = []
+    for fmt in FORMATS:
+        records += run_variants(variants[fmt], [cell.in_format(fmt)], rounds=args.rounds, **timing)
+    return [{**r, "part": part} for r in records]
+
+
+def piece(part: str, cell: Workload, done: Sequence[Workload]) -> tuple[str, str]:
+    """The part_runs entry once this run has measured ``done`` of its part: one per grid row or model projection."""
+    if part == "models":
+        label = next(name for name, w in MODELS.items() if w == cell)
+        return f"models-{list(MODELS).index(label)}", f"the model projection {label}"
+    skews = [w.skew for w in done if w.tokens == cell.tokens]
+    return f"grid-{cell.tokens}", f"the grid's row {cell.tokens:,}, skews {', '.join(f'{s:g}' for s in skews)}"
+
+
+def run_on_gpu(args, gpu) -> int:
+    from moe_gemm.measure.fp8 import accuracy_rows, quantize_rows
+    from moe_gemm.measure.parts import PartsFile
+    from moe_gemm.variants.k8 import ladder
+
+    timing = timing_options(args)
+    print(describe_gpu(gpu) + "\n")
+    report = compile_report(gpu.arch)
+    show(compile_report_table(report))
+    results = PartsFile(CHAPTER, gpu, SECTIONS)
+    checks = [c for fmt in (FP8_BLOCKWISE, FP8_ROWWISE)
+              for c in run_checks([v for v in ladder() if v.formats[0] == fmt], fmt=fmt)]
+    if not checks_passed(checks, shown=4):
+        return 1
+    results.put(checks=checks)
+
+    def save() -> str:
+        records = results.rows("records")
+        parts = [p for p in PARTS if any(r.get("part") == p for r in records) or results.rows(p)]
+        return results.save(compile_report=report, targets=target_rows(records, results.rows("accuracy"),
+                                                                       results.rows("quantize")),
+                            rounds=args.rounds, parts=parts)
+
+    path = None
+    variants = variants_by_format(args)
+    for part in args.parts:
+        if part == "quantize":
+            results.put(quantize=quantize_rows(QUANTIZE_ACTIVATIONS, QUANTIZE_WEIGHTS, **timing))
+            results.ran("quantize", "the quantizers against a copy")
+        elif part == "accuracy":
+            results.put(accuracy=accuracy_rows(variants[FP8_BLOCKWISE] + variants[FP8_ROWWISE], ACCURACY_SHAPE,
+                                               ACCURACY_K))
+            results.ran("accuracy", f"the error against K = {', '.join(map(str, ACCURACY_K))}")
+        else:  # saved after every cell: a run stopped part-way keeps what it finished
+            cells = ([Workload(t, s) for t in args.tokens for s in args.skews] if part == "grid"
+                     else list(chosen_shapes(MODELS, args.models).values()))
+            for done, cell in enumerate(cells, 1):
+                progress(f"[{part}] {cell.label} ({done} of {len(cells)})")
+                records = measure_cell(part, cell, variants, args, timing)
+                results.replace("records", records,
+                                key=lambda r: (r["part"], Workload.of(r).in_format(BF16_OPERANDS)))
+                results.ran(*piece(part, cell, cells[:done]))
+                path = save()
+        path = save()
+    records = results.rows("records")
+    for part, table in (("quantize", quantize_table), ("accuracy", accuracy_table)):
+        if results.rows(part):
+            show(table(results.rows(part)))
+    for part in ("grid", "models"):
+        if cells_of(records, part):
+            show(cell_table(records, part))
+    show(targets_table(target_rows(records, results.rows("accuracy"), results.rows("quantize")), TARGETS_LEGEND))
+    print(f"results written to {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return chapter_main(parse_args(argv), REQUIRES, run_on_gpu, run_without_gpu)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,340 @@
+// k8_fp8.cu: chapter 10's kernel, the grouped GEMM in fp8 e4m3 with fp32 scales.
+//
+//   python chapters/10/run.py      # check, time and compare with torch._scaled_grouped_mm (needs an sm_90a GPU)
+//   pytest tests/test_k8.py        # compiles every rung for sm_90a, no GPU needed
+//
+// C [M_tot, N] = A_e B[e] as in k6, with both operands quantized to e4m3 and C = the product of their
+// real values (q x scale), accumulated in fp32 and stored in bf16 (or fp32). Two scalings:
+//
+//   BLOCKWISE   the DeepSeek-V3 recipe: one scale per 1 x 128 group of A along K and one per 128 x 128 block
+//               of B. The scales change every 128 of K, so they cannot wait for the epilogue: each stage of
+//               the ring is one 128-deep block of K, the warpgroup multiplies it into a scratch accumulator,
+//               then adds that into its main fp32 accumulators times scale_a[row] x scale_b (promotion).
+//   ROWWISE     torch._scaled_grouped_mm's sm_90 form: one scale per row of A and one per expert and column
+//               of B, both over all of K, so they apply once, in the epilogue. PROMOTE = true adds each
+//               stage's product into fp32 as the blockwise kernel does (use_fast_accum=False's precision);
+//               false lets the tensor core accumulate all of K (use_fast_accum=True).
+//
+// Why promote: Hopper's FP8 wgmma adds its products into fewer bits than fp32 (about 14 per the
+// DeepSeek-V3 technical report, section 3.3.2), so a long K loses the small terms of a large sum. 128 of K
+// per scratch sum keeps the loss bounded; DeepGEMM promotes the same way (its sm90_fp8_gemm_1d2d).
+//
+// FP8 wgmma reads both operands K-major, so B arrives transposed, B^T [E, N, K] (a weight is quantized once,
+// and the quantizer writes it so: k8_quantize.cu). A 128-deep k-block of e4m3 is one 128-byte swizzle row,
+// and a k32 step is 32 bytes along it: the operand boxes, their descriptors and their steps are exactly
+// k6's K-major bf16 ones (descriptor_steps.cuh), with twice the elements in each byte.
+//
+// The rest is k6's cooperative kernel on the device walk (chapter 07): a producer warp issues TMA into
+// a ring of STAGES; two consumer warpgroups split each BM x 128 tile by rows (BM / 2 each: one or two m64
+// slices) and both read every stage; persistent blocks walk the tiles expert by expert from the expert
+// ends on the device (torch's offs), trusting none of them; each warpgroup stores its rows through a ring
+// of STAGING_BOXES C staging boxes. A warpgroup issues only the m64 slices whose rows hold tokens.
+#include "descriptor_steps.cuh"
+#include "epilogues.cuh"
+#include "named_barriers.cuh"
+#include "ptx.cuh"
+#include "tile_walk.cuh"
+#include "tma_pipeline.cuh"
+#include "wgmma_config.cuh"
+
+namespace k8 {
+
+// --8<-- [start:config]
+enum Scaling : int { BLOCKWISE = 0, ROWWISE = 1 };
+
+template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES>
+struct Config {
+    static_assert(SCALING == ROWWISE || PROMOTE, "blockwise scales change every 128 of K: they apply by promotion");
+    static_assert(BM == 128 || BM == 256, "BM is 128 or 256 rows: one or two m64 slices per consumer warpgroup");
+    static constexpr bool PROMOTES = PROMOTE;
+    static constexpr int BK = 128;   // e4m3 of K per stage: one 128-byte swizzle row, one scale block
+    static constexpr int BN = 128;   // one block of B's scales wide, so one scale_b per stage
+    static constexpr int K_STEPS = BK / 32;                   // wgmma k32 steps per stage
+    static constexpr int TILE_M = BM, WG_ROWS = BM / 2, M_ITERS = WG_ROWS / 64;
+    static constexpr unsigned A_BYTES = BM * BK, B_BYTES = BN * BK;  // one byte per element
+    static constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
+    // Blockwise: the stage also carries this k-block's scale of each of the tile's BM rows (TMA, from the
+    // MN-major scale_a [K / 128, M_pad]: BM consecutive floats), after the ring, kept apart so that every
+    // operand box stays on a 1 KB boundary.
+    static constexpr unsigned SCALE_BYTES = SCALING == BLOCKWISE ? BM * 4 : 0;
+    static constexpr unsigned SCALE_RING_BYTES =  // rounded up so that the C staging after it stays 1 KB aligned
+        (STAGES * SCALE_BYTES + sm90::SWIZZLE_ALIGN - 1) / sm90::SWIZZLE_ALIGN * sm90::SWIZZLE_ALIGN;
+    static constexpr int EMPTY_ARRIVALS = 2;  // both consumer warpgroups read every stage
+    // setmaxnreg as k6: a thread holds M_ITERS x 64 fp32 main accumulators and, promoting, 64 scratch ones.
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+    static constexpr unsigned STAGING_BYTES = 2 * STAGING_BOXES * sm90::BOX_BYTES;  // a ring per warpgroup
+    // The host sizes the launch the same way (moe_gemm.variants.k8.config).
+    static_assert(STAGES * STAGE_BYTES + SCALE_RING_BYTES + STAGING_BYTES + sm90::SWIZZLE_ALIGN <= 232448 - 2304,
+                  "the ring, its scales and the C staging fit the shared memory of one block");
+    static_assert(STAGE_BYTES % sm90::SWIZZLE_ALIGN == 0, "every operand box starts on a 1 KB boundary");
+};
+// --8<-- [end:config]
+
+// --8<-- [start:producer]
+// One thread issues every copy: per unit (expert, row0, rows, col0) of the walk and per 128-deep k-block,
+// A's box of BM rows, B^T's box of 128 columns of the expert, and (blockwise) the BM scales of A's rows.
+// Rows past the expert (or past M_tot: zeros) are loaded and never stored; K past its end reads zeros,
+// which add nothing.
+template <class Cfg, int STAGES, class Walk>
+__device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
+                                        const CUtensorMap* tmap_sa, const Walk& order, int units, int first,
+                                        int stride, int k_steps, unsigned ring, unsigned scales,
+                                        sm90::Slots<STAGES>& slots, unsigned long long* full,
+                                        unsigned long long* empty) {
+    tma_prefetch_descriptor(tmap_a);
+    tma_prefetch_descriptor(tmap_b);
+    int stage = 0;
+    unsigned phase = 0;
+    for (int unit = first, ordinal = 0; unit < units; unit += stride, ++ordinal) {
+        const int4 tile = order.unit(unit);
+        for (int ks = 0; ks < k_steps; ++ks) {
+            mbarrier_wait_parity(smem_u32(&empty[stage]), phase ^ 1);
+            if (ks == 0) slots.tile[ordinal % sm90::Slots<STAGES>::COUNT] = tile;  // released by the arrive below
+            const unsigned bar = smem_u32(&full[stage]);
+            mbarrier_arrive_expect_tx(bar, Cfg::STAGE_BYTES + Cfg::SCALE_BYTES);
+            const unsigned a_dst = ring + stage * Cfg::STAGE_BYTES;
+            const int k = ks * Cfg::BK;
+            tma_load_2d(a_dst, tmap_a, k, tile.y, bar);
+            tma_load_3d(a_dst + Cfg::A_BYTES, tmap_b, k, tile.w, tile.x, bar);  // B^T [E, N, K]: (k, n, e)
+            if constexpr (Cfg::SCALE_BYTES > 0) tma_load_2d(scales + stage * Cfg::SCALE_BYTES, tmap_sa, tile.y, ks, bar);
+            if (++stage == STAGES) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+// --8<-- [end:producer]
+
+// --8<-- [start:consumer]
+// A warpgroup's rows of one tile: SLICES m64 slices (0, 1 or 2: only those with rows; 0 waits for the
+// stages and hands them back). SLICES is a template parameter because a wgmma under a run-time branch
+// makes ptxas serialize every wgmma of the kernel (warning C7520).
+//
+// PROMOTE: per stage and slice, four k32 wgmmas into `scratch`, wait for them, then
+//     acc[i] += scratch x scale_a[row] x scale_b        (rowwise: x 1)
+// The stage goes back to the producer once the last slice's wgmmas are done: its A scales were read into
+// registers first. The tensor core is idle while a warpgroup promotes, unless the other warpgroup's
+// wgmmas are running: with two warpgroups on every stage, one's promotion overlaps the other's products.
+// Not promoting: k6's loop, the tensor core accumulating all of K, each stage released once the next
+// one's wgmmas are issued.
+template <class Cfg, int SLICES, int STAGES>
+__device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::BN / 2], int warpgroup, int k_steps,
+                                         unsigned ring, const float* scales, const float* __restrict__ scale_b_row,
+                                         unsigned long long* full, unsigned long long* empty, int& stage,
+                                         unsigned& phase) {
+    constexpr OperandPlan PLAN = sm90::K_MAJOR_PLAN;  // A and B^T: 128-byte rows, a k32 step 32 bytes along
+    const int warp = (threadIdx.x % sm90::WARPGROUP) / 32, g = threadIdx.x % 32 / 4;
+    int previous = -1;
+    if constexpr (Cfg::PROMOTES) {
+#pragma unroll
+        for (int i = 0; i < SLICES; ++i)
+#pragma unroll
+            for (int v = 0; v < Cfg::BN / 2; ++v) acc[i][v] = 0.0f;
+    }
+    for (int ks = 0; ks < k_steps; ++ks) {
+        // This k-block's B scale (blockwise): one float for the whole tile, loaded before the wait hides it.
+        const float scale_b = Cfg::SCALE_BYTES > 0 && SLICES > 0 ? __ldg(scale_b_row + ks) : 1.0f;
+        mbarrier_wait_parity(smem_u32(&full[stage]), phase);
+        if constexpr (SLICES > 0) {
+            const unsigned stage_base = ring + stage * Cfg::STAGE_BYTES;
+            const unsigned long long desc_a = sm90::warp_uniform(
+                matrix_descriptor(PLAN.bits, stage_base + warpgroup * Cfg::M_ITERS * PLAN.mn64_bytes));
+            const unsigned long long desc_b = sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base + Cfg::A_BYTES));
+            if constexpr (Cfg::PROMOTES) {
+                // The scales of this thread's two rows of each slice: D rows 16 warp + g and + 8.
+                float row_scale[SLICES][2];
+#pragma unroll
+                for (int i = 0; i < SLICES; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        if constexpr (Cfg::SCALE_BYTES > 0) {
+                            row_scale[i][h] = scales[stage * Cfg::TILE_M + warpgroup * Cfg::WG_ROWS + 64 * i + 16 * warp +
+                                                     8 * h + g] * scale_b;
+                        } else {
+                            row_scale[i][h] = 1.0f;
+                        }
+                    }
+                float scratch[Cfg::BN / 2];
+#pragma unroll
+                for (int i = 0; i < SLICES; ++i) {
+                    wgmma_fence();  // the promotion below read `scratch`: order it before the next wgmmas write it
+#pragma unroll
+                    for (int kk = 0; kk < Cfg::K_STEPS; ++kk)
+                        wgmma_e4m3<Cfg::BN>(scratch, desc_a + sm90::descriptor_step(i * PLAN.mn64_bytes + kk * PLAN.k16_bytes),
+                                            desc_b + sm90::descriptor_step(kk * PLAN.k16_bytes), kk > 0);
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    fence_accumulators(scratch);
+                    if (i == SLICES - 1) sm90::release<1>(empty, stage);
+#pragma unroll
+                    for (int v = 0; v < Cfg::BN / 2; ++v) acc[i][v] += scratch[v] * row_scale[i][(v / 2) % 2];
+                }
+            } else {
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < Cfg::K_STEPS; ++kk)
+#pragma unroll
+                    for (int i = 0; i < SLICES; ++i)
+                        wgmma_e4m3<Cfg::BN>(acc[i], desc_a + sm90::descriptor_step(i * PLAN.mn64_bytes + kk * PLAN.k16_bytes),
+                                            desc_b + sm90::descriptor_step(kk * PLAN.k16_bytes), ks > 0 || kk > 0);
+                wgmma_commit();
+                wgmma_wait<1>();  // the previous stage's wgmmas are done: hand it back (k3's loop)
+                if (previous >= 0) sm90::release<1>(empty, previous);
+                previous = stage;
+            }
+        } else {
+            sm90::release<1>(empty, stage);
+        }
+        if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+    if constexpr (!Cfg::PROMOTES && SLICES > 0) {
+        wgmma_wait<0>();
+        if (previous >= 0) sm90::release<1>(empty, previous);
+    }
+}
+// --8<-- [end:consumer]
+
+// --8<-- [start:rowwise]
+// The rowwise scales, applied once in the epilogue, one m64 slice at a time: element (r, c) of the slice
+// times scale_a[r] x scale_b[e][c], into a copy that the store then takes. In place, the rewritten
+// accumulators would make ptxas serialize the wgmmas that write them (its C7515); a copy of the whole
+// tile would spill at BM = 256 (128 + 128 floats a thread). A thread holds rows 16 warp + 8h + g of the
+// slice and the column pairs 8j + 2t, + 1; a pair's two scales are one 8-byte load (N % 8 == 0 and the
+// column is even). Rows past M_tot read no scale.
+struct OneSlice {  // what sm90::store_slices reads of a configuration: the slices it stores
+    static constexpr int M_ITERS = 1;
+};
+
+template <int BN>
+__device__ __forceinline__ void scale_slice(const float (&acc)[BN / 2], float (&scaled)[1][BN / 2], int row0,
+                                            int col0, const float* __restrict__ scale_a,
+                                            const float* __restrict__ expert_scales, int tokens, int N) {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % sm90::WARPGROUP) / 32, g = lane / 4, t = lane % 4;
+    float row_scale[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 16 * warp + 8 * h + g;
+        row_scale[h] = row < tokens ? __ldg(scale_a + row) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        const int col = col0 + 8 * j + 2 * t;
+        const float2 column = col < N ? __ldg(reinterpret_cast<const float2*>(expert_scales + col)) : make_float2(0, 0);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            scaled[0][4 * j + 2 * h] = acc[4 * j + 2 * h] * (row_scale[h] * column.x);
+            scaled[0][4 * j + 2 * h + 1] = acc[4 * j + 2 * h + 1] * (row_scale[h] * column.y);
+        }
+    }
+}
+// --8<-- [end:rowwise]
+
+// --8<-- [start:body]
+template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT>
+__device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
+                                        const CUtensorMap* tmap_sa, const CUtensorMap* tmap_c, void* C,
+                                        const float* scale_a, const float* scale_b, const int* ends, int tokens,
+                                        int experts, int group, int K, int N) {
+    static_assert(OUT == sm90::BF16 || OUT == sm90::F32, "a bf16 or fp32 output");
+    using Cfg = Config<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES>;
+    __shared__ alignas(8) unsigned long long full[STAGES];
+    __shared__ alignas(8) unsigned long long empty[STAGES];
+    __shared__ walk::Walk<BM, Cfg::BN> order;  // 2 KB
+    __shared__ sm90::Slots<STAGES> slots;
+    extern __shared__ unsigned char dynamic_smem[];
+    const unsigned ring = (smem_u32(dynamic_smem) + sm90::SWIZZLE_ALIGN - 1) & ~(sm90::SWIZZLE_ALIGN - 1);
+    const unsigned scales = ring + STAGES * Cfg::STAGE_BYTES;
+    const unsigned staging = scales + Cfg::SCALE_RING_BYTES;
+    // The same scales through a generic pointer, for the consumers' plain loads (TMA writes them; the full
+    // barrier's wait makes the writes visible).
+    const float* scale_rows = reinterpret_cast<const float*>(dynamic_smem + (scales - smem_u32(dynamic_smem)));
+    const int warpgroup = threadIdx.x / sm90::WARPGROUP;
+    const int k_steps = (K + Cfg::BK - 1) / Cfg::BK;  // the host checked K % 16 == 0 and K > 0
+    const int k_blocks = k_steps, n_blocks = (N + Cfg::BN - 1) / Cfg::BN;
+
+    order.build(ends, experts, tokens, N, group);
+    const int units = order.total();
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(smem_u32(&full[s]), 1);
+            mbarrier_init(smem_u32(&empty[s]), Cfg::EMPTY_ARRIVALS);
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int first = blockIdx.x, stride = gridDim.x;
+    if (warpgroup == 2) {
+        setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+        if (threadIdx.x % sm90::WARPGROUP == 0)
+            produce<Cfg, STAGES>(tmap_a, tmap_b, tmap_sa, order, units, first, stride, k_steps, ring, scales, slots,
+                                 full, empty);
+    } else {
+        setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+        float acc[Cfg::M_ITERS][Cfg::BN / 2];
+        const unsigned my_staging = staging + warpgroup * STAGING_BOXES * sm90::BOX_BYTES;
+        const int mine = first < units ? (units - first + stride - 1) / stride : 0;  // this block's units
+        int stage = 0, stored = 0;
+        unsigned phase = 0;
+        for (int ordinal = 0; ordinal < mine; ++ordinal) {
+            mbarrier_wait_parity(smem_u32(&full[stage]), phase);  // the unit's first stage, and its slot
+            const int4 tile = slots.tile[ordinal % sm90::Slots<STAGES>::COUNT];
+            const int row0 = tile.y + warpgroup * Cfg::WG_ROWS;
+            const int rows = min(min(tile.z - warpgroup * Cfg::WG_ROWS, Cfg::WG_ROWS), tokens - row0);
+            const int slices = rows <= 0 ? 0 : (rows + 63) / 64;
+            const float* scale_b_row =
+                scale_b + (static_cast<long long>(tile.x) * n_blocks + tile.w / Cfg::BN) * k_blocks;  // blockwise
+            if (slices >= 2)
+                multiply<Cfg, Cfg::M_ITERS, STAGES>(acc, warpgroup, k_steps, ring, scale_rows, scale_b_row, full, empty,
+                                                    stage, phase);
+            else if (slices == 1)
+                multiply<Cfg, 1, STAGES>(acc, warpgroup, k_steps, ring, scale_rows, scale_b_row, full, empty, stage, phase);
+            else
+                multiply<Cfg, 0, STAGES>(acc, warpgroup, k_steps, ring, scale_rows, scale_b_row, full, empty, stage, phase);
+            if (slices > 0) {
+                if constexpr (SCALING == ROWWISE) {
+#pragma unroll
+                    for (int i = 0; i < Cfg::M_ITERS; ++i) {
+                        if (i >= slices) break;
+                        float scaled[1][Cfg::BN / 2];
+                        scale_slice<Cfg::BN>(acc[i], scaled, row0 + 64 * i, tile.w, scale_a,
+                                             scale_b + static_cast<long long>(tile.x) * N, tokens, N);
+                        sm90::store_slices<OneSlice, STAGING_BOXES, Cfg::BN, OUT>(scaled, row0 + 64 * i, rows - 64 * i,
+                                                                                  tile.w, warpgroup, my_staging, stored,
+                                                                                  tmap_c, C, N);
+                    }
+                } else {
+                    sm90::store_slices<Cfg, STAGING_BOXES, Cfg::BN, OUT>(acc, row0, rows, tile.w, warpgroup, my_staging,
+                                                                         stored, tmap_c, C, N);
+                }
+            }
+        }
+        if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait<0>();  // the staged boxes are read before exit
+    }
+}
+// --8<-- [end:body]
+
+}  // namespace k8
+
+// --8<-- [start:kernel]
+#define K8_PARAMS                                                                                              \
+    const __grid_constant__ CUtensorMap tmap_a,   /* A [M_tot, K] e4m3: box {128, BM}                      */ \
+    const __grid_constant__ CUtensorMap tmap_b,   /* B^T [E, N, K] e4m3: {K, N, E}, box {128, 128, 1}      */ \
+    const __grid_constant__ CUtensorMap tmap_sa,  /* blockwise: scale_a [K/128, M_pad] fp32, box {BM, 1}   */ \
+    const __grid_constant__ CUtensorMap tmap_c,   /* C [M_tot, N]: box {64, 64}                            */ \
+    void* __restrict__ C,                         /* [M_tot, N] in OUT: bf16 or fp32                       */ \
+    const float* __restrict__ scale_a,            /* rowwise: [M_tot]                                      */ \
+    const float* __restrict__ scale_b,            /* blockwise: [E, N/128, K/128]; rowwise: [E, N]         */ \
+    const int* __restrict__ ends,                 /* [E] cumulative row ends (torch's offs), on the device */ \
+    int tokens, int experts, int group, int K, int N
+
+template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT>
+__global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k8_fp8(K8_PARAMS) {
+    k8::k8_body<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, OUT>(&tmap_a, &tmap_b, &tmap_sa, &tmap_c, C, scale_a,
+                                                                  scale_b, ends, tokens, experts, group, K, N);
+}
+// --8<-- [end:kernel]

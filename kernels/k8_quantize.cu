@@ -1,0 +1,129 @@
+// k8_quantize.cu: chapter 10's activation quantizer. A [M, K] in bf16 becomes e4m3 in 1 x 128 groups along
+// K, each with one fp32 scale (the DeepSeek-V3 recipe, its technical report's section 3.3.2):
+//
+//   scale = max(amax / 448, FLT_MIN), or 1 for an all-zero group      q = e4m3(x / scale)
+//
+// exactly as the numpy reference computes it (moe_gemm.model.quantize.quantize): fp32 division rounded to
+// nearest, e4m3 rounded to nearest-even, clamped at +-448. K need not be a multiple of 128: the last
+// group holds the remainder (its amax is the partial group's).
+//
+// The scales are stored MN-major, scale[kb * m_pad + m] for k-block kb of row m, with m_pad = M rounded
+// up to 4: the FP8 GEMM loads, for each k-block of its main loop, the scales of its tile's BM rows, and
+// in this layout they are BM consecutive floats that one TMA box reads (its rows 16-byte aligned, hence
+// the padding), where a row-major [M, K / 128] would put them K / 128 floats apart.
+//
+// Memory-bound: 2 bytes read and 1 + 4 / 128 written per element. Each group is 16 threads with 8
+// elements each (one 16-byte load, one 8-byte store), its amax reduced over the 16 lanes with shuffles;
+// a 256-thread block quantizes 16 groups. The host checks K % 8 == 0 (whole 16-byte loads).
+
+#include "ptx.cuh"  // pack_e4m3x2
+
+namespace k8 {
+constexpr int GROUP = 128, PER_THREAD = 8, LANES = GROUP / PER_THREAD;  // 16 threads per group
+constexpr float E4M3_MAX = 448.0f;
+constexpr float FLT_MIN_NORMAL = 1.17549435e-38f;
+}  // namespace k8
+
+extern "C" __global__ void __launch_bounds__(256) quantize_1x128(const uint4* __restrict__ x,
+                                                                 uint2* __restrict__ q,
+                                                                 float* __restrict__ scale,
+                                                                 int M, int K, int m_pad) {
+    using namespace k8;
+    const int k_blocks = (K + GROUP - 1) / GROUP;
+    const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+    const int lane = threadIdx.x % LANES;
+    // A whole group's 16 lanes are in one half-warp, so every shuffle below stays among them; a group past
+    // the end still takes part (with zeros) so that no lane of a live group waits for an exited one.
+    const bool live = group < static_cast<long long>(M) * k_blocks;
+    const int m = live ? static_cast<int>(group / k_blocks) : 0, kb = live ? static_cast<int>(group % k_blocks) : 0;
+    const int k0 = kb * GROUP + lane * PER_THREAD;
+    const bool in_row = live && k0 < K;
+    const long long piece = (static_cast<long long>(m) * K + k0) / PER_THREAD;  // K % 8 == 0: whole pieces
+    const uint4 v = in_row ? x[piece] : make_uint4(0, 0, 0, 0);
+    const unsigned words[4] = {v.x, v.y, v.z, v.w};
+    float values[PER_THREAD];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        values[2 * i] = __uint_as_float(words[i] << 16);  // bf16 is fp32's upper half
+        values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+        amax = fmaxf(amax, fmaxf(fabsf(values[2 * i]), fabsf(values[2 * i + 1])));
+    }
+#pragma unroll
+    for (int offset = LANES / 2; offset > 0; offset /= 2)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    const float s = amax == 0.0f ? 1.0f : fmaxf(__fdiv_rn(amax, E4M3_MAX), FLT_MIN_NORMAL);
+    if (!in_row) return;
+    unsigned short pairs[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pairs[i] = pack_e4m3x2(__fdiv_rn(values[2 * i], s), __fdiv_rn(values[2 * i + 1], s));
+    q[piece] = make_uint2(pairs[0] | (static_cast<unsigned>(pairs[1]) << 16),
+                          pairs[2] | (static_cast<unsigned>(pairs[3]) << 16));
+    if (lane == 0) scale[static_cast<long long>(kb) * m_pad + m] = s;
+}
+
+// The weights' quantizer: one expert's B[e] [K, N] in bf16 (the layer's [E, K, N], as GEMM 1 and 2 take
+// it) becomes e4m3 in 128 x 128 blocks with one fp32 scale each, written transposed, q [E, N, K]: FP8
+// wgmma reads both operands K-major from shared memory (it has no transposed layouts for 8-bit types), so
+// the GEMM's B is [E, N, K]. Scales scale[e][nb][kb], [E, ceil(N / 128), ceil(K / 128)], row-major: the
+// GEMM reads one per (N tile, k-block). Weights are quantized once, so this kernel is simple rather
+// than fast: one 256-thread block per block of 128 x 128, staged in shared memory as bf16 (33 KB), its
+// amax reduced over the block, then each thread converts 64 elements of one column of B (one row of q)
+// and writes them as four 16-byte stores. The host checks K % 16 == 0 (whole 16-byte stores of q rows)
+// and N % 8 == 0 (whole 16-byte loads of B rows); a partial last block along either is zero-padded.
+extern "C" __global__ void __launch_bounds__(256) quantize_128x128_t(const uint4* __restrict__ b,
+                                                                     uint4* __restrict__ q,
+                                                                     float* __restrict__ scale,
+                                                                     int K, int N) {
+    using namespace k8;
+    constexpr int ROW = GROUP + 2;  // bf16 per staged row: 65 words, so a column read walks the banks
+    __shared__ unsigned short tile[GROUP][ROW];
+    __shared__ float warp_amax[256 / 32];
+    const int nb = blockIdx.x, kb = blockIdx.y, e = blockIdx.z;
+    const int n0 = nb * GROUP, k0 = kb * GROUP;
+    const unsigned short* expert = reinterpret_cast<const unsigned short*>(b) + static_cast<long long>(e) * K * N;
+    float amax = 0.0f;
+    // Loads: 16 threads per row of 128 columns, 16 rows per pass, 8 passes.
+    for (int pass = 0; pass < GROUP / 16; ++pass) {
+        const int r = pass * 16 + threadIdx.x / LANES, c = (threadIdx.x % LANES) * PER_THREAD;
+        const int k = k0 + r, n = n0 + c;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (k < K && n < N) v = *reinterpret_cast<const uint4*>(expert + static_cast<long long>(k) * N + n);
+        const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            tile[r][c + 2 * i] = static_cast<unsigned short>(words[i] & 0xffffu);
+            tile[r][c + 2 * i + 1] = static_cast<unsigned short>(words[i] >> 16);
+            amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(words[i] << 16)),
+                                     fabsf(__uint_as_float(words[i] & 0xffff0000u))));
+        }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+    __syncthreads();  // the tile and every warp's amax are in shared memory
+    amax = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 256 / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
+    const float s = amax == 0.0f ? 1.0f : fmaxf(__fdiv_rn(amax, E4M3_MAX), FLT_MIN_NORMAL);
+    const int k_blocks = (K + GROUP - 1) / GROUP, n_blocks = (N + GROUP - 1) / GROUP;
+    if (threadIdx.x == 0) scale[(static_cast<long long>(e) * n_blocks + nb) * k_blocks + kb] = s;
+    // Stores: thread t writes row n0 + t / 2 of q, its K elements k0 + 64 (t % 2) .. + 63.
+    const int c = threadIdx.x / 2, half = (threadIdx.x % 2) * 64;
+    if (n0 + c >= N) return;
+    unsigned char* row = reinterpret_cast<unsigned char*>(q) + (static_cast<long long>(e) * N + n0 + c) * K + k0;
+#pragma unroll
+    for (int chunk = 0; chunk < 4; ++chunk) {  // 16 elements, 16 bytes
+        const int r0 = half + 16 * chunk;
+        if (k0 + r0 >= K) break;
+        unsigned words[4];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            float v[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] = __fdiv_rn(__uint_as_float(static_cast<unsigned>(tile[r0 + 4 * w + i][c]) << 16), s);
+            words[w] = pack_e4m3x2(v[0], v[1]) | (static_cast<unsigned>(pack_e4m3x2(v[2], v[3])) << 16);
+        }
+        *reinterpret_cast<uint4*>(row + r0) = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+}

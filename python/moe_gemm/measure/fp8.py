@@ -1,0 +1,97 @@
+"""Chapter 10's two measurements besides the timings: the quantizers against a copy, and the error of each FP8
+kernel as K grows.
+
+* :func:`quantize_rows` times ``moe_gemm.torch.quantize``'s two kernels as a model calls them (their outputs
+  allocated each call) beside a device-to-device copy of the same input bytes, in the same run: a quantizer
+  reads 2 bytes and writes a little over 1 per element, so its bandwidth (bytes read plus written per time)
+  is set against the copy's, the most any pass over the same bytes can reach.
+* :func:`accuracy_rows` runs each FP8 variant once per K on the same random e4m3 inputs and compares its output
+  with the fp32 product of the dequantized inputs: the promoted kernels add fp32 rounding only, the tensor
+  core's own accumulation (fast accumulation) loses the small terms of a long sum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from moe_gemm.cuda.device import DeviceProblem
+from moe_gemm.cuda.timing import time_launches
+from moe_gemm.measure.check import progress, run_once
+from moe_gemm.model.problem import BF16, FP8_BLOCKWISE, FP8_ROWWISE, FP32, dtype_name, make_problem
+from moe_gemm.model.quantize import BLOCK
+from moe_gemm.model.reference import reference_gemm, relative_error
+
+
+def _median_us(launch, **timing: int) -> float:
+    """Median time of ``launch()`` issued on the harness stream (where time_launches records its events)."""
+    import torch
+
+    from moe_gemm.variants.peer.torch import torch_stream
+
+    with torch.cuda.stream(torch_stream()):
+        return time_launches(lambda i: launch(), **timing).median_ms * 1e3
+
+
+def _row(kernel: str, shape: str, moved: int, copied: int, quantize_us: float, copy_us: float) -> dict[str, Any]:
+    tbps, copy_tbps = moved / quantize_us / 1e6, copied / copy_us / 1e6
+    return {"kernel": kernel, "shape": shape, "median_us": quantize_us, "bytes": moved, "tbps": tbps,
+            "copy_us": copy_us, "copy_tbps": copy_tbps, "of_copy": tbps / copy_tbps}
+
+
+def quantize_rows(activations: Sequence[tuple[int, int]], weights: Sequence[tuple[int, int, int]],
+                  **timing: int) -> list[dict[str, Any]]:
+    """One row per shape: the quantizer's time and bandwidth, the copy's, and their ratio."""
+    import torch
+
+    from moe_gemm.torch.quantize import padded_rows, quantize_1x128, quantize_128x128_t
+
+    rows = []
+    for M, K in activations:
+        progress(f"[quantize] 1 x 128 groups of [{M:,}, {K:,}]")
+        x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        copy = torch.empty_like(x)
+        moved = x.nbytes + M * K + 4 * -(-K // BLOCK) * padded_rows(M)  # bf16 in; e4m3 and the scales out
+        rows.append(_row("quantize_1x128", f"[{M:,}, {K:,}]", moved, 2 * x.nbytes,
+                         _median_us(lambda: quantize_1x128(x), **timing), _median_us(lambda: copy.copy_(x), **timing)))
+        del x, copy
+    for E, K, N in weights:
+        progress(f"[quantize] 128 x 128 blocks of [{E}, {K:,}, {N:,}], written transposed")
+        b = torch.randn(E, K, N, device="cuda").to(torch.bfloat16)
+        copy = torch.empty_like(b)
+        moved = b.nbytes + E * K * N + 4 * E * -(-K // BLOCK) * -(-N // BLOCK)
+        rows.append(_row("quantize_128x128_t", f"[{E}, {K:,}, {N:,}]", moved, 2 * b.nbytes,
+                         _median_us(lambda: quantize_128x128_t(b), **timing),
+                         _median_us(lambda: copy.copy_(b), **timing)))
+        del b, copy
+    return rows
+
+
+def accuracy_rows(variants: Sequence[Any], shape: tuple[int, int, int], ks: Sequence[int],
+                  seed: int = 17) -> list[dict[str, Any]]:
+    """``||C - C_ref|| / ||C_ref||`` of every variant at every K, C_ref the fp32 product of the dequantized inputs;
+    ``shape`` is (E, M_tot, N), balanced. Each variant writes fp32 where it can (k8), else bf16 (torch's FP8
+    grouped GEMM writes bf16 only: ``out_dtypes``); a variant that refuses the inputs is left out."""
+    experts, tokens, N = shape
+    rows = []
+    for K in ks:
+        for fmt in (FP8_BLOCKWISE, FP8_ROWWISE):
+            progress(f"[accuracy] K = {K:,}, {fmt}")
+            problem = make_problem(experts, tokens, K, N, 0.0, seed=seed, fmt=fmt, out_dtype=FP32)
+            in_bf16 = dataclasses.replace(problem, out_dtype=BF16)
+            devices = {FP32: DeviceProblem(problem), BF16: None}
+            for variant in (v for v in variants if fmt in v.formats):
+                out_dtype = FP32 if FP32 in variant.out_dtypes else BF16
+                if devices[out_dtype] is None:
+                    devices[out_dtype] = DeviceProblem(in_bf16)
+                dev = devices[out_dtype]
+                try:
+                    out = run_once(variant, dev)
+                except ValueError as unsupported:
+                    progress(f"[accuracy] {variant.name}: skipped ({unsupported})")
+                    continue
+                rows.append({"variant": variant.name, "format": fmt.name, "K": K, "experts": experts,
+                             "tokens": tokens, "N": N, "out": dtype_name(out_dtype),
+                             "rel_error": relative_error(out, reference_gemm(dev.problem))})
+    return rows

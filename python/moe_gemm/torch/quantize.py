@@ -1,0 +1,131 @@
+"""Chapter 10's quantizers as torch functions, in the layouts the FP8 GEMM's loads read:
+
+    q, scale = quantize_1x128(x)        # x [M, K] bf16 -> q [M, K] e4m3; scale [ceil(K / 128), M_pad], MN-major
+    qb, sb = quantize_128x128_t(b)      # b [E, K, N] bf16 -> qb [E, N, K] e4m3; sb [E, ceil(N/128), ceil(K/128)]
+
+``scale[kb, m]`` belongs to row m's columns 128 kb .. 128 kb + 127; M_pad is M rounded up to 4 (the
+padding's entries are unused). ``sb[e, nb, kb]`` belongs to the 128 x 128 block of b[e] at rows 128 kb
+and columns 128 nb; ``qb`` is written transposed because FP8 wgmma reads B K-major. On an sm_89-or-newer
+GPU each is one launch of kernels/k8_quantize.cu; elsewhere the numpy reference
+(moe_gemm.model.quantize) computes the same bits.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from moe_gemm.model.quantize import BLOCK, quantize
+
+THREADS = 256  # kernels/k8_quantize.cu: __launch_bounds__(256), 16 threads per group of 128
+LANES = 16
+PIECE = 8  # bf16 elements per 16-byte load
+
+
+def padded_rows(M: int) -> int:
+    """M rounded up to 4: each k-block's scales start on a 16-byte boundary (TMA's stride alignment)."""
+    return -(-M // 4) * 4
+
+
+def _check(x: torch.Tensor) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"quantize_1x128: x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"quantize_1x128: x must be bf16, got {x.dtype}")
+    if x.shape[1] % PIECE:
+        raise ValueError(f"quantize_1x128: K = {x.shape[1]} must be a multiple of {PIECE} (16-byte rows)")
+    if not x.is_contiguous():
+        raise ValueError("quantize_1x128: x must be row-major (contiguous)")
+
+
+@functools.cache
+def _kernel(name: str):
+    from moe_gemm.cuda.nvrtc import compile_kernel
+    from moe_gemm.torch.kernels import QUANTIZE
+
+    return compile_kernel(QUANTIZE[0], name)
+
+
+def _on_fp8_gpu(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 9)
+
+
+def _e4m3(q: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(q).view(np.uint8)).view(torch.float8_e4m3fn).to(device)
+
+
+def reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The numpy reference's bits in this function's layout."""
+    M, K = x.shape
+    q, scale = quantize(x.float().cpu().numpy(), (1, BLOCK))
+    laid_out = np.ones((scale.shape[1], padded_rows(M)), dtype=np.float32)
+    laid_out[:, :M] = scale.T
+    return _e4m3(q, x.device), torch.from_numpy(laid_out).to(x.device)
+
+
+def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 values of x [M, K] (bf16, K a multiple of 8, row-major) in 1 x 128 groups along K, and their
+    fp32 scales [ceil(K / 128), M_pad], MN-major (module docstring). A ValueError for anything else."""
+    _check(x)
+    if not _on_fp8_gpu(x):
+        return reference(x)
+    from moe_gemm.cuda.device import make_context_current
+    from moe_gemm.cuda.launch import launch
+
+    M, K = x.shape
+    k_blocks = -(-K // BLOCK)
+    q = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.ones((k_blocks, padded_rows(M)), dtype=torch.float32, device=x.device)
+    groups = M * k_blocks
+    if groups:
+        make_context_current(x.device.index)
+        launch(_kernel("quantize_1x128"), -(-groups * LANES // THREADS), THREADS, 0, x.data_ptr(), q.data_ptr(),
+               scale.data_ptr(), np.int32(M), np.int32(K), np.int32(padded_rows(M)),
+               stream=torch.cuda.current_stream(x.device).cuda_stream, device=x.device.index)
+    return q, scale
+
+
+def _check_weights(b: torch.Tensor) -> None:
+    if b.dim() != 3:
+        raise ValueError(f"quantize_128x128_t: b must be 3-D [E, K, N], got shape {tuple(b.shape)}")
+    if b.dtype != torch.bfloat16:
+        raise ValueError(f"quantize_128x128_t: b must be bf16, got {b.dtype}")
+    _, K, N = b.shape
+    if K % 16 or N % PIECE:
+        raise ValueError(f"quantize_128x128_t: K = {K} must be a multiple of 16 and N = {N} of {PIECE} (16-byte rows "
+                         f"of q and of b)")
+    if not b.is_contiguous():
+        raise ValueError("quantize_128x128_t: b must be contiguous [E, K, N]")
+
+
+def weights_reference(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The numpy reference's bits, expert by expert, in quantize_128x128_t's layout."""
+    experts, K, N = b.shape
+    q = np.zeros((experts, N, K), dtype=np.uint8)
+    scale = np.zeros((experts, -(-N // BLOCK), -(-K // BLOCK)), dtype=np.float32)
+    for e, w in enumerate(b.float().cpu().numpy()):
+        q_e, scale_e = quantize(w, (BLOCK, BLOCK))
+        q[e], scale[e] = q_e.view(np.uint8).T, scale_e.T
+    return _e4m3(q, b.device), torch.from_numpy(scale).to(b.device)
+
+
+def quantize_128x128_t(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 values of the weights b [E, K, N] (bf16, contiguous, K % 16 == 0, N % 8 == 0) in 128 x 128 blocks,
+    transposed to [E, N, K], and their fp32 scales [E, ceil(N / 128), ceil(K / 128)] (module docstring)."""
+    _check_weights(b)
+    if not _on_fp8_gpu(b):
+        return weights_reference(b)
+    from moe_gemm.cuda.device import make_context_current
+    from moe_gemm.cuda.launch import launch
+
+    experts, K, N = b.shape
+    q = torch.empty((experts, N, K), dtype=torch.float8_e4m3fn, device=b.device)
+    scale = torch.empty((experts, -(-N // BLOCK), -(-K // BLOCK)), dtype=torch.float32, device=b.device)
+    if q.numel():
+        make_context_current(b.device.index)
+        launch(_kernel("quantize_128x128_t"), (scale.shape[1], scale.shape[2], experts), THREADS, 0, b.data_ptr(),
+               q.data_ptr(), scale.data_ptr(), np.int32(K), np.int32(N),
+               stream=torch.cuda.current_stream(b.device).cuda_stream, device=b.device.index)
+    return q, scale

@@ -1,0 +1,111 @@
+"""k8's configurations (kernels/k8_fp8.cu) and the rules its inputs must follow.
+
+Each rung is one :class:`K8Config` in :data:`LADDER`: the scaling (blockwise or rowwise), whether the sums
+are promoted to fp32 every 128 of K, the tile's rows, the ring's depth, and the output type it is compiled
+for (bf16 or fp32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from moe_gemm.model.quantize import Scaling
+from moe_gemm.variants.sm90.config import SWIZZLE_ALIGN, WARPGROUP
+
+SOURCE = "k8_fp8.cu"
+KERNEL_FUNCTION = "k8_fp8"
+MAX_EXPERTS = 256  # kernels/tile_walk.cuh, walk::MAX_EXPERTS: the clamped ends live in shared memory
+BK = 128  # e4m3 of K per stage: one 128-byte swizzle row, one block of scales
+BN = 128  # columns per tile: one block of B's scales
+THREADS = 3 * WARPGROUP  # two consumer warpgroups and a producer warpgroup
+STAGING_BOX_BYTES = 64 * 64 * 2  # one 64 x 64 bf16 box of C
+# Static shared memory beside the ring: the device walk (2 KB), the barriers and the slots, rounded up
+# (kernels/k8_fp8.cu asserts the same budget).
+STATIC_SMEM_ALLOWANCE = 2_304
+SCALING_CODES: dict[str, int] = {"blockwise": 0, "rowwise": 1}  # kernels/k8_fp8.cu, k8::Scaling
+OUT_CODES: dict[str, int] = {"bf16": 0, "fp32": 2}  # kernels/epilogues.cuh, sm90::Element
+
+
+@dataclass(frozen=True)
+class K8Config:
+    """One instantiation of the kernel template plus its launch's raster group."""
+
+    scaling: Scaling
+    promote: bool  # add each 128-deep block's sum into fp32 accumulators (always, for blockwise)
+    bm: int  # 128 or 256 rows, split between the two consumer warpgroups
+    stages: int
+    staging_boxes: int = 1  # 64 x 64 C staging boxes per consumer warpgroup
+    group: int = 8  # M tiles per raster group of the walk (a run-time argument)
+    out: Literal["bf16", "fp32"] = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.scaling not in SCALING_CODES:
+            raise ValueError(f"k8's scaling is one of {', '.join(SCALING_CODES)}, got {self.scaling!r}")
+        if self.scaling == "blockwise" and not self.promote:
+            raise ValueError("k8's blockwise scales change every 128 of K: they apply by promotion (promote=True)")
+        if self.bm not in (128, 256):
+            raise ValueError(f"k8's BM is 128 or 256 rows (one or two m64 slices per warpgroup), got {self.bm}")
+        if self.out not in OUT_CODES:
+            raise ValueError(f"k8 writes {' or '.join(OUT_CODES)}, got {self.out}")
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.bm + BN) * BK  # A: BM rows, B^T: 128 columns, 128 bytes of K each
+
+    @property
+    def scale_ring_bytes(self) -> int:
+        """Blockwise: each stage's BM scales of A, after the ring, rounded up to the 1 KB the staging needs."""
+        if self.scaling != "blockwise":
+            return 0
+        return -(-self.stages * self.bm * 4 // SWIZZLE_ALIGN) * SWIZZLE_ALIGN
+
+    @property
+    def dynamic_smem_bytes(self) -> int:
+        staging = 2 * self.staging_boxes * STAGING_BOX_BYTES
+        return self.stages * self.stage_bytes + self.scale_ring_bytes + staging + SWIZZLE_ALIGN
+
+    @property
+    def kernel_name(self) -> str:
+        return (f"{KERNEL_FUNCTION}<{SCALING_CODES[self.scaling]}, {str(self.promote).lower()}, {self.bm}, "
+                f"{self.stages}, {self.staging_boxes}, {OUT_CODES[self.out]}>")
+
+    @property
+    def label(self) -> str:
+        """What a results record keeps of the configuration: '128x128 blockwise promoted s6 bf16'."""
+        accumulation = "promoted" if self.promote else "fast accumulation"
+        return f"{self.bm}x{BN} {self.scaling} {accumulation} g{self.group} s{self.stages} {self.out}"
+
+    def replace(self, **changes) -> K8Config:
+        return dataclasses.replace(self, **changes)
+
+
+# --8<-- [start:ladder]
+LADDER: dict[str, K8Config] = {
+    # 6 stages of 32 KB (A 128 x 128, B^T 128 x 128 bytes) and 512 B of A's scales
+    "k8/blockwise-bm128": K8Config("blockwise", True, 128, stages=6),
+    # B's box serves 256 rows: half of the L2 traffic of B per product; 4 stages of 48 KB
+    "k8/blockwise-bm256": K8Config("blockwise", True, 256, stages=4),
+    # the scales in the epilogue, the sums promoted as the blockwise kernel does (use_fast_accum=False)
+    "k8/rowwise-bm128": K8Config("rowwise", True, 128, stages=6),
+    # the tensor core accumulating all of K (use_fast_accum=True)
+    "k8/rowwise-fast-bm128": K8Config("rowwise", False, 128, stages=6),
+}
+# --8<-- [end:ladder]
+
+
+def refusals(experts: int, K: int, N: int, a_address: int = 0, b_address: int = 0) -> list[str]:
+    """Every rule of k8 that A [M_tot, K] and B^T [E, N, K] (e4m3, dense) break, one reason each."""
+    reasons = []
+    if K < 1 or N < 1:
+        reasons.append(f"K = {K} and N = {N}: the product needs at least one of each")
+    if K % 16:
+        reasons.append(f"K = {K} is not a multiple of 16 (TMA's 16-byte rows of e4m3)")
+    if N % 8:
+        reasons.append(f"N = {N} is not a multiple of 8 (the scales' 8-byte pairs; C's 16-byte rows)")
+    if not 1 <= experts <= MAX_EXPERTS:
+        reasons.append(f"E = {experts} experts: the kernel holds 1 to {MAX_EXPERTS} expert ends in shared memory")
+    if a_address % 16 or b_address % 16:
+        reasons.append("A and B^T must start on 16-byte boundaries (TMA)")
+    return reasons

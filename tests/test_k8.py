@@ -1,0 +1,141 @@
+"""k8 without a GPU: every rung compiles for sm_90a in both output types without spills and within the shared
+memory, its SASS is the kernel described (FP8 wgmma with both operands K-major, four per 128-deep stage and
+m64 slice, never serialized; the promoted rungs add each stage's scratch sums into fp32 with one FFMA per
+accumulator; the fast-accumulation rung has none), the configurations name the template instances they
+compile, the arguments are K8_PARAMS in number and kind, the scales are laid out as the kernel's loads read
+them, and the refusals name their rules."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moe_gemm.cuda.tensormap import TiledMap
+from moe_gemm.model.problem import BF16_OPERANDS, FP8_BLOCKWISE, FP8_ROWWISE, FP32, problem_from_counts
+from moe_gemm.variants.k8 import K8Fp8, arguments, kernel_scales, ladder, padded_rows
+from moe_gemm.variants.k8.config import LADDER, STATIC_SMEM_ALLOWANCE, THREADS, K8Config, refusals
+from moe_gemm.variants.sm90.config import SMEM_LIMIT
+
+SOURCE = (Path(__file__).resolve().parents[1] / "kernels" / "k8_fp8.cu").read_text()
+
+
+@pytest.mark.parametrize("out", ["bf16", "fp32"])
+@pytest.mark.parametrize("name", list(LADDER))
+def test_every_rung_builds_without_spills_and_never_serializes_its_wgmmas(name, out):
+    from moe_gemm.cuda.sass import opcode_counts
+
+    variant = K8Fp8(name, LADDER[name].replace(out=out))
+    kernel = variant.compile("sm_90a")
+    assert kernel.report.spill_store_bytes == 0 and kernel.report.spill_load_bytes == 0
+    assert kernel.report.stack_frame_bytes == 0
+    assert kernel.report.static_smem_bytes <= STATIC_SMEM_ALLOWANCE
+    assert variant.config.dynamic_smem_bytes + STATIC_SMEM_ALLOWANCE <= SMEM_LIMIT
+    assert "C7515" not in kernel.log and "C7520" not in kernel.log  # no serialized wgmma
+    sass = kernel.sass()
+    assert set(re.findall(r"QGMMA\.64x(\d+)x32\.F32\.E4M3\.E4M3", sass)) == {"128"}
+    assert "HGMMA" not in sass
+    counts = opcode_counts(sass, ("QGMMA", "STSM", "UTMASTG", "UTMALDG", "USETMAXREG"))
+    # 4 k32 steps per stage, for each m64 slice of each instance of the main loop (1 slice and M_ITERS slices)
+    assert counts["QGMMA"] == 4 * (1 + variant.config.bm // 128)
+    assert counts["USETMAXREG"] == 2
+    assert (counts["STSM"] == 0 and counts["UTMASTG"] == 0) == (out == "fp32")
+
+
+@pytest.mark.parametrize("name", list(LADDER))
+def test_the_main_loop_promotes_with_one_add_per_accumulator(name):
+    """Promoting, a stage's loop (4 QGMMA per slice) holds 64 FFMA per m64 slice: scratch x (scale_a x scale_b)
+    added into the fp32 accumulators (FADD for rowwise, whose scales wait for the epilogue); not promoting,
+    none."""
+    from moe_gemm.cuda.sass import loops, main_loop_instructions
+
+    config = LADDER[name]
+    sass = K8Fp8(name).compile("sm_90a").sass()
+    wgmmas = 4 * config.bm // 128
+    body = min((b for b in loops(sass) if sum(re.match(r"(?:@!?U?P\w+\s+)?QGMMA", t) is not None for t in b) == wgmmas),
+               key=len)
+    adds = "FFMA" if config.scaling == "blockwise" else "FADD"
+    ffma = sum(re.match(rf"(?:@!?U?P\w+\s+)?{adds}", t) is not None for t in body)
+    assert ffma == (64 * config.bm // 128 if config.promote else 0)
+    assert main_loop_instructions(sass, wgmmas, "QGMMA") == len(body)
+    assert len(body) - ffma <= 100  # the rest: the barrier wait, two descriptors, the scales, the release
+
+
+def test_each_configuration_names_its_template_instance():
+    config = K8Config("blockwise", True, 256, stages=4, out="fp32")
+    assert config.kernel_name == "k8_fp8<0, true, 256, 4, 1, 2>"
+    assert K8Config("rowwise", False, 128, stages=6).kernel_name == "k8_fp8<1, false, 128, 6, 1, 0>"
+    assert re.search(r"template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT>\s*"
+                     r"__global__ void __launch_bounds__\(3 \* sm90::WARPGROUP, 1\) k8_fp8", SOURCE)
+    assert THREADS == 384
+    assert config.label == "256x128 blockwise promoted g8 s4 fp32"
+    assert [v.name for v in ladder()] == list(LADDER)
+    with pytest.raises(ValueError, match="apply by promotion"):
+        K8Config("blockwise", False, 128, stages=6)
+    with pytest.raises(ValueError, match="BM is 128 or 256"):
+        K8Config("rowwise", True, 64, stages=6)
+
+
+def test_the_arguments_are_k8_params_in_number_kind_and_order():
+    macro = re.search(r"#define K8_PARAMS(.*?)\n\n", SOURCE, re.S).group(1)
+    parameters = [p.split() for p in re.sub(r"/\*.*?\*/|\\", " ", macro).split(",")]
+
+    def kind(declaration: list[str]) -> str:
+        text = " ".join(declaration[:-1])
+        return "tensor map" if "CUtensorMap" in text else "pointer" if "*" in text else text
+
+    args = arguments(LADDER["k8/blockwise-bm256"], 0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x60004, 1001, 8,
+                     7168, 2048)
+    kinds = ["tensor map" if isinstance(arg, TiledMap)
+             else "int" if isinstance(arg, np.int32) else "pointer" if type(arg) is int else repr(arg) for arg in args]
+    assert kinds == [kind(p) for p in parameters]
+    a_map, b_map, sa_map, c_map = args[:4]
+    # 128-byte rows of e4m3: 128 of K per stage; A in boxes of BM rows, B^T in boxes of 128 columns
+    assert a_map.box == (128, 256) and a_map.element_bytes == 1 and a_map.swizzle_bytes == 128
+    assert b_map.box == (128, 128, 1) and b_map.dims == (7168, 2048, 8)
+    # A's scales MN-major, [K / 128, M_pad]: a box is BM consecutive floats of one k-block, unswizzled
+    assert sa_map.dims == (padded_rows(1001), 56) and sa_map.box == (256, 1) and sa_map.swizzle_bytes == 0
+    assert c_map.box == (64, 64)
+
+
+def test_the_scales_are_laid_out_as_the_kernel_reads_them():
+    """Blockwise: scale_a [M_tot, K / 128] becomes [K / 128, M_pad] (padding 1), scale_b [E, K / 128, N / 128]
+    becomes [E, N / 128, K / 128]; rowwise scales stay as they are."""
+    problem = problem_from_counts(np.array([3, 0, 6]), 384, 256, seed=0, fmt=FP8_BLOCKWISE)
+    scale_a, scale_b = kernel_scales(problem)
+    assert scale_a.shape == (3, 12) and np.array_equal(scale_a[:, :9], problem.scale_a.T)
+    assert (scale_a[:, 9:] == 1).all()
+    assert scale_b.shape == (3, 2, 3) and scale_b[1, 1, 2] == problem.scale_b[1, 2, 1]
+    assert scale_b.flags.c_contiguous
+    rowwise = problem_from_counts(np.array([3, 0, 6]), 384, 256, seed=0, fmt=FP8_ROWWISE)
+    assert all(a is b for a, b in zip(kernel_scales(rowwise), (rowwise.scale_a, rowwise.scale_b)))
+
+
+def test_the_refusals_name_their_rules():
+    assert refusals(8, 7168, 2048) == []
+    reasons = " ".join(refusals(300, 200, 100, a_address=8))
+    for rule in ("K = 200 is not a multiple of 16", "N = 100 is not a multiple of 8", "E = 300 experts",
+                 "16-byte boundaries"):
+        assert rule in reasons
+    with pytest.raises(ValueError, match="K = 200 is not a multiple of 16"):
+        K8Fp8("k8/blockwise-bm128").check_shape(4, 200, 64)
+
+
+def test_it_takes_only_its_own_fp8_format():
+    from moe_gemm.variants.compiled import require_takes
+
+    blockwise, rowwise = K8Fp8("k8/blockwise-bm128"), K8Fp8("k8/rowwise-bm128")
+    for variant, theirs in ((blockwise, FP8_ROWWISE), (rowwise, FP8_BLOCKWISE), (blockwise, BF16_OPERANDS)):
+        other = problem_from_counts(np.array([3, 5]), 128, 64, fmt=theirs)
+        with pytest.raises(ValueError, match=variant.formats[0].name):
+            require_takes(variant.name, other, variant.ragged_axes, variant.formats, variant.out_dtypes)
+    mine = problem_from_counts(np.array([3, 5]), 128, 64, fmt=FP8_BLOCKWISE, out_dtype=FP32)
+    assert blockwise.typed(mine).config.out == "fp32"
+
+
+def test_every_rung_runs_the_edge_cases_of_its_own_format():
+    for variant in ladder():
+        assert variant.edge_cases and all(case.fmt == variant.formats[0] for case in variant.edge_cases)
+        assert variant.sanitize_cases and all(case.fmt == variant.formats[0] for case in variant.sanitize_cases)

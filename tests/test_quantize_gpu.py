@@ -1,0 +1,84 @@
+"""Chapter 10's quantizers on the GPU (kernels/k8_quantize.cu) against the numpy reference, bit for
+bit: random rows at DeepSeek-V3's K = 7,168, a partial last group (K = 200), an all-zero group (scale 1),
+a group with one large value (every other element rounds to zero or a subnormal), values whose amax / 448
+falls below fp32's smallest normal number (the scale's floor), one row, no rows; and compute-sanitizer
+memcheck. Skipped without torch or a GPU of compute capability 8.9 or newer."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def fp8_gpu():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs a GPU with e4m3 conversion (compute capability 8.9 or newer)")
+    return torch.device("cuda")
+
+
+def cases():
+    g = torch.Generator().manual_seed(0)
+    random = torch.randn(300, 7168, generator=g) * 5
+    partial = torch.randn(7, 200, generator=g)
+    zero_group = torch.randn(4, 384, generator=g)
+    zero_group[1, 128:256] = 0
+    one_large = torch.randn(4, 256, generator=g) * 1e-3
+    one_large[2, 5] = 3e4
+    tiny = torch.full((2, 128), 1e-38)
+    return {"random": random, "partial": partial, "zero group": zero_group, "one large": one_large, "tiny": tiny,
+            "one row": random[:1], "no rows": random[:0]}
+
+
+@pytest.mark.parametrize("name", list(cases()))
+def test_the_kernel_gives_the_references_bits(fp8_gpu, name):
+    from moe_gemm.torch.quantize import quantize_1x128, reference
+
+    x = cases()[name].to(torch.bfloat16)
+    q, scale = quantize_1x128(x.to(fp8_gpu))
+    want_q, want_scale = reference(x)
+    assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8)), name
+    M = x.shape[0]
+    assert torch.equal(scale.cpu()[:, :M], want_scale[:, :M]), name
+
+
+@pytest.mark.parametrize("experts, K, N", [(2, 7168, 2048), (1, 144, 200), (3, 16, 8)])
+def test_the_weights_kernel_gives_the_references_bits(fp8_gpu, experts, K, N):
+    """Full blocks at DeepSeek-V3's down projection's K and N, partial ones along both axes, a block
+    smaller than one 16-byte store's worth of rows; one expert's block made all zeros, one holding a large
+    value."""
+    from moe_gemm.torch.quantize import quantize_128x128_t, weights_reference
+
+    b = torch.randn(experts, K, N, generator=torch.Generator().manual_seed(2)) * 0.02
+    b[0, :128, :128] = 0
+    b[-1, 3, 5] = 40.0
+    b = b.to(torch.bfloat16)
+    q, scale = quantize_128x128_t(b.to(fp8_gpu))
+    want_q, want_scale = weights_reference(b)
+    assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(scale.cpu(), want_scale)
+
+
+def test_the_kernel_is_clean_under_memcheck(fp8_gpu):
+    import subprocess
+    import sys
+
+    from moe_gemm.measure.sanitize_target import find_compute_sanitizer
+
+    tool = find_compute_sanitizer()
+    if tool is None:
+        pytest.skip("compute-sanitizer not found")
+    script = ("import torch\nfrom moe_gemm.torch.quantize import quantize_1x128\n"
+              "from moe_gemm.torch.quantize import quantize_128x128_t\n"
+              "for M, K in ((300, 7168), (7, 200), (1, 8), (33, 136)):\n"
+              "    quantize_1x128(torch.randn(M, K, device='cuda').to(torch.bfloat16))\n"
+              "for E, K, N in ((2, 256, 384), (1, 144, 200)):\n"
+              "    quantize_128x128_t(torch.randn(E, K, N, device='cuda').to(torch.bfloat16))\n"
+              "torch.cuda.synchronize(); print('quantized')\n")
+    proc = subprocess.run([tool, "--tool", "memcheck", "--report-api-errors", "no", "--kernel-name",
+                           "kns=quantize_", sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "quantized" in output and "ERROR SUMMARY: 0 errors" in output, output[-3000:]

@@ -1,0 +1,81 @@
+"""Chapter 10's activation quantizer without a GPU (moe_gemm.torch.quantize, kernels/k8_quantize.cu): the
+kernel compiles for sm_90a without spills and converts with the saturating e4m3 instruction, the CPU path
+lays the numpy reference's scales out MN-major with the rows padded to 4, and bad inputs are refused with a
+ValueError. The kernel against the reference, bit for bit: tests/test_quantize_gpu.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def test_the_kernel_compiles_for_sm90a_without_spills_and_saturates():
+    from moe_gemm.cuda.nvrtc import compile_kernel
+    from moe_gemm.torch.kernels import QUANTIZE
+
+    kernel = compile_kernel(*QUANTIZE, arch="sm_90a")
+    assert kernel.report.spill_store_bytes == 0 and kernel.report.stack_frame_bytes == 0
+    sass = kernel.sass()
+    assert "F2FP.SATFINITE.E4M3" in sass and "LDG.E.128" in sass and "STG.E.64" in sass
+
+
+@pytest.mark.parametrize("M, K", [(5, 384), (3, 200), (1, 8), (0, 128)])
+def test_the_cpu_path_is_the_reference_laid_out_mn_major(M, K):
+    from moe_gemm.model.quantize import quantize
+    from moe_gemm.torch.quantize import padded_rows, quantize_1x128
+
+    x = (torch.randn(M, K, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)
+    q, scale = quantize_1x128(x)
+    want_q, want_scale = quantize(x.float().numpy(), (1, 128))
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (M, K)
+    assert scale.shape == (-(-K // 128), padded_rows(M)) and padded_rows(M) % 4 == 0
+    assert np.array_equal(q.view(torch.uint8).numpy(), want_q.view(np.uint8))
+    assert np.array_equal(scale[:, :M].numpy(), want_scale.T)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda: torch.randn(4, 12).to(torch.bfloat16), "multiple of 8"),
+    (lambda: torch.randn(4, 16), "bf16"),
+    (lambda: torch.randn(2, 4, 16).to(torch.bfloat16), "2-D"),
+    (lambda: torch.randn(16, 8).to(torch.bfloat16).t(), "row-major"),
+])
+def test_bad_inputs_are_refused(bad, match):
+    from moe_gemm.torch.quantize import quantize_1x128
+
+    with pytest.raises(ValueError, match=match):
+        quantize_1x128(bad())
+
+
+def test_the_weights_kernel_compiles_without_spills_in_static_shared_memory():
+    from moe_gemm.cuda.nvrtc import compile_kernel
+    from moe_gemm.torch.kernels import QUANTIZE_WEIGHTS
+
+    kernel = compile_kernel(*QUANTIZE_WEIGHTS, arch="sm_90a")
+    assert kernel.report.spill_store_bytes == 0 and kernel.report.static_smem_bytes <= 48 * 1024
+    assert "F2FP.SATFINITE.E4M3" in kernel.sass() and "STG.E.128" in kernel.sass()
+
+
+@pytest.mark.parametrize("experts, K, N", [(2, 256, 384), (1, 144, 200), (3, 16, 8), (0, 128, 128)])
+def test_the_weights_cpu_path_is_the_reference_transposed(experts, K, N):
+    from moe_gemm.model.quantize import quantize
+    from moe_gemm.torch.quantize import quantize_128x128_t
+
+    b = torch.randn(experts, K, N, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    q, scale = quantize_128x128_t(b)
+    assert q.shape == (experts, N, K) and q.dtype == torch.float8_e4m3fn
+    assert scale.shape == (experts, -(-N // 128), -(-K // 128))
+    for e in range(experts):
+        want_q, want_scale = quantize(b[e].float().numpy(), (128, 128))
+        assert np.array_equal(q[e].view(torch.uint8).numpy(), want_q.view(np.uint8).T)
+        assert np.array_equal(scale[e].numpy(), want_scale.T)
+
+
+@pytest.mark.parametrize("shape, match", [((4, 12, 8), "multiple of 16"), ((4, 16, 12), "multiple of 16"),
+                                          ((16, 8), "3-D")])
+def test_bad_weights_are_refused(shape, match):
+    from moe_gemm.torch.quantize import quantize_128x128_t
+
+    with pytest.raises(ValueError, match=match):
+        quantize_128x128_t(torch.randn(*shape).to(torch.bfloat16))
