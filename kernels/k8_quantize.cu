@@ -24,6 +24,7 @@ constexpr float E4M3_MAX = 448.0f;
 constexpr float FLT_MIN_NORMAL = 1.17549435e-38f;
 }  // namespace k8
 
+// --8<-- [start:activations]
 extern "C" __global__ void __launch_bounds__(256) quantize_1x128(const uint4* __restrict__ x,
                                                                  uint2* __restrict__ q,
                                                                  float* __restrict__ scale,
@@ -61,6 +62,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_1x128(const uint4* __
                           pairs[2] | (static_cast<unsigned>(pairs[3]) << 16));
     if (lane == 0) scale[static_cast<long long>(kb) * m_pad + m] = s;
 }
+// --8<-- [end:activations]
 
 // The weights' quantizer: one expert's B[e] [K, N] in bf16 (the layer's [E, K, N], as GEMM 1 and 2 take
 // it) becomes e4m3 in 128 x 128 blocks with one fp32 scale each, written transposed, q [E, N, K]: FP8

@@ -159,8 +159,8 @@ def test_empty_and_single_expert_problems() -> None:
 # ---- K = 0: refused before any launch, by the problem and by every kernel's own check ------------
 
 # BK, the K step of each kernel family: k0 stages 16 of K, k1 32, every TMA-fed family one 128-byte
-# swizzle row of bf16, 64.
-K_STEP = {"k0": 16, "k1": 32, "k2": 64, "k3": 64, "k4": 64, "k5": 64, "k6": 64, "k7": 64}
+# swizzle row of bf16, 64; k8's e4m3 rows need only TMA's 16 bytes (its stages are 128 deep, the tail zero-filled).
+K_STEP = {"k0": 16, "k1": 32, "k2": 64, "k3": 64, "k4": 64, "k5": 64, "k6": 64, "k7": 64, "k8": 16}
 
 
 def _check_inputs(family: str):
@@ -172,6 +172,8 @@ def _check_inputs(family: str):
     module = importlib.import_module(f"moe_gemm.variants.{family}")
     if family == "k7":
         return functools.partial(module.K7WeightGrad("k7/bn192").check_shape, 64)
+    if family == "k8":
+        return functools.partial(module.K8Fp8("k8/blockwise-bm128").check_shape, 64)
     if family == "k6":
         return functools.partial(module.check_inputs, module.LADDER["k6/pingpong-bn192"], 64)
     return module.check_inputs
@@ -186,10 +188,13 @@ def test_every_kernel_family_refuses_k_zero(family: str) -> None:
     # k6 words its refusals as the torch op does (moe_gemm.variants.k6.rules), k7 likewise (one reason per rule
     # broken), the others as k1 first did
     no_k = {"k6": "k6 cannot take these inputs: K = 0 .*at least one K step",
-            "k7": "k7/bn192 cannot take these inputs: K = 0 .*at least one row"}.get(
+            "k7": "k7/bn192 cannot take these inputs: K = 0 .*at least one row",
+            "k8": "k8/blockwise-bm128 cannot take these inputs: K = 0 .*at least one of each"}.get(
         family, rf"^{family} needs K to be a positive multiple of BK = {bk}\b.*got K = 0")
     no_n = {"k6": "k6 cannot take these inputs: .*N = 0.*one column",
-            "k7": "k7/bn192 cannot take these inputs: .*N = 0.*one column"}.get(family, rf"^{family} needs N >= 1")
+            "k7": "k7/bn192 cannot take these inputs: .*N = 0.*one column",
+            "k8": "k8/blockwise-bm128 cannot take these inputs: .*N = 0.*at least one of each"}.get(
+        family, rf"^{family} needs N >= 1")
     with pytest.raises(ValueError, match=no_k):
         check(0, 2688)
     check(bk, 2688)  # one K step is enough

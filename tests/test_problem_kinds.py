@@ -562,7 +562,15 @@ def test_every_compiled_variant_refuses_other_kinds_in_prepare(monkeypatch) -> N
     from moe_gemm.variants.compiled import CompiledVariant
 
     compiled = [v for v in _one_variant_per_family() if isinstance(v, CompiledVariant)]
-    assert {v.name.split("/")[0] for v in compiled} == {"k1", "k2", "k3", "k4", "k5", "k6", "k7"}
+    assert {v.name.split("/")[0] for v in compiled} == {"k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"}
+    fp8 = next(v for v in compiled if v.name.startswith("k8/"))
+    compiled.remove(fp8)
+    assert (fp8.ragged_axes, fp8.formats, fp8.out_dtypes) == (("M",), (FP8_BLOCKWISE,), (BF16, FP32))
+    for problem, says in _unsupported_problems():
+        if problem.fmt == FP8_BLOCKWISE or problem.out_dtype == FP32:
+            continue
+        with pytest.raises(ValueError, match=rf"^{fp8.name} takes ragged-M e4m3-blockwise .*; {says}$"):
+            fp8.prepare(_FakeDeviceProblem(problem))
     weight_gradient = next(v for v in compiled if v.name.startswith("k7/"))
     assert (weight_gradient.ragged_axes, weight_gradient.formats, weight_gradient.out_dtypes) == \
         (("K",), (BF16_OPERANDS, FP16_OPERANDS), (BF16, FP16, FP32))

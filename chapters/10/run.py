@@ -9,7 +9,8 @@
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every k8 rung (kernels/k8_fp8.cu) on the
 forward's edge cases and the cases of its scales (exact, integer-valued inputs with power-of-two scales) and on
 random data, then measures, each part saved as it finishes:
-  quantize  the two quantizers (kernels/k8_quantize.cu) against a device copy of the same bytes;
+  quantize  the two quantizers (kernels/k8_quantize.cu) against a device copy of the same bytes, and cuBLAS's
+            dense FP8 and bf16 GEMMs at 8192^3 (the two tensor-core rates in practice);
   accuracy  each rung's error against the fp32 product of the dequantized inputs as K grows, promoted and not,
             beside torch._scaled_grouped_mm's two accumulation modes;
   grid      M_tot 4,096 .. 65,536 rows x skew 0 .. 1.6 at the seed's E = 64, K = 1024, N = 2688;
@@ -98,7 +99,7 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
                   "FP8 wgmma, FFMA = fp32 multiply-adds, the promotion among them, UTMALDG / UTMASTG = TMA load / "
                   "store, STSM = stmatrix, SYNCS = mbarrier)")
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
-                      "quantize", "accuracy"})
+                      "quantize", "accuracy", "dense"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same shape and routing in the same run, each kernel at its best"
 
 
@@ -296,7 +297,7 @@ def piece(part: str, cell: Workload, done: Sequence[Workload]) -> tuple[str, str
 
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.measure.fp8 import accuracy_rows, quantize_rows
+    from moe_gemm.measure.fp8 import accuracy_rows, dense_fp8_ceiling, quantize_rows
     from moe_gemm.measure.parts import PartsFile
     from moe_gemm.variants.k8 import ladder
 
@@ -313,7 +314,7 @@ def run_on_gpu(args, gpu) -> int:
 
     def save() -> str:
         records = results.rows("records")
-        parts = [p for p in PARTS if any(r.get("part") == p for r in records) or results.rows(p)]
+        parts = [p for p in PARTS if any(r.get("part") == p for r in records) or results.data.get(p)]
         return results.save(compile_report=report, targets=target_rows(records, results.rows("accuracy"),
                                                                        results.rows("quantize")),
                             rounds=args.rounds, parts=parts)
@@ -322,8 +323,9 @@ def run_on_gpu(args, gpu) -> int:
     variants = variants_by_format(args)
     for part in args.parts:
         if part == "quantize":
-            results.put(quantize=quantize_rows(QUANTIZE_ACTIVATIONS, QUANTIZE_WEIGHTS, **timing))
-            results.ran("quantize", "the quantizers against a copy")
+            results.put(quantize=quantize_rows(QUANTIZE_ACTIVATIONS, QUANTIZE_WEIGHTS, **timing),
+                        dense=dense_fp8_ceiling(**timing))
+            results.ran("quantize", "the quantizers against a copy; cuBLAS's dense FP8 and bf16 GEMMs at 8192^3")
         elif part == "accuracy":
             results.put(accuracy=accuracy_rows(variants[FP8_BLOCKWISE] + variants[FP8_ROWWISE], ACCURACY_SHAPE,
                                                ACCURACY_K))
@@ -343,6 +345,9 @@ def run_on_gpu(args, gpu) -> int:
     for part, table in (("quantize", quantize_table), ("accuracy", accuracy_table)):
         if results.rows(part):
             show(table(results.rows(part)))
+    if results.data.get("dense"):
+        dense = results.data["dense"]
+        print(f"cuBLAS at {dense['size']}^3: FP8 {dense['fp8_tflops']:.0f}, bf16 {dense['bf16_tflops']:.0f} TFLOP/s\n")
     for part in ("grid", "models"):
         if cells_of(records, part):
             show(cell_table(records, part))

@@ -95,3 +95,22 @@ def accuracy_rows(variants: Sequence[Any], shape: tuple[int, int, int], ks: Sequ
                              "tokens": tokens, "N": N, "out": dtype_name(out_dtype),
                              "rel_error": relative_error(out, reference_gemm(dev.problem))})
     return rows
+
+
+def dense_fp8_ceiling(size: int = 8192, **timing: int) -> dict[str, Any]:
+    """cuBLAS's dense FP8 GEMM through torch._scaled_mm at size^3 on random e4m3 (fast accumulation, bf16 out):
+    the FP8 tensor-core rate this GPU reaches in practice, as the bf16 ceiling is cuBLAS's bf16 GEMM. Also its
+    bf16 GEMM at the same size, in the same run, for the ratio of the two."""
+    import torch
+
+    a = torch.randn(size, size, device="cuda")
+    b = torch.randn(size, size, device="cuda")
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()  # B column-major
+    one = torch.ones((), device="cuda")
+    a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    del a, b
+    flops = 2 * size**3
+    fp8_us = _median_us(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16, use_fast_accum=True),
+                        **timing)
+    bf16_us = _median_us(lambda: a16 @ b16, **timing)
+    return {"size": size, "fp8_tflops": flops / fp8_us / 1e6, "bf16_tflops": flops / bf16_us / 1e6}

@@ -89,6 +89,7 @@ from moe_gemm.measure.ceilings import roofline_basis as recorded_basis
 from moe_gemm.measure.results import RECORDED_GPU
 from moe_gemm.model.occupancy import Residency
 from moe_gemm.model.occupancy import residency as _residency
+from moe_gemm.model.problem import format_named
 from moe_gemm.model.roofline import RooflineBasis
 from moe_gemm.model.roofline import compulsory_bytes as _compulsory_bytes
 from moe_gemm.model.routing import expert_counts
@@ -99,8 +100,8 @@ from moe_gemm.site.records import DEFAULT_COLUMNS, records_table
 
 
 def _workload(tokens: int = SEED.tokens, skew: float = SEED.skew, experts: int = SEED.experts,
-              K: int = SEED.K, N: int = SEED.N, ragged: str = "M") -> Workload:
-    return Workload(int(tokens), float(skew), int(experts), int(K), int(N), ragged)
+              K: int = SEED.K, N: int = SEED.N, ragged: str = "M", fmt: str = "bf16") -> Workload:
+    return Workload(int(tokens), float(skew), int(experts), int(K), int(N), ragged, format_named(fmt))
 
 
 def _as_workload(spec: Sequence[Any] | Mapping[str, Any]) -> Workload:
