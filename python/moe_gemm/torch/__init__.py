@@ -1,7 +1,9 @@
 """Our grouped GEMM for torch: ``moe_gemm.torch.grouped_mm(a, b, offs)``, a drop-in for torch._grouped_mm's
 2D x 3D form (moe_gemm.torch.ops), its weight gradient ``weight_grad(a, dc, offs)`` on k7
-(moe_gemm.torch.weight_gradient, chapter 09; what the op's backward runs), and an MoE layer built on them
-(moe_gemm.torch.layer, chapter 08).
+(moe_gemm.torch.weight_gradient, chapter 09; what the op's backward runs), an MoE layer built on them
+(moe_gemm.torch.layer, chapter 08), and the FP8 grouped GEMM ``scaled_grouped_mm(a, b, scale_a, scale_b, offs)``
+on k8 with the quantizers that feed it, ``quantize_1x128`` and ``quantize_128x128_t`` (moe_gemm.torch.scaled and
+moe_gemm.torch.quantize, chapter 10).
 
 ``grouped_mm`` and ``MoELayer`` import torch when first used; the rules the op follows
 (moe_gemm.torch.rules) never do, so they are tested where torch is not installed.
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MoELayer", "grouped_mm", "weight_grad"]
+__all__ = ["MoELayer", "grouped_mm", "quantize_128x128_t", "quantize_1x128", "scaled_grouped_mm", "weight_grad"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +25,14 @@ def __getattr__(name: str) -> Any:
         from moe_gemm.torch.weight_gradient import weight_grad
 
         return weight_grad
+    if name == "scaled_grouped_mm":
+        from moe_gemm.torch.scaled import scaled_grouped_mm
+
+        return scaled_grouped_mm
+    if name in ("quantize_1x128", "quantize_128x128_t"):
+        from moe_gemm.torch import quantize
+
+        return getattr(quantize, name)
     if name == "MoELayer":
         from moe_gemm.torch.layer import MoELayer
 

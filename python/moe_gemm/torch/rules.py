@@ -201,3 +201,114 @@ def route_weight_grad(op: GradOperands) -> Route:
         return Route("torch", reason="; ".join(reasons))
     return Route("k7", element=K6_ELEMENTS[op.a_dtype], out=K6_ELEMENTS[op.out_dtype])
 # --8<-- [end:weight_grad]
+
+
+# --8<-- [start:scaled]
+@dataclass(frozen=True)
+class ScaledOperands:
+    """The FP8 grouped GEMM's view of the tensors (``moe_gemm.torch.scaled_grouped_mm``): a [M_tot, K] and b
+    [E, K, N] in e4m3, offs [E], and the scales, whose ranks say the scaling: rowwise scale_a [M_tot] and
+    scale_b [E, N] (torch._scaled_grouped_mm's sm_90 form); blockwise scale_a [ceil(K/128), M_pad] (MN-major,
+    M_pad = M_tot rounded up to 4) and scale_b [E, ceil(N/128), ceil(K/128)], as moe_gemm.torch.quantize writes
+    them."""
+
+    a_shape: Sequence[int]
+    a_strides: Sequence[int]
+    a_dtype: str
+    b_shape: Sequence[int]
+    b_strides: Sequence[int]
+    b_dtype: str
+    scale_a_shape: Sequence[int]
+    scale_a_strides: Sequence[int]
+    scale_a_dtype: str
+    scale_b_shape: Sequence[int]
+    scale_b_strides: Sequence[int]
+    scale_b_dtype: str
+    offs_shape: Sequence[int]
+    offs_dtype: str
+    out_dtype: str = "bfloat16"
+    devices: Sequence[str] = ("cuda:0",) * 5  # a, b, scale_a, scale_b, offs
+    capability: tuple[int, int] | None = SM90A
+    addresses: Sequence[int] = (0,) * 4  # a, b, scale_a, scale_b
+
+    @property
+    def scaling(self) -> str:
+        return "rowwise" if len(self.scale_a_shape) == 1 else "blockwise"
+
+
+FP8_OUT_DTYPES = ("bfloat16", "float32")
+
+
+def _scale_shapes(scaling: str, tokens: int, experts: int, K: int, N: int) -> tuple[tuple[int, ...], ...]:
+    if scaling == "rowwise":
+        return (tokens,), (experts, N)
+    blocks = -(-K // 128)
+    return (blocks, -(-tokens // 4) * 4), (experts, -(-N // 128), blocks)
+
+
+def check_scaled(op: ScaledOperands) -> None:
+    """ValueError naming the first rule of the FP8 grouped GEMM these operands break."""
+    name = "scaled_grouped_mm"
+    if len(op.a_shape) != 2 or len(op.b_shape) != 3:
+        raise ValueError(f"{name}: a must be 2-D [M_tot, K] and b 3-D [E, K, N], got {tuple(op.a_shape)} and "
+                         f"{tuple(op.b_shape)}")
+    (tokens, K), (experts, k_b, N) = op.a_shape, op.b_shape
+    if K != k_b or K < 1 or N < 1:
+        raise ValueError(f"{name}: a [M_tot, K] and b [E, K, N] must share K >= 1 and have N >= 1, got K = {K} and "
+                         f"{k_b}, N = {N}")
+    if op.a_dtype != "float8_e4m3fn" or op.b_dtype != "float8_e4m3fn":
+        raise ValueError(f"{name}: a and b must be float8_e4m3fn, got {op.a_dtype} and {op.b_dtype}")
+    if len(op.offs_shape) != 1 or op.offs_shape[0] != experts or op.offs_dtype != "int32":
+        raise ValueError(f"{name}: offs must be int32 [E] = [{experts}] (the cumulative row ends), got "
+                         f"{op.offs_dtype} {tuple(op.offs_shape)}")
+    if len(set(op.devices)) != 1:
+        raise ValueError(f"{name}: a, b, scale_a, scale_b and offs must be on one device, got {', '.join(op.devices)}")
+    if op.out_dtype not in FP8_OUT_DTYPES:
+        raise ValueError(f"{name}: out_dtype must be bfloat16 or float32, got {op.out_dtype}")
+    if len(op.scale_a_shape) not in (1, 2):
+        raise ValueError(f"{name}: scale_a must be 1-D [M_tot] (rowwise) or 2-D [ceil(K / 128), M_pad] (blockwise), "
+                         f"got {tuple(op.scale_a_shape)}")
+    want_a, want_b = _scale_shapes(op.scaling, tokens, experts, K, N)
+    if tuple(op.scale_a_shape) != want_a or tuple(op.scale_b_shape) != want_b:
+        raise ValueError(f"{name}: {op.scaling} scales must be scale_a {list(want_a)} and scale_b {list(want_b)}, "
+                         f"got {list(op.scale_a_shape)} and {list(op.scale_b_shape)}")
+    if op.scale_a_dtype != "float32" or op.scale_b_dtype != "float32":
+        raise ValueError(f"{name}: the scales must be float32, got {op.scale_a_dtype} and {op.scale_b_dtype}")
+
+
+def route_scaled(op: ScaledOperands) -> Route:
+    """k8 when it can take these operands (kernels/k8_fp8.cu), else torch (rowwise: torch._scaled_grouped_mm;
+    blockwise, which torch has no kernel for on sm_90: the dequantized product) and the reason."""
+    from moe_gemm.variants.k8.config import refusals as k8_refusals
+
+    check_scaled(op)
+    (tokens, K), (experts, _, N) = op.a_shape, op.b_shape
+    reasons = []
+    if not op.devices[0].startswith("cuda"):
+        reasons.append(f"the tensors are on {op.devices[0]}, not a CUDA GPU")
+    elif (have := other_target(op.capability)) is not None:
+        reasons.append(f"our kernels need an sm_90a GPU (wgmma); this is {have}")
+    if tuple(op.a_strides) != (K, 1):
+        reasons.append(f"a must be row-major (strides ({K}, 1)), got {tuple(op.a_strides)}")
+    if tuple(op.b_strides) != (N * K, 1, K):
+        reasons.append(f"b must be the [E, K, N] view of a contiguous [E, N, K] (strides ({N * K}, 1, {K}): FP8 "
+                       f"wgmma reads B K-major), got {tuple(op.b_strides)}")
+    contiguous = (tuple(op.scale_a_strides) == ((1,) if op.scaling == "rowwise" else (op.scale_a_shape[1], 1))
+                  and tuple(op.scale_b_strides) == tuple(_contiguous_strides(op.scale_b_shape)))
+    if not contiguous:
+        reasons.append("the scales must be contiguous")
+    reasons += k8_refusals(experts, K, N, op.addresses[0], op.addresses[1])
+    if any(address % 16 for address in op.addresses[2:]):
+        reasons.append("the scales must start on 16-byte boundaries")
+    if reasons:
+        return Route("torch", reason="; ".join(reasons))
+    return Route("k8", out="bf16" if op.out_dtype == "bfloat16" else "fp32")
+
+
+def _contiguous_strides(shape: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.insert(0, step)
+        step *= size
+    return strides
+# --8<-- [end:scaled]
