@@ -15,6 +15,8 @@ random data, then measures, each part saved as it finishes:
             beside torch._scaled_grouped_mm's two accumulation modes;
   grid      M_tot 4,096 .. 65,536 rows x skew 0 .. 1.6 at the seed's E = 64, K = 1024, N = 2688;
   models    the up and down projections of two real MoE models at 65,536 balanced rows;
+  layer     chapter 08's bf16 MoE layer against the FP8 layer built from its weights (Mixtral- and DeepSeek-V3-
+            like sizes, 4,096 and 32,768 tokens), CUDA-graph replays, and the FP8 layer's error;
 timing, in interleaved rounds on the same inputs: the blockwise rungs; the rowwise rungs beside
 torch._scaled_grouped_mm with use_fast_accum False and True (rowwise scales, what torch offers on sm_90); and
 our bf16 k6/auto on bf16 inputs of the same shape and routing. It prints each table and the targets and writes
@@ -66,7 +68,7 @@ ROWWISE_PROMOTED = tuple(name for name, config in LADDER.items() if config.scali
 ROWWISE_FAST = tuple(name for name, config in LADDER.items() if config.scaling == "rowwise" and not config.promote)
 TORCH, TORCH_FAST = PEER_SCALED_GROUPED_MM, PEER_SCALED_GROUPED_MM_FAST
 K6 = "k6/auto"  # our bf16 kernel, its configuration chosen for the shape
-PARTS = ("quantize", "accuracy", "grid", "models")
+PARTS = ("quantize", "accuracy", "grid", "models", "layer")
 FORMATS = (FP8_BLOCKWISE, FP8_ROWWISE, BF16_OPERANDS)  # each cell is measured in each, on inputs of its own
 GRID_ROWS = (4096, 16384, 65536)
 MODEL_ROWS = 65536  # the blockwise target's rows: DeepGEMM's published numbers are for 4-8 groups of 4-8k rows
@@ -82,6 +84,10 @@ MODELS = {
         (LAYERS["qwen3"], "down", LAYERS["qwen3"].down(MODEL_ROWS, 0.0)),
     )
 }
+# layer: chapter 08's layer against the FP8 layer built from it, at two of its sizes
+LAYER_SHAPES = ("mixtral", "deepseek")
+LAYER_TOKENS = (4096, 32768)
+LAYER_TARGET = 1.4  # the FP8 layer over the bf16 layer at 32,768 tokens
 # accuracy: E = 8 experts, 2,048 balanced rows, N = 512, K from one block to 16,384
 ACCURACY_K = (128, 1024, 4096, 7168, 16384)
 ACCURACY_SHAPE = (8, 2048, 512)
@@ -99,7 +105,7 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
                   "FP8 wgmma, FFMA = fp32 multiply-adds, the promotion among them, UTMALDG / UTMASTG = TMA load / "
                   "store, STSM = stmatrix, SYNCS = mbarrier)")
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
-                      "quantize", "accuracy", "dense"})
+                      "quantize", "accuracy", "dense", "layer"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same shape and routing in the same run, each kernel at its best"
 
 
@@ -112,7 +118,7 @@ def parse_args(argv: Sequence[str] | None):
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which measurements to make (default all): quantize (the quantizers against a copy), "
                              "accuracy (error against K), grid (the --tokens rows x --skews at the seed's shape), "
-                             f"models (the {len(MODELS)} model projections)")
+                             f"models (the {len(MODELS)} model projections), layer (the FP8 MoE layer)")
     parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_ROWS),
                         metavar="M", help=f"the grid's M_tot values (default {' '.join(map(str, GRID_ROWS))})")
     parser.add_argument("--skews", type=float, nargs="+", default=list(GRID_SKEWS), metavar="S",
@@ -150,7 +156,7 @@ def ratio(records: Sequence[dict[str, Any]], ours: tuple[Sequence[str], OperandF
 
 
 def target_rows(records: Sequence[dict[str, Any]], accuracy: Sequence[dict[str, Any]] = (),
-                quantize: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+                quantize: Sequence[dict[str, Any]] = (), layer: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     rows = []
     models = cells_of(records, "models")
     fast = [(c, tflops(records, BLOCKWISE, FP8_BLOCKWISE, c)) for c in models]
@@ -182,6 +188,14 @@ def target_rows(records: Sequence[dict[str, Any]], accuracy: Sequence[dict[str, 
         rows.append({"target": f"promoted k8 rungs' relative error, every K up to {max(ACCURACY_K):,} (worst: "
                                f"{worst['variant']} at K = {worst['K']:,})", "value": worst["rel_error"],
                      "goal": ACCURACY_TARGET, "met": worst["rel_error"] <= ACCURACY_TARGET, "at_most": True})
+    for shape in {(r["hidden"], r["experts"]) for r in layer if r["tokens"] == max(LAYER_TOKENS)}:
+        times = {r["variant"]: r["median_ms"] for r in layer if (r["hidden"], r["experts"]) == shape
+                 and r["tokens"] == max(LAYER_TOKENS)}
+        if {"layer/ours", "layer/fp8"} <= set(times):
+            value = times["layer/ours"] / times["layer/fp8"]
+            label = next(LAYERS[n].label for n in LAYER_SHAPES if (LAYERS[n].hidden, LAYERS[n].experts) == shape)
+            rows.append({"target": f"the FP8 layer over the bf16 layer, {label}, {max(LAYER_TOKENS):,} tokens",
+                         "value": value, "goal": LAYER_TARGET, "met": value >= LAYER_TARGET})
     if quantize:
         worst = min(quantize, key=lambda r: r["of_copy"])
         rows.append({"target": f"quantizers' bandwidth / the same run's copy (worst: {worst['kernel']} {worst['shape']})",
@@ -238,6 +252,24 @@ def quantize_table(rows: Sequence[dict[str, Any]]) -> Table:
     return Table(("kernel", "shape", "us", "TB/s", "copy TB/s", "of copy"), body, title="The quantizers",
                  legend="TB/s: bytes read (bf16) plus written (e4m3 and fp32 scales) per time; copy: a device copy of "
                         "the same input bytes, same run")
+
+
+def layer_table(rows: Sequence[dict[str, Any]]) -> Table:
+    body = []
+    for name in LAYER_SHAPES:
+        shape = LAYERS[name]
+        for tokens in sorted({r["tokens"] for r in rows}):
+            found = {r["variant"]: r for r in rows if (r["hidden"], r["experts"], r["tokens"]) ==
+                     (shape.hidden, shape.experts, tokens)}
+            if {"layer/ours", "layer/fp8"} <= set(found):
+                bf16, fp8 = found["layer/ours"], found["layer/fp8"]
+                body.append((shape.label, f"{tokens:,}", f"{bf16['median_ms']:.3f}", f"{fp8['median_ms']:.3f}",
+                             f"{bf16['median_ms'] / fp8['median_ms']:.2f}", f"{fp8['rel_error_vs_bf16']:.3f}"))
+    return Table(("layer", "tokens", "bf16 ms", "FP8 ms", "bf16/FP8", "FP8 error"), tuple(body),
+                 title="The MoE layer in FP8",
+                 legend="forward pass as CUDA-graph replays, same tokens, same run: chapter 08's layer (k6, fused "
+                        "SwiGLU) and the FP8 layer built from its weights (k8 blockwise); error: relative to the bf16 "
+                        "layer's output")
 
 
 # --------------------------------------------------------------------------- no GPU
@@ -297,7 +329,7 @@ def piece(part: str, cell: Workload, done: Sequence[Workload]) -> tuple[str, str
 
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.measure.fp8 import accuracy_rows, dense_fp8_ceiling, quantize_rows
+    from moe_gemm.measure.fp8 import accuracy_rows, dense_fp8_ceiling, layer_rows, quantize_rows
     from moe_gemm.measure.parts import PartsFile
     from moe_gemm.variants.k8 import ladder
 
@@ -316,7 +348,7 @@ def run_on_gpu(args, gpu) -> int:
         records = results.rows("records")
         parts = [p for p in PARTS if any(r.get("part") == p for r in records) or results.data.get(p)]
         return results.save(compile_report=report, targets=target_rows(records, results.rows("accuracy"),
-                                                                       results.rows("quantize")),
+                                                                       results.rows("quantize"), results.rows("layer")),
                             rounds=args.rounds, parts=parts)
 
     path = None
@@ -330,6 +362,12 @@ def run_on_gpu(args, gpu) -> int:
             results.put(accuracy=accuracy_rows(variants[FP8_BLOCKWISE] + variants[FP8_ROWWISE], ACCURACY_SHAPE,
                                                ACCURACY_K))
             results.ran("accuracy", f"the error against K = {', '.join(map(str, ACCURACY_K))}")
+        elif part == "layer":
+            for name in LAYER_SHAPES:
+                results.replace("layer", layer_rows(LAYERS[name], LAYER_TOKENS),
+                                key=lambda r: (r["hidden"], r["experts"], r["tokens"]))
+                results.ran(f"layer-{name}", f"the {LAYERS[name].label} layer, bf16 and FP8")
+                path = save()
         else:  # saved after every cell: a run stopped part-way keeps what it finished
             cells = ([Workload(t, s) for t in args.tokens for s in args.skews] if part == "grid"
                      else list(chosen_shapes(MODELS, args.models).values()))
@@ -351,7 +389,10 @@ def run_on_gpu(args, gpu) -> int:
     for part in ("grid", "models"):
         if cells_of(records, part):
             show(cell_table(records, part))
-    show(targets_table(target_rows(records, results.rows("accuracy"), results.rows("quantize")), TARGETS_LEGEND))
+    if results.rows("layer"):
+        show(layer_table(results.rows("layer")))
+    show(targets_table(target_rows(records, results.rows("accuracy"), results.rows("quantize"),
+                                   results.rows("layer")), TARGETS_LEGEND))
     print(f"results written to {path}")
     return 0
 

@@ -114,3 +114,32 @@ def dense_fp8_ceiling(size: int = 8192, **timing: int) -> dict[str, Any]:
                         **timing)
     bf16_us = _median_us(lambda: a16 @ b16, **timing)
     return {"size": size, "fp8_tflops": flops / fp8_us / 1e6, "bf16_tflops": flops / bf16_us / 1e6}
+
+
+def layer_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[str, Any]]:
+    """Chapter 08's bf16 layer (ours, the fused SwiGLU) and the FP8 layer built from its weights
+    (moe_gemm.torch.fp8_layer), each forward pass on the same tokens, eagerly and as CUDA-graph replays, and the
+    FP8 layer's relative error against the bf16 layer's output."""
+    import torch
+
+    from moe_gemm.measure.layer import eager_and_graph, seeded_layer
+    from moe_gemm.measure.layer import relative_error as layer_error
+    from moe_gemm.torch.fp8_layer import FP8MoELayer
+    from moe_gemm.torch.ops import offsets_unchecked
+
+    layer = seeded_layer(shape)
+    fp8 = FP8MoELayer.from_layer(layer)
+    rows = []
+    for tokens in tokens_list:
+        x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
+        with torch.no_grad(), offsets_unchecked():
+            reference = layer(x)
+            for name, forward in (("layer/ours", layer), ("layer/fp8", fp8)):
+                progress(f"[layer] {shape.label}, {tokens:,} tokens: {name}")
+                error = layer_error(forward(x), reference)
+                rows.append({"variant": name, **shape.fields(tokens), **eager_and_graph(lambda f=forward: f(x)),
+                             "rel_error_vs_bf16": error})
+        del x, reference
+    del layer, fp8
+    torch.cuda.empty_cache()
+    return rows
