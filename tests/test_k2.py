@@ -127,7 +127,7 @@ def test_tensor_map_boxes_may_exceed_small_tensors():
     ({"swizzle_bytes": 96}, "swizzle"),
     ({"l2_promotion_bytes": 512}, "L2 promotion"),
     ({"strides": ()}, "2 dims need 1 strides"),
-    ({"element": "e5m2"}, r"tensor map A: the element must be one of bf16, fp16, fp32, got 'e5m2'"),
+    ({"element": "e5m2"}, r"tensor map A: the element must be one of bf16, fp16, fp32, e4m3, got 'e5m2'"),
 ])
 def test_tensor_map_rules(kwargs, rule):
     base = {"name": "A", "address": 0x1000, "dims": (1024, 16384), "strides": (2048,), "box": (64, 128)}

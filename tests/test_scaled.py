@@ -97,7 +97,7 @@ def test_the_fake_implementation_traces_under_compile_and_passes_opcheck():
     assert compiled(*args, offs).shape == (64, 128)
     import warnings
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # (not test_schema: it multiplies e4m3 tensors, which torch cannot)
         warnings.simplefilter("ignore")
         torch.library.opcheck(torch.ops.moe_gemm.scaled_grouped_mm.default, (*args, offs),
-                              test_utils=("test_faketensor",))  # test_schema multiplies e4m3 tensors, which torch cannot
+                              test_utils=("test_faketensor",))

@@ -54,8 +54,8 @@ from moe_gemm.chapter import (
     targets_table,
     timing_options,
 )
-from moe_gemm.core.checks import MAX_REPEATS, MAX_ROWS
-from moe_gemm.core.cli import positive_int
+from moe_gemm.core.checks import MAX_REPEATS, MAX_ROWS, MAX_SKEW
+from moe_gemm.core.cli import nonnegative_float, positive_int
 from moe_gemm.model.problem import BF16_OPERANDS, FP8_BLOCKWISE, FP8_ROWWISE, OperandFormat
 from moe_gemm.variants.k8.config import LADDER
 from moe_gemm.variants.peer.torch import PEER_SCALED_GROUPED_MM, PEER_SCALED_GROUPED_MM_FAST
@@ -121,14 +121,12 @@ def parse_args(argv: Sequence[str] | None):
                              f"models (the {len(MODELS)} model projections), layer (the FP8 MoE layer)")
     parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_ROWS),
                         metavar="M", help=f"the grid's M_tot values (default {' '.join(map(str, GRID_ROWS))})")
-    parser.add_argument("--skews", type=float, nargs="+", default=list(GRID_SKEWS), metavar="S",
-                        help=f"the grid's skews (default {' '.join(f'{s:g}' for s in GRID_SKEWS)})")
+    parser.add_argument("--skews", type=nonnegative_float("--skews", MAX_SKEW), nargs="+", default=list(GRID_SKEWS),
+                        metavar="S", help=f"the grid's skews (default {' '.join(f'{s:g}' for s in GRID_SKEWS)})")
     parser.add_argument("--models", nargs="+", default=[], metavar="NAME",
                         help="only the model projections whose label contains one of these (case-insensitive), "
                              "e.g. '--models qwen3'; default: all of them")
     args = parser.parse_args(argv)
-    if any(s < 0 for s in args.skews):
-        parser.error("--skews: a skew is >= 0")
     try:
         chosen_shapes(MODELS, args.models)  # a name that matches no projection is refused before anything runs
     except ValueError as error:
@@ -198,7 +196,8 @@ def target_rows(records: Sequence[dict[str, Any]], accuracy: Sequence[dict[str, 
                          "value": value, "goal": LAYER_TARGET, "met": value >= LAYER_TARGET})
     if quantize:
         worst = min(quantize, key=lambda r: r["of_copy"])
-        rows.append({"target": f"quantizers' bandwidth / the same run's copy (worst: {worst['kernel']} {worst['shape']})",
+        where = f"{worst['kernel']} {worst['shape']}"
+        rows.append({"target": f"quantizers' bandwidth / the same run's copy (worst: {where})",
                      "value": worst["of_copy"], "goal": QUANTIZE_TARGET, "met": worst["of_copy"] >= QUANTIZE_TARGET})
     return rows
 
@@ -347,8 +346,8 @@ def run_on_gpu(args, gpu) -> int:
     def save() -> str:
         records = results.rows("records")
         parts = [p for p in PARTS if any(r.get("part") == p for r in records) or results.data.get(p)]
-        return results.save(compile_report=report, targets=target_rows(records, results.rows("accuracy"),
-                                                                       results.rows("quantize"), results.rows("layer")),
+        targets = target_rows(records, results.rows("accuracy"), results.rows("quantize"), results.rows("layer"))
+        return results.save(compile_report=report, targets=targets,
                             rounds=args.rounds, parts=parts)
 
     path = None

@@ -54,17 +54,16 @@ def quantize_rows(activations: Sequence[tuple[int, int]], weights: Sequence[tupl
         copy = torch.empty_like(x)
         moved = x.nbytes + M * K + 4 * -(-K // BLOCK) * padded_rows(M)  # bf16 in; e4m3 and the scales out
         rows.append(_row("quantize_1x128", f"[{M:,}, {K:,}]", moved, 2 * x.nbytes,
-                         _median_us(lambda: quantize_1x128(x), **timing), _median_us(lambda: copy.copy_(x), **timing)))
-        del x, copy
-    for E, K, N in weights:
-        progress(f"[quantize] 128 x 128 blocks of [{E}, {K:,}, {N:,}], written transposed")
-        b = torch.randn(E, K, N, device="cuda").to(torch.bfloat16)
+                         _median_us(lambda x=x: quantize_1x128(x), **timing),
+                         _median_us(lambda x=x, copy=copy: copy.copy_(x), **timing)))
+    for experts, K, N in weights:
+        progress(f"[quantize] 128 x 128 blocks of [{experts}, {K:,}, {N:,}], written transposed")
+        b = torch.randn(experts, K, N, device="cuda").to(torch.bfloat16)
         copy = torch.empty_like(b)
-        moved = b.nbytes + E * K * N + 4 * E * -(-K // BLOCK) * -(-N // BLOCK)
-        rows.append(_row("quantize_128x128_t", f"[{E}, {K:,}, {N:,}]", moved, 2 * b.nbytes,
-                         _median_us(lambda: quantize_128x128_t(b), **timing),
-                         _median_us(lambda: copy.copy_(b), **timing)))
-        del b, copy
+        moved = b.nbytes + experts * K * N + 4 * experts * -(-K // BLOCK) * -(-N // BLOCK)
+        rows.append(_row("quantize_128x128_t", f"[{experts}, {K:,}, {N:,}]", moved, 2 * b.nbytes,
+                         _median_us(lambda b=b: quantize_128x128_t(b), **timing),
+                         _median_us(lambda b=b, copy=copy: copy.copy_(b), **timing)))
     return rows
 
 
@@ -137,9 +136,8 @@ def layer_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[str, Any]]:
             for name, forward in (("layer/ours", layer), ("layer/fp8", fp8)):
                 progress(f"[layer] {shape.label}, {tokens:,} tokens: {name}")
                 error = layer_error(forward(x), reference)
-                rows.append({"variant": name, **shape.fields(tokens), **eager_and_graph(lambda f=forward: f(x)),
-                             "rel_error_vs_bf16": error})
-        del x, reference
+                rows.append({"variant": name, **shape.fields(tokens),
+                             **eager_and_graph(lambda f=forward, x=x: f(x)), "rel_error_vs_bf16": error})
     del layer, fp8
     torch.cuda.empty_cache()
     return rows

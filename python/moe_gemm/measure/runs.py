@@ -19,7 +19,8 @@ from moe_gemm.model.problem import BF16_OPERANDS, OperandFormat, Problem, Ragged
 from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N, Workload
 
 
-def check_cases(seed: int, ragged: RaggedAxis = "M", fmt: OperandFormat = BF16_OPERANDS) -> list[tuple[str, Problem, bool]]:
+def check_cases(seed: int, ragged: RaggedAxis = "M",
+                fmt: OperandFormat = BF16_OPERANDS) -> list[tuple[str, Problem, bool]]:
     """(name, problem, exact): every edge case on integer-valued inputs, then two random problems; the
     forward's (ragged M, in operand format ``fmt``) or the weight gradient's (ragged K)."""
     cases = [(case.name, case.exact_problem(seed=seed), True) for case in edge_cases(ragged, fmt)]

@@ -282,7 +282,7 @@ def route_scaled(op: ScaledOperands) -> Route:
     from moe_gemm.variants.k8.config import refusals as k8_refusals
 
     check_scaled(op)
-    (tokens, K), (experts, _, N) = op.a_shape, op.b_shape
+    (_, K), (experts, _, N) = op.a_shape, op.b_shape
     reasons = []
     if not op.devices[0].startswith("cuda"):
         reasons.append(f"the tensors are on {op.devices[0]}, not a CUDA GPU")
