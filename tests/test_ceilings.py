@@ -28,18 +28,20 @@ def test_microbenchmarks_compile_to_their_instruction_and_touch_no_memory(varian
     assert counts["LDS"] == 0 and counts["LDG"] == 0 and counts["STG"] == 1, counts
 
 
-def test_the_wgmma_ceiling_issues_the_widest_wgmma():
-    compiled = compile_kernel("ceiling_wgmma.cu", "ceiling_wgmma", arch="sm_90a")
-    assert "HGMMA.64x256x16.F32.BF16" in compiled.sass()
+@pytest.mark.parametrize("source, instruction", [("ceiling_wgmma", "HGMMA.64x256x16.F32.BF16"),
+                                                 ("ceiling_wgmma_e4m3", "QGMMA.64x256x32.F32.E4M3.E4M3")])
+def test_the_wgmma_ceilings_issue_the_widest_wgmma(source, instruction):
+    compiled = compile_kernel(f"{source}.cu", source, arch="sm_90a")
+    assert instruction in compiled.sass() and "C7515" not in compiled.log
     assert compiled.report.registers <= 255 and compiled.report.static_smem_bytes == 40 * 1024
 
 
 @pytest.mark.parametrize(("source", "constant", "host"), [
     ("ceiling_ffma.cu", "CEILING_FFMA_CHAINS", ceilings.FFMA_CHAINS),
     ("ceiling_mma_sync.cu", "CEILING_MMA_CHAINS", ceilings.MMA_CHAINS),
-    ("ceiling_wgmma.cu", "CEILING_WGMMA_N", ceilings.WGMMA_N),
-    ("ceiling_wgmma.cu", "CEILING_WGMMA_K16", ceilings.WGMMA_K16),
-    ("ceiling_wgmma.cu", "CEILING_WGMMA_WARPGROUPS", ceilings.WGMMA_WARPGROUPS),
+    ("ceiling_wgmma.cuh", "CEILING_WGMMA_N", ceilings.WGMMA_N),
+    ("ceiling_wgmma.cuh", "CEILING_WGMMA_K16", ceilings.WGMMA_K16),
+    ("ceiling_wgmma.cuh", "CEILING_WGMMA_WARPGROUPS", ceilings.WGMMA_WARPGROUPS),
 ])
 def test_host_flop_counts_match_the_kernels(source, constant, host):
     match = re.search(rf"constexpr int {constant} = (\d+);", (KERNELS / source).read_text())
@@ -65,3 +67,4 @@ def test_ceilings_on_the_gpu():
     assert 10 < ceilings.mma_sync_tflops(500, warmup=1, iterations=3) < 5000
     if gpu.arch == "sm_90a":
         assert 100 < ceilings.wgmma_tflops(500, warmup=1, iterations=3) < 2000
+        assert 200 < ceilings.wgmma_e4m3_tflops(500, warmup=1, iterations=3) < 4000

@@ -12,7 +12,9 @@ ceiling measures it, with the same event timing as the kernels:
   the ceiling of k1 and k2, which issue exactly that instruction;
 * :func:`wgmma_tflops`: bf16 ``wgmma`` m64n256k16 on operands held in shared memory, nothing else in
   the loop (``kernels/ceiling_wgmma.cu``): the tensor pipe's peak on Hopper, the ceiling of k3 onward
-  and the compute side of the roofline.
+  and the compute side of the roofline;
+* :func:`wgmma_e4m3_tflops`: the same with fp8 e4m3 ``wgmma`` m64n256k32 (``kernels/ceiling_wgmma_e4m3.cu``),
+  the compute side of chapter 10's FP8 roofline.
 
 :func:`measure_ceilings` returns them as records named ``ceiling/...``. The roofline every chapter
 and page uses is drawn from one record of them per GPU, ``ceilings/<gpu>.json``, written by
@@ -44,7 +46,7 @@ MMA_CHAINS = 8  # must match CEILING_MMA_CHAINS in kernels/ceiling_mma_sync.cu
 MMA_ITERATIONS = 20_000
 MMA_FLOP = 2 * 16 * 8 * 16
 THREADS = 256
-WGMMA_N = 256  # must match CEILING_WGMMA_N in kernels/ceiling_wgmma.cu
+WGMMA_N = 256  # must match CEILING_WGMMA_N in kernels/ceiling_wgmma.cuh
 WGMMA_K16 = 4  # must match CEILING_WGMMA_K16
 WGMMA_WARPGROUPS = 2  # must match CEILING_WGMMA_WARPGROUPS
 WGMMA_ITERATIONS = 20_000
@@ -66,6 +68,7 @@ CEILING_KERNELS = {
     "ceiling/mma_sync": CeilingKernel("ceiling_mma_sync.cu", "ceiling_mma_sync", "HMMA.16816.F32.BF16",
                                       ("sm_80", "sm_90a")),
     "ceiling/wgmma": CeilingKernel("ceiling_wgmma.cu", "ceiling_wgmma", "HGMMA", ("sm_90a",)),
+    "ceiling/wgmma_e4m3": CeilingKernel("ceiling_wgmma_e4m3.cu", "ceiling_wgmma_e4m3", "QGMMA", ("sm_90a",)),
 }
 
 
@@ -146,6 +149,17 @@ def wgmma_tflops(steps: int = WGMMA_ITERATIONS, **timing: int) -> float:
                           **timing)
 
 
+def wgmma_e4m3_tflops(steps: int = WGMMA_ITERATIONS, **timing: int) -> float:
+    """fp8 e4m3 wgmma m64n256k32 throughput with fp32 accumulators, in TFLOP/s: the same loop with twice the
+    K per instruction (chapter 10's roofline)."""
+    from moe_gemm.cuda.descriptors import operand_plan
+
+    per_warpgroup = 2 * 64 * WGMMA_N * 32 * WGMMA_K16 * steps
+    return _register_only("ceiling_wgmma_e4m3.cu", "ceiling_wgmma_e4m3", per_warpgroup / 128, np.int32(steps),
+                          np.uint64(operand_plan("K").bits), blocks_per_sm=1, threads=128 * WGMMA_WARPGROUPS,
+                          **timing)
+
+
 def roofline_ceilings() -> list[dict[str, Any]]:
     """The roofline's two ceilings, measured now: the device copy and, where torch is installed,
     cuBLAS bf16 at DENSE_SIZE (records ``{"variant": "ceiling/...", ...}``)."""
@@ -157,7 +171,8 @@ def roofline_ceilings() -> list[dict[str, Any]]:
 
 
 def measure_ceilings() -> list[dict[str, Any]]:
-    """Every ceiling this GPU can measure: copy and cuBLAS, then FFMA, mma.sync and (sm_90a) wgmma."""
+    """Every ceiling this GPU can measure: copy and cuBLAS, then FFMA, mma.sync and (sm_90a) wgmma in bf16 and
+    in fp8 e4m3."""
     from moe_gemm.cuda.gpu import detect_gpu
 
     records = roofline_ceilings()
@@ -166,6 +181,7 @@ def measure_ceilings() -> list[dict[str, Any]]:
     gpu = detect_gpu()
     if gpu is not None and gpu.arch == "sm_90a":
         records.append({"variant": "ceiling/wgmma", "tflops": wgmma_tflops()})
+        records.append({"variant": "ceiling/wgmma_e4m3", "tflops": wgmma_e4m3_tflops()})
     return records
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from moe_gemm.cuda.device import DeviceProblem
 from moe_gemm.cuda.timing import time_launches
+from moe_gemm.measure.ceilings import wgmma_e4m3_tflops, wgmma_tflops
 from moe_gemm.measure.check import progress, run_once
 from moe_gemm.model.problem import BF16, FP8_BLOCKWISE, FP8_ROWWISE, FP32, dtype_name, make_problem
 from moe_gemm.model.quantize import BLOCK
@@ -97,9 +98,10 @@ def accuracy_rows(variants: Sequence[Any], shape: tuple[int, int, int], ks: Sequ
 
 
 def dense_fp8_ceiling(size: int = 8192, **timing: int) -> dict[str, Any]:
-    """cuBLAS's dense FP8 GEMM through torch._scaled_mm at size^3 on random e4m3 (fast accumulation, bf16 out):
-    the FP8 tensor-core rate this GPU reaches in practice, as the bf16 ceiling is cuBLAS's bf16 GEMM. Also its
-    bf16 GEMM at the same size, in the same run, for the ratio of the two."""
+    """The two tensor-pipe rates in the same run: the wgmma microbenchmarks' peaks in e4m3 and in bf16
+    (kernels/ceiling_wgmma*.cu: the compute side of the FP8 roofline, and its ratio to bf16's), and cuBLAS's dense
+    GEMMs at size^3 on random data, FP8 through torch._scaled_mm (fast accumulation, bf16 out) and bf16: what a
+    library reaches in practice."""
     import torch
 
     a = torch.randn(size, size, device="cuda")
@@ -112,7 +114,8 @@ def dense_fp8_ceiling(size: int = 8192, **timing: int) -> dict[str, Any]:
     fp8_us = _median_us(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16, use_fast_accum=True),
                         **timing)
     bf16_us = _median_us(lambda: a16 @ b16, **timing)
-    return {"size": size, "fp8_tflops": flops / fp8_us / 1e6, "bf16_tflops": flops / bf16_us / 1e6}
+    return {"size": size, "fp8_tflops": flops / fp8_us / 1e6, "bf16_tflops": flops / bf16_us / 1e6,
+            "wgmma_e4m3_tflops": wgmma_e4m3_tflops(), "wgmma_tflops": wgmma_tflops()}
 
 
 def layer_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[str, Any]]:

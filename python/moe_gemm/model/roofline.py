@@ -19,18 +19,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moe_gemm.model.problem import useful_flops
+from moe_gemm.model.problem import BF16_OPERANDS, OperandFormat, useful_flops
+from moe_gemm.model.quantize import BLOCK
 from moe_gemm.model.workloads import Workload
 
 
-def compulsory_bytes(counts: np.ndarray, K: int, N: int, element_bytes: int = 2, ragged: str = "M") -> int:
+def compulsory_bytes(counts: np.ndarray, K: int, N: int, element_bytes: int = 2, ragged: str = "M",
+                     fmt: OperandFormat = BF16_OPERANDS) -> int:
     """The forward (ragged M): A [M_tot, K] and the B[e] [K, N] of each expert with rows read once, C [M_tot, N]
     written once. The weight gradient (ragged K): A and dC [M_tot, N] read once, every dB[e] [K, N] written
-    once (an expert with no rows gets zeros)."""
+    once (an expert with no rows gets zeros). e4m3 operands (``fmt``): A and B one byte each, their fp32 scales
+    read once, C in bf16."""
     counts = np.asarray(counts)
     tokens = int(counts.sum())
     weights = int(np.count_nonzero(counts)) if ragged == "M" else int(counts.size)
-    return element_bytes * (tokens * K + weights * K * N + tokens * N)
+    if not fmt.scaled:
+        return element_bytes * (tokens * K + weights * K * N + tokens * N)
+    blocks_k, blocks_n = -(-K // BLOCK), -(-N // BLOCK)
+    scales = tokens + weights * N if fmt.scaling == "rowwise" else tokens * blocks_k + weights * blocks_k * blocks_n
+    return tokens * K + weights * K * N + 4 * scales + 2 * tokens * N
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,15 @@ class RooflineBasis:
     tensor_tflops: float  # the wgmma peak
     copy_tbps: float
     source: str
+    fp8_tensor_tflops: float | None = None  # the e4m3 wgmma peak, for e4m3 workloads (chapter 10)
+
+    def peak(self, workload: Workload) -> float:
+        """The tensor pipe's peak for the workload's operands: bf16 and fp16 at one rate, e4m3 at its own."""
+        if not workload.fmt.scaled:
+            return self.tensor_tflops
+        if self.fp8_tensor_tflops is None:
+            raise ValueError(f"no e4m3 wgmma peak in this roofline ({self.source}) for {workload.label}")
+        return self.fp8_tensor_tflops
 
     @property
     def label(self) -> str:
@@ -53,8 +69,8 @@ class RooflineBasis:
 
     def ms(self, workload: Workload) -> float:
         """max(FLOP / peak, compulsory bytes / bandwidth): no kernel can finish sooner."""
-        compute = useful_flops(workload.tokens, workload.K, workload.N) / (self.tensor_tflops * 1e12)
-        compulsory = compulsory_bytes(workload.counts, workload.K, workload.N, ragged=workload.ragged)
+        compute = useful_flops(workload.tokens, workload.K, workload.N) / (self.peak(workload) * 1e12)
+        compulsory = compulsory_bytes(workload.counts, workload.K, workload.N, ragged=workload.ragged, fmt=workload.fmt)
         memory = compulsory / (self.copy_tbps * 1e12)
         return max(compute, memory) * 1e3
 
@@ -65,5 +81,5 @@ class RooflineBasis:
     def bound(self, workload: Workload) -> str:
         """'memory' or 'compute': the term that sets the limit."""
         flops = useful_flops(workload.tokens, workload.K, workload.N)
-        compulsory = compulsory_bytes(workload.counts, workload.K, workload.N, ragged=workload.ragged)
-        return "memory" if flops / compulsory < self.ridge else "compute"
+        compulsory = compulsory_bytes(workload.counts, workload.K, workload.N, ragged=workload.ragged, fmt=workload.fmt)
+        return "memory" if flops / compulsory < self.peak(workload) / self.copy_tbps else "compute"
