@@ -20,7 +20,22 @@ def scaled_operands(**changes) -> rules.ScaledOperands:
     return rules.ScaledOperands(**{**base, **changes})
 
 
-def test_k8_takes_a_well_formed_call_in_both_scalings():
+@pytest.fixture
+def k8_passed(monkeypatch):
+    """The routes as they are once k8 has passed on a GPU (until then every call goes to torch, saying why)."""
+    monkeypatch.setattr(rules, "k8_passed_on_gpu", lambda: True)
+
+
+def test_until_k8_passes_on_a_gpu_every_call_goes_to_torch_saying_why():
+    from moe_gemm.core.chapters import CHAPTERS
+
+    if next(c for c in CHAPTERS if c.family == "k8").passed_on_gpu:
+        pytest.skip("k8 has passed on a GPU")
+    route = rules.route_scaled(scaled_operands())
+    assert route.kernel == "torch" and "has not passed its GPU tests" in route.reason
+
+
+def test_k8_takes_a_well_formed_call_in_both_scalings(k8_passed):
     assert rules.route_scaled(scaled_operands()) == rules.Route("k8", out="bf16")
     rowwise = scaled_operands(scale_a_shape=(1000,), scale_a_strides=(1,), scale_b_shape=(8, 384),
                               scale_b_strides=(384, 1), out_dtype="float32")
@@ -53,7 +68,7 @@ def test_malformed_calls_are_refused_naming_the_rule(changes, says):
       "scale_a_shape": (8, 1000), "scale_b_shape": (8, 3, 8)}, "multiple of 16"),
     ({"addresses": (0, 0, 4, 0)}, "16-byte"),
 ])
-def test_what_k8_cannot_take_goes_to_torch_with_the_reason(changes, says):
+def test_what_k8_cannot_take_goes_to_torch_with_the_reason(changes, says, k8_passed):
     route = rules.route_scaled(scaled_operands(**changes))
     assert route.kernel == "torch" and says in route.reason
 

@@ -39,12 +39,12 @@ def test_each_record_says_where_and_what_passed():
 
 def test_every_family_the_chapters_run_is_covered():
     """Every configuration of each chapter's family with GPU tests is in the record's scope, and none of
-    a family without (k4: no Blackwell GPU, compiled only)."""
+    a family without (k4: no Blackwell GPU, compiled only) or not yet passing on a GPU (k8)."""
     configurations = validation.kernel_configurations()
     for chapter in CHAPTERS:
         if chapter.family not in registry.families():
             continue
-        if chapter.gpu_tests:  # k6/auto chooses among the rungs and has no kernel of its own
+        if chapter.gpu_tests and chapter.passed_on_gpu:  # k6/auto chooses among the rungs and has no kernel
             named = {name for name in registry.names(chapter.family) if validation.kernel_identity(name) is not None}
             assert named and named <= set(configurations), chapter.family
         else:

@@ -46,6 +46,10 @@ class Chapter:
     # Kernel steps whose bars on the home page's progression come from this chapter's recorded run:
     # chapter 03 times k0, k1 and k2 on the same inputs, beside the same peer.
     progression: tuple[str, ...] = ()
+    # False while the family's kernels have not yet passed their GPU tests: they are compiled and inspected on
+    # any machine, but nothing of them is in kernels/validated.json and the chapter has no results file (its
+    # page says so). Set it True, then run `python -m moe_gemm.measure.validation run <family>` on the GPU.
+    passed_on_gpu: bool = True
 
     @property
     def runs_on_the_recorded_gpu(self) -> bool:
@@ -77,8 +81,10 @@ CHAPTERS = (
     Chapter("09", "09 · Training: the weight gradient (k7)", "09-training.md", "k7", (9, 0),
             gpu_tests=("tests/test_k7_gpu.py", "tests/test_weight_grad_gpu.py"), sanitized=True, in_parts=True),
     # k8's family also holds the FP8 quantizers (moe_gemm.torch.quantize), validated by their own GPU tests.
+    # Its first GPU run stopped at an illegal instruction: not passed yet (its page says what was found).
     Chapter("10", "10 · FP8 e4m3 (k8)", "10-fp8.md", "k8", (9, 0),
-            gpu_tests=("tests/test_k8_gpu.py", "tests/test_quantize_gpu.py"), sanitized=True, in_parts=True),
+            gpu_tests=("tests/test_k8_gpu.py", "tests/test_quantize_gpu.py", "tests/test_scaled_gpu.py"),
+            sanitized=True, in_parts=True, passed_on_gpu=False),
 )
 
 
@@ -86,8 +92,8 @@ CHAPTERS = (
 REFERENCE_PAGES = (("The API: grouped_mm, MoELayer", "api.md"),)
 
 def measured_chapters() -> tuple[Chapter, ...]:
-    """The chapters whose kernels run on the recorded GPU: each has a results file from it."""
-    return tuple(c for c in CHAPTERS if c.runs_on_the_recorded_gpu)
+    """The chapters whose kernels run on the recorded GPU and have passed there: each has a results file from it."""
+    return tuple(c for c in CHAPTERS if c.runs_on_the_recorded_gpu and c.passed_on_gpu)
 
 
 def chapter_module(chapter: str, name: str = "run") -> ModuleType:
