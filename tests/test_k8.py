@@ -15,7 +15,8 @@ import pytest
 
 from moe_gemm.cuda.tensormap import TiledMap
 from moe_gemm.model.problem import BF16_OPERANDS, FP8_BLOCKWISE, FP8_ROWWISE, FP32, problem_from_counts
-from moe_gemm.variants.k8 import K8Fp8, arguments, kernel_scales, ladder, padded_rows
+from moe_gemm.model.quantize import padded_rows
+from moe_gemm.variants.k8 import K8Fp8, arguments, kernel_scales, ladder
 from moe_gemm.variants.k8.config import LADDER, STATIC_SMEM_ALLOWANCE, THREADS, K8Config, refusals
 from moe_gemm.variants.sm90.config import SMEM_LIMIT
 

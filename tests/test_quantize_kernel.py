@@ -23,8 +23,8 @@ def test_the_kernel_compiles_for_sm90a_without_spills_and_saturates():
 
 @pytest.mark.parametrize("M, K", [(5, 384), (3, 200), (1, 8), (0, 128)])
 def test_the_cpu_path_is_the_reference_laid_out_mn_major(M, K):
-    from moe_gemm.model.quantize import quantize
-    from moe_gemm.torch.quantize import padded_rows, quantize_1x128
+    from moe_gemm.model.quantize import padded_rows, quantize
+    from moe_gemm.torch.quantize import quantize_1x128
 
     x = (torch.randn(M, K, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)
     q, scale = quantize_1x128(x)

@@ -21,7 +21,7 @@ from moe_gemm.cuda.timing import time_launches
 from moe_gemm.measure.ceilings import wgmma_e4m3_tflops, wgmma_tflops
 from moe_gemm.measure.check import progress, run_once
 from moe_gemm.model.problem import BF16, FP8_BLOCKWISE, FP8_ROWWISE, FP32, dtype_name, make_problem
-from moe_gemm.model.quantize import BLOCK
+from moe_gemm.model.quantize import BLOCK, padded_rows
 from moe_gemm.model.reference import reference_gemm, relative_error
 
 
@@ -46,7 +46,7 @@ def quantize_rows(activations: Sequence[tuple[int, int]], weights: Sequence[tupl
     """One row per shape: the quantizer's time and bandwidth, the copy's, and their ratio."""
     import torch
 
-    from moe_gemm.torch.quantize import padded_rows, quantize_1x128, quantize_128x128_t
+    from moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t
 
     rows = []
     for M, K in activations:

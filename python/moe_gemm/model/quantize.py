@@ -88,6 +88,12 @@ def quantize(x: np.ndarray, group: tuple[int, ...], *, power_of_two: bool = Fals
     return scaled.astype(E4M3), scale
 
 
+def padded_rows(tokens: int) -> int:
+    """The rows of the MN-major layout of A's 1 x 128 scales, [ceil(K / 128), M_pad], that the FP8 GEMM's TMA reads:
+    M_tot rounded up to 4, so that each k-block's row of scales starts on 16 bytes (TMA's stride rule)."""
+    return -(-tokens // 4) * 4
+
+
 def dequantize(q: np.ndarray, scale: np.ndarray, group: tuple[int, ...], dtype: type = np.float64) -> np.ndarray:
     """q * scale, per group, in ``dtype``: the real values an FP8 GEMM multiplies."""
     return q.astype(dtype) * expand(scale, group, q.shape).astype(dtype)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from moe_gemm.model.quantize import padded_rows
 from moe_gemm.torch.layer import MoELayer, combine, permute, route, swiglu
-from moe_gemm.torch.quantize import padded_rows, quantize_1x128, quantize_128x128_t
+from moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t
 from moe_gemm.torch.scaled import scaled_grouped_mm
 
 

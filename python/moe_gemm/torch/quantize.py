@@ -17,16 +17,11 @@ import functools
 import numpy as np
 import torch
 
-from moe_gemm.model.quantize import BLOCK, quantize
+from moe_gemm.model.quantize import BLOCK, padded_rows, quantize
 
 THREADS = 256  # kernels/k8_quantize.cu: __launch_bounds__(256), 16 threads per group of 128
 LANES = 16
 PIECE = 8  # bf16 elements per 16-byte load
-
-
-def padded_rows(M: int) -> int:
-    """M rounded up to 4: each k-block's scales start on a 16-byte boundary (TMA's stride alignment)."""
-    return -(-M // 4) * 4
 
 
 def _check(x: torch.Tensor) -> None:

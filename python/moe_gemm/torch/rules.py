@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from moe_gemm.model.quantize import BLOCK, padded_rows
 from moe_gemm.model.reference import SWIGLU_BLOCK
 from moe_gemm.variants.k6.rules import b_layout, refusals
 from moe_gemm.variants.k7.config import refusals as k7_refusals
@@ -242,8 +243,8 @@ FP8_OUT_DTYPES = ("bfloat16", "float32")
 def _scale_shapes(scaling: str, tokens: int, experts: int, K: int, N: int) -> tuple[tuple[int, ...], ...]:
     if scaling == "rowwise":
         return (tokens,), (experts, N)
-    blocks = -(-K // 128)
-    return (blocks, -(-tokens // 4) * 4), (experts, -(-N // 128), blocks)
+    blocks = -(-K // BLOCK)
+    return (blocks, padded_rows(tokens)), (experts, -(-N // BLOCK), blocks)
 
 
 def check_scaled(op: ScaledOperands) -> None:

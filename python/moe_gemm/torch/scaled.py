@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
+from moe_gemm.model.quantize import BLOCK
 from moe_gemm.torch import rules
 
 BLOCKWISE_CONFIG = "k8/blockwise-bm128"
 ROWWISE_CONFIG, ROWWISE_FAST_CONFIG = "k8/rowwise-bm128", "k8/rowwise-fast-bm128"
-BLOCK = 128
 _warned: set[str] = set()
 
 

@@ -31,7 +31,7 @@ from moe_gemm.cuda.tensormap import TiledMap, batched_matrix_map, matrix_map
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.edge_cases import EdgeCase, edge_cases
 from moe_gemm.model.problem import BF16, FP8_BLOCKWISE, FP8_ROWWISE, FP32, Problem, dtype_name
-from moe_gemm.model.quantize import BLOCK
+from moe_gemm.model.quantize import BLOCK, padded_rows
 from moe_gemm.variants.compiled import NamedConfigVariant
 from moe_gemm.variants.k8.config import (
     BK,
@@ -46,11 +46,6 @@ from moe_gemm.variants.k8.config import (
 )
 from moe_gemm.variants.sm90.config import SMEM_LIMIT
 from moe_gemm.variants.sm90.maps import output_map, require_sm90a, transposed_b
-
-
-def padded_rows(tokens: int) -> int:
-    """M_tot rounded up to 4: each k-block's row of the MN-major A scales starts on 16 bytes (TMA's stride rule)."""
-    return -(-tokens // 4) * 4
 
 
 # --8<-- [start:layouts]
