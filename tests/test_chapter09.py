@@ -65,13 +65,13 @@ def test_the_rings_rungs_gain_only_at_few_rows_and_lose_where_the_stage_they_giv
 def test_a_run_stopped_part_way_names_only_what_it_measured():
     """part_runs: one entry per grid row (with its skews while the row is unfinished) and per model
     projection; a whole part's entry replaces its pieces'."""
-    from moe_gemm.measure.parts import part_runs
+    from moe_gemm.measure.parts import part_runs, workload_piece
 
     row = RUN.grid([4096])
-    assert RUN.piece("grid", row[1], row[:2]) == ("grid-4096", "the grid's row 4,096, skews 0, 0.4")
-    assert RUN.piece("grid", row[-1], row) == ("grid-4096", "the grid's row 4,096")
+    assert workload_piece("grid", row[1], row[:2], RUN.MODELS) == ("grid-4096", "the grid's row 4,096, skews 0, 0.4")
+    assert workload_piece("grid", row[-1], row, RUN.MODELS) == ("grid-4096", "the grid's row 4,096")
     label, workload = list(RUN.MODELS.items())[3]
-    assert RUN.piece("models", workload, [workload]) == ("models-3", f"the model projection {label}")
+    assert workload_piece("models", workload, [workload], RUN.MODELS) == ("models-3", f"the model projection {label}")
     now = {"git_commit": "c", "date": "d", "command": "x"}
     runs = part_runs({"grid-4096": {}, "models-3": {}, "profile": {}}, {"grid": "every row of the grid"}, now)
     assert set(runs) == {"grid", "models-3", "profile"}

@@ -48,7 +48,7 @@ def stubbed_k6(monkeypatch):
                                    offs_device="cuda:0", capability=(9, 0))
 
     def runner(name, layout, types, a, b):
-        return lambda a, b, offs, out: launches.append((name, layout, b_strides_of(b.shape, b.stride()),
+        return lambda a, b, out, offs: launches.append((name, layout, b_strides_of(b.shape, b.stride()),
                                                         offs.is_contiguous(), types))
 
     monkeypatch.setattr(ops, "operands", on_gpu)
@@ -244,7 +244,7 @@ def test_the_python_overhead_per_call(stubbed_k6, monkeypatch, record_property):
     launch replaced, called directly (what a GPU call runs after its dispatch checks) and through torch's
     dispatcher (what a call that records autograd, or runs under a mode, pays on top)."""
     a, b, offs = problem([4, 4, 4, 4], K=64, N=128)
-    monkeypatch.setattr(ops, "_runner", lambda name, layout, types, a, b: lambda a, b, offs, out: None)  # no recording
+    monkeypatch.setattr(ops, "_runner", lambda name, layout, types, a, b: lambda a, b, out, offs: None)  # no recording
 
     def per_call_us(call, calls=5000):
         for _ in range(500):

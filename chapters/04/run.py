@@ -38,11 +38,11 @@ from moe_gemm.chapter import (
     chapter_main,
     chapter_parser,
     checks_table,
+    compile_only,
     describe_gpu,
     failed_variants,
     find,
     grouped_mm_peers,
-    print_not_run,
     progress,
     records_table,
     run_checks,
@@ -50,7 +50,6 @@ from moe_gemm.chapter import (
     run_variants,
     save_results,
     show,
-    show_recorded,
     timing_options,
 )
 from moe_gemm.core.checks import MAX_REPEATS
@@ -167,13 +166,9 @@ def compile_report_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def run_without_gpu(args, reason: str) -> int:
-    print_not_run(args, "k3", reason, f"compiling every rung for {ARCH} instead",
-                  ("--quick", "--no-peers", "--profile", "--repeats"),
-                  "nothing is timed or profiled without an sm_90a GPU")
-    show(compile_report_table(compile_report(ARCH, args.only)))
-    if show_recorded(CHAPTER) != 0:
-        print(f"(no recorded results for chapter {CHAPTER} yet)")
-    return 0
+    return compile_only(args, CHAPTER, "k3", reason, ("--quick", "--no-peers", "--profile", "--repeats"),
+                        compile_report_table(compile_report(ARCH, args.only)),
+                        why="nothing is timed or profiled without an sm_90a GPU")
 
 
 # --------------------------------------------------------------------------- with a GPU

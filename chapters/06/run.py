@@ -31,6 +31,8 @@ from moe_gemm.chapter import (
     SM90A,
     Table,
     Workload,
+    add_grid_arguments,
+    add_rounds_argument,
     add_timing_arguments,
     chapter_main,
     chapter_parser,
@@ -53,8 +55,6 @@ from moe_gemm.chapter import (
     targets_table,
     timing_options,
 )
-from moe_gemm.core.checks import MAX_REPEATS, MAX_ROWS, MAX_SKEW
-from moe_gemm.core.cli import nonnegative_float, positive_int
 
 CHAPTER = "06"
 REQUIRES = SM90A
@@ -86,13 +86,8 @@ TARGETS_LEGEND = ("ratios of useful TFLOP/s to the faster torch._grouped_mm layo
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
     add_timing_arguments(parser, peers="torch._grouped_mm")
-    parser.add_argument("--rounds", type=positive_int("--rounds", MAX_REPEATS), default=3,
-                        help="interleaved timing rounds per cell; each variant's median over rounds is kept "
-                             "(default 3)")
-    parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_TOKENS),
-                        metavar="M", help=f"grid rows M_tot (default {' '.join(map(str, GRID_TOKENS))})")
-    parser.add_argument("--skews", type=nonnegative_float("--skews", MAX_SKEW), nargs="+", default=list(GRID_SKEWS),
-                        metavar="S", help=f"grid skews (default {' '.join(f'{s:g}' for s in GRID_SKEWS)})")
+    add_rounds_argument(parser)
+    add_grid_arguments(parser, GRID_TOKENS, GRID_SKEWS)
     return parser.parse_args(argv)
 
 

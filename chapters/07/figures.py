@@ -19,7 +19,7 @@ from typing import Any
 
 from moe_gemm.chapter import Workload, chapter_module, figures_main, recorded, run_main
 from moe_gemm.site.compile_report import write_compile_report
-from moe_gemm.site.style import COLORS, grid_heatmaps, new_figure, save_figure
+from moe_gemm.site.style import COLORS, grid_heatmaps, model_bars, new_figure, save_figure
 
 CHAPTER = "07"
 RUN = chapter_module(CHAPTER)
@@ -44,19 +44,11 @@ def models_figure(data: dict[str, Any]):
     """k6/auto, quack and torch at every model shape the records hold (a shape not measured is left out)."""
     records = RUN.of_part(data["records"], "models")
     shapes = [(label, w) for label, w in RUN.MODELS.items() if RUN.find(records, RUN.AUTO, w)]
-    fig, ax = new_figure(9.0, 3.8)
-    width = 0.27
-    for k, (names, label, color) in enumerate(((["k6/auto"], "k6/auto", COLORS["k3"]),
-                                               (RUN.QUACK, "quack (best)", "#2ca02c"),
-                                               (RUN.TORCH, "torch._grouped_mm (faster layout)", "#7f7f7f"))):
-        values = [(RUN.best_of(records, names, w) or {"useful_tflops": 0})["useful_tflops"] for _, w in shapes]
-        ax.bar([i + (k - 1) * width for i in range(len(shapes))], values, width, color=color, label=label)
-    ax.set_xticks(range(len(shapes)), [tick_label(label) for label, _ in shapes], fontsize=9)
-    ax.set_ylabel("useful TFLOP/s")
-    # above the bars, in a row: inside the axes it hid the grey torch swatch behind a grey bar
-    ax.legend(fontsize=9, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
-    ax.grid(axis="x", visible=False)
-    return fig
+    kernels = ((["k6/auto"], "k6/auto", COLORS["k3"]), (RUN.QUACK, "quack (best)", "#2ca02c"),
+               (RUN.TORCH, "torch._grouped_mm (faster layout)", "#7f7f7f"))
+    return model_bars([tick_label(label) for label, _ in shapes],
+                      [(label, color, [(RUN.best_of(records, names, w) or {"useful_tflops": 0})["useful_tflops"]
+                                       for _, w in shapes]) for names, label, color in kernels])
 
 
 def ladder_figure(data: dict[str, Any]):

@@ -44,6 +44,9 @@ from moe_gemm.chapter import (
     SM90A,
     Table,
     Workload,
+    add_grid_arguments,
+    add_models_argument,
+    add_rounds_argument,
     add_timing_arguments,
     best_of,
     best_ratio,
@@ -65,8 +68,6 @@ from moe_gemm.chapter import (
     targets_table,
     timing_options,
 )
-from moe_gemm.core.checks import MAX_REPEATS, MAX_ROWS
-from moe_gemm.core.cli import positive_int
 from moe_gemm.variants.peer.quack import QUACK_PEERS
 
 CHAPTER = "07"
@@ -112,19 +113,13 @@ TARGETS_LEGEND = ("ratios of useful TFLOP/s on the same inputs in the same run (
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
     add_timing_arguments(parser, peers="torch._grouped_mm and quack")
-    parser.add_argument("--rounds", type=positive_int("--rounds", MAX_REPEATS), default=3,
-                        help="interleaved timing rounds per workload; each variant's median over rounds is kept "
-                             "(default 3)")
+    add_rounds_argument(parser)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which measurements to make (default: all three): ladder (every rung and the peers "
                              "at the seed five), grid (k6/auto and the peers at the --tokens rows x 5 skews), "
                              f"models (k6/auto and the peers at the {len(MODELS)} model projections)")
-    parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_TOKENS),
-                        metavar="M",
-                        help=f"the grid's M_tot values (default {' '.join(map(str, GRID_TOKENS))})")
-    parser.add_argument("--models", nargs="+", default=[], metavar="NAME",
-                        help="only the model shapes whose label contains one of these (case-insensitive), e.g. "
-                             "'--models gpt-oss dbrx'; default: all of them")
+    add_grid_arguments(parser, GRID_TOKENS)
+    add_models_argument(parser, "gpt-oss dbrx")
     parser.add_argument("--profile", action="store_true",
                         help="also Nsight Compute on k6/auto, a rung per ladder step, k3 and quack at 65,536 rows, "
                              "s=0, and on k6/auto, the M-paired rung and quack at 16,384 rows")

@@ -17,7 +17,7 @@ from typing import Any
 
 from moe_gemm.chapter import best_of, chapter_module, figures_main, recorded, run_main
 from moe_gemm.site.compile_report import write_compile_report
-from moe_gemm.site.style import COLORS, new_figure, save_figure
+from moe_gemm.site.style import COLORS, model_bars, new_figure, projection_tick, save_figure
 
 CHAPTER = "09"
 RUN = chapter_module(CHAPTER)
@@ -53,16 +53,9 @@ def models_figure(data: dict[str, Any]):
     """The three kernels at every model projection the records hold."""
     records = [r for r in data["records"] if r.get("part") == "models"]
     shapes = [(label, w) for label, w in RUN.MODELS.items() if best_of(records, RUN.K7, w)]
-    fig, ax = new_figure(9.0, 3.8)
-    width = 0.27
-    for k, (names, label, color) in enumerate(KERNELS):
-        values = [(best_of(records, names, w) or {"useful_tflops": 0})["useful_tflops"] for _, w in shapes]
-        ax.bar([i + (k - 1) * width for i in range(len(shapes))], values, width, color=color, label=label)
-    ax.set_xticks(range(len(shapes)), [label.split(" (")[0].replace(" ", "\n", 1) for label, _ in shapes], fontsize=9)
-    ax.set_ylabel("useful TFLOP/s")
-    ax.legend(fontsize=9, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
-    ax.grid(axis="x", visible=False)
-    return fig
+    return model_bars([projection_tick(label) for label, _ in shapes],
+                      [(label, color, [(best_of(records, names, w) or {"useful_tflops": 0})["useful_tflops"]
+                                       for _, w in shapes]) for names, label, color in KERNELS])
 
 
 def write_outputs(root: Path) -> list[Path]:

@@ -31,6 +31,9 @@ from moe_gemm.chapter import (
     SM90A,
     Table,
     Workload,
+    add_grid_arguments,
+    add_models_argument,
+    add_rounds_argument,
     add_timing_arguments,
     best_of,
     best_ratio,
@@ -38,18 +41,15 @@ from moe_gemm.chapter import (
     chapter_parser,
     checks_passed,
     chosen_shapes,
+    compile_only,
     describe_gpu,
-    print_not_run,
     run_checks,
     run_main,
     run_variants,
     show,
-    show_recorded,
     targets_table,
     timing_options,
 )
-from moe_gemm.core.checks import MAX_REPEATS, MAX_ROWS
-from moe_gemm.core.cli import positive_int
 from moe_gemm.model.workloads import MODEL_ROWS, MODEL_SKEW
 from moe_gemm.model.workloads import grid as seed_grid
 from moe_gemm.variants.k7.config import LADDER
@@ -98,18 +98,13 @@ TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; o
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
     add_timing_arguments(parser, peers="torch._grouped_mm and quack")
-    parser.add_argument("--rounds", type=positive_int("--rounds", MAX_REPEATS), default=3,
-                        help="interleaved timing rounds per workload; each variant's median over rounds is kept "
-                             "(default 3)")
+    add_rounds_argument(parser)
     parser.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS),
                         help="which measurements to make (default both; none, with --profile, to profile only): grid "
                              f"(the --tokens rows x 5 skews at the seed's shape), models (the {len(MODELS)} model "
                              "projections)")
-    parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_ROWS),
-                        metavar="M", help=f"the grid's M_tot values (default {' '.join(map(str, GRID_ROWS))})")
-    parser.add_argument("--models", nargs="+", default=[], metavar="NAME",
-                        help="only the model projections whose label contains one of these (case-insensitive), "
-                             "e.g. '--models qwen3 deepseek'; default: all of them")
+    add_grid_arguments(parser, GRID_ROWS)
+    add_models_argument(parser, "qwen3 deepseek")
     parser.add_argument("--profile", action="store_true",
                         help="also Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows")
     args = parser.parse_args(argv)
@@ -234,13 +229,8 @@ def compile_report_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def run_without_gpu(args, reason: str) -> int:
-    print_not_run(args, "k7", reason, f"compiling every rung for {ARCH} instead",
-                  ("--quick", "--no-peers", "--rounds", "--parts", "--tokens"),
-                  "nothing is timed without an sm_90a GPU")
-    show(compile_report_table(compile_report(ARCH)))
-    if show_recorded(CHAPTER) != 0:
-        print(f"(no recorded results for chapter {CHAPTER} yet)")
-    return 0
+    return compile_only(args, CHAPTER, "k7", reason, ("--quick", "--no-peers", "--rounds", "--parts", "--tokens"),
+                        compile_report_table(compile_report(ARCH)))
 
 
 # --------------------------------------------------------------------------- with a GPU
@@ -264,21 +254,8 @@ def measure_workload(part: str, workload: Workload, variants: Sequence[Any], arg
     return [{**r, "part": part} for r in run_variants(variants, [workload], rounds=args.rounds, **timing)]
 
 
-def piece(part: str, workload: Workload, done: Sequence[Workload]) -> tuple[str, str]:
-    """The part_runs entry for ``workload`` once this run has measured ``done`` of its part: one entry per
-    grid row (saying which skews, while the row is unfinished) or model projection, so that each names the run
-    that measured it; a run of the whole part then replaces them with one entry."""
-    if part == "models":
-        label = next(name for name, w in MODELS.items() if w == workload)
-        return f"models-{list(MODELS).index(label)}", f"the model projection {label}"
-    skews = [w.skew for w in done if w.tokens == workload.tokens]
-    every = len(skews) == len(grid([workload.tokens]))
-    return (f"grid-{workload.tokens}", f"the grid's row {workload.tokens:,}"
-            + ("" if every else f", skews {', '.join(f'{s:g}' for s in skews)}"))
-
-
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.measure.parts import PartsFile
+    from moe_gemm.measure.parts import PartsFile, workload_piece
     from moe_gemm.variants.k7 import ladder
 
     timing = timing_options(args)
@@ -299,7 +276,7 @@ def run_on_gpu(args, gpu) -> int:
         for done, workload in enumerate(workloads, 1):
             records = measure_workload(part, workload, variants, args, timing)
             results.replace("records", records, key=lambda r: (r["part"], Workload.of(r)))
-            results.ran(*piece(part, workload, workloads[:done]))
+            results.ran(*workload_piece(part, workload, workloads[:done], MODELS))
             if done == len(workloads) and whole:
                 results.ran(part, "every model projection" if part == "models" else "every row of the grid")
             parts = sorted({r["part"] for r in results.rows("records")}, key=PARTS.index)

@@ -21,7 +21,7 @@ from typing import Any
 from moe_gemm.chapter import chapter_module, figures_main, recorded, run_main
 from moe_gemm.model.problem import BF16_OPERANDS, FP8_BLOCKWISE, FP8_ROWWISE
 from moe_gemm.site.compile_report import write_compile_report
-from moe_gemm.site.style import COLORS, new_figure, save_figure
+from moe_gemm.site.style import COLORS, model_bars, new_figure, projection_tick, save_figure
 
 CHAPTER = "10"
 RUN = chapter_module(CHAPTER)
@@ -73,17 +73,9 @@ def grid_figure(records: list[dict[str, Any]]):
 
 def models_figure(records: list[dict[str, Any]]):
     shapes = [(label, w) for label, w in RUN.MODELS.items() if w in RUN.cells_of(records, "models")]
-    fig, ax = new_figure(9.0, 3.8)
-    width = 0.8 / len(KERNELS)
-    for k, (names, fmt, label, color, _) in enumerate(KERNELS):
-        values = [RUN.tflops(records, names, fmt, w) or 0 for _, w in shapes]
-        ax.bar([i + (k - (len(KERNELS) - 1) / 2) * width for i in range(len(shapes))], values, width, color=color,
-               label=label)
-    ax.set_xticks(range(len(shapes)), [label.split(" (")[0].replace(" ", "\n", 1) for label, _ in shapes], fontsize=9)
-    ax.set_ylabel("useful TFLOP/s")
-    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
-    ax.grid(axis="x", visible=False)
-    return fig
+    return model_bars([projection_tick(label) for label, _ in shapes],
+                      [(label, color, [RUN.tflops(records, names, fmt, w) or 0 for _, w in shapes])
+                       for names, fmt, label, color, _ in KERNELS], legend_size=8)
 
 
 def write_outputs(root: Path) -> list[Path]:

@@ -37,25 +37,25 @@ from moe_gemm.chapter import (
     SM90A,
     Table,
     Workload,
+    add_grid_arguments,
+    add_models_argument,
+    add_rounds_argument,
     add_timing_arguments,
     best_of,
     chapter_main,
     chapter_parser,
     checks_passed,
     chosen_shapes,
+    compile_only,
     describe_gpu,
-    print_not_run,
     progress,
     run_checks,
     run_main,
     run_variants,
     show,
-    show_recorded,
     targets_table,
     timing_options,
 )
-from moe_gemm.core.checks import MAX_REPEATS, MAX_ROWS, MAX_SKEW
-from moe_gemm.core.cli import nonnegative_float, positive_int
 from moe_gemm.model.problem import BF16_OPERANDS, FP8_BLOCKWISE, FP8_ROWWISE, OperandFormat
 from moe_gemm.variants.k8.config import LADDER
 from moe_gemm.variants.peer.torch import PEER_SCALED_GROUPED_MM, PEER_SCALED_GROUPED_MM_FAST
@@ -112,20 +112,13 @@ TARGETS_LEGEND = "ratios of useful TFLOP/s on the same shape and routing in the 
 def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
     add_timing_arguments(parser, peers="torch._scaled_grouped_mm")
-    parser.add_argument("--rounds", type=positive_int("--rounds", MAX_REPEATS), default=3,
-                        help="interleaved timing rounds per workload; each variant's median over rounds is kept "
-                             "(default 3)")
+    add_rounds_argument(parser)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which measurements to make (default all): quantize (the quantizers against a copy), "
                              "accuracy (error against K), grid (the --tokens rows x --skews at the seed's shape), "
                              f"models (the {len(MODELS)} model projections), layer (the FP8 MoE layer)")
-    parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(GRID_ROWS),
-                        metavar="M", help=f"the grid's M_tot values (default {' '.join(map(str, GRID_ROWS))})")
-    parser.add_argument("--skews", type=nonnegative_float("--skews", MAX_SKEW), nargs="+", default=list(GRID_SKEWS),
-                        metavar="S", help=f"the grid's skews (default {' '.join(f'{s:g}' for s in GRID_SKEWS)})")
-    parser.add_argument("--models", nargs="+", default=[], metavar="NAME",
-                        help="only the model projections whose label contains one of these (case-insensitive), "
-                             "e.g. '--models qwen3'; default: all of them")
+    add_grid_arguments(parser, GRID_ROWS, GRID_SKEWS)
+    add_models_argument(parser, "qwen3")
     args = parser.parse_args(argv)
     try:
         chosen_shapes(MODELS, args.models)  # a name that matches no projection is refused before anything runs
@@ -287,13 +280,8 @@ def compile_report_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def run_without_gpu(args, reason: str) -> int:
-    print_not_run(args, "k8", reason, f"compiling every rung for {ARCH} instead",
-                  ("--quick", "--no-peers", "--rounds", "--parts", "--tokens", "--skews", "--models"),
-                  "nothing is timed without an sm_90a GPU")
-    show(compile_report_table(compile_report(ARCH)))
-    if show_recorded(CHAPTER) != 0:
-        print(f"(no recorded results for chapter {CHAPTER} yet)")
-    return 0
+    flags = ("--quick", "--no-peers", "--rounds", "--parts", "--tokens", "--skews", "--models")
+    return compile_only(args, CHAPTER, "k8", reason, flags, compile_report_table(compile_report(ARCH)))
 
 
 # --------------------------------------------------------------------------- with a GPU
@@ -318,18 +306,9 @@ def measure_cell(part: str, cell: Workload, variants: dict[OperandFormat, list[A
     return [{**r, "part": part} for r in records]
 
 
-def piece(part: str, cell: Workload, done: Sequence[Workload]) -> tuple[str, str]:
-    """The part_runs entry once this run has measured ``done`` of its part: one per grid row or model projection."""
-    if part == "models":
-        label = next(name for name, w in MODELS.items() if w == cell)
-        return f"models-{list(MODELS).index(label)}", f"the model projection {label}"
-    skews = [w.skew for w in done if w.tokens == cell.tokens]
-    return f"grid-{cell.tokens}", f"the grid's row {cell.tokens:,}, skews {', '.join(f'{s:g}' for s in skews)}"
-
-
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.fp8 import accuracy_rows, dense_fp8_ceiling, layer_rows, quantize_rows
-    from moe_gemm.measure.parts import PartsFile
+    from moe_gemm.measure.parts import PartsFile, workload_piece
     from moe_gemm.variants.k8 import ladder
 
     timing = timing_options(args)
@@ -375,7 +354,7 @@ def run_on_gpu(args, gpu) -> int:
                 records = measure_cell(part, cell, variants, args, timing)
                 results.replace("records", records,
                                 key=lambda r: (r["part"], Workload.of(r).in_format(BF16_OPERANDS)))
-                results.ran(*piece(part, cell, cells[:done]))
+                results.ran(*workload_piece(part, cell, cells[:done], MODELS))
                 path = save()
         path = save()
     records = results.rows("records")

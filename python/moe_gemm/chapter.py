@@ -33,7 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from moe_gemm.core.chapters import chapter_module
-from moe_gemm.core.cli import add_timing_arguments, chapter_parser, ignored_flags, run_main, timing_options
+from moe_gemm.core.cli import (
+    add_grid_arguments,
+    add_models_argument,
+    add_rounds_argument,
+    add_timing_arguments,
+    chapter_parser,
+    ignored_flags,
+    run_main,
+    timing_options,
+)
 from moe_gemm.core.tables import Table
 from moe_gemm.cuda import gpu as _gpu
 from moe_gemm.measure.check import progress
@@ -58,9 +67,10 @@ from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS, TorchGroupedMM, torch
 __all__ = [
     "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "LAYERS", "MODEL_PROJECTIONS", "MORE_MODEL_PROJECTIONS", "NO_GPU",
     "PEER", "PEERS", "SEED", "SEED_FIVE", "SEED_WORKLOADS", "SM90A", "LayerShape", "Requirement", "Table",
-    "Workload", "add_timing_arguments", "best_of", "best_peer", "best_ratio", "chapter_main", "chapter_module",
+    "Workload", "add_grid_arguments", "add_models_argument", "add_rounds_argument", "add_timing_arguments",
+    "best_of", "best_peer", "best_ratio", "chapter_main", "chapter_module",
     "chosen_shapes",
-    "chapter_parser", "checks_table", "describe_gpu", "failed_variants", "figures_main", "find", "grid",
+    "chapter_parser", "checks_table", "compile_only", "describe_gpu", "failed_variants", "figures_main", "find", "grid",
     "grouped_mm_peers", "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded",
     "records_table", "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded",
     "targets_table", "timing_options",
@@ -131,6 +141,17 @@ def print_not_run(args: Any, kernel: str, reason: str, instead: str, flags: Sequ
     if note:
         print(note)
     print()
+
+
+def compile_only(args: Any, chapter: str, kernel: str, reason: str, flags: Sequence[str], report: Table,
+                 compiled: str = "every rung", why: str = "nothing is timed without an sm_90a GPU") -> int:
+    """A chapter's run without the GPU its kernels need: the banner and the flags that cannot act (``why``),
+    the compile ``report`` of what it compiled instead, then the recorded results; exit status 0."""
+    print_not_run(args, kernel, reason, f"compiling {compiled} for sm_90a instead", flags, why)
+    show(report)
+    if show_recorded(chapter) != 0:
+        print(f"(no recorded results for chapter {chapter} yet)")
+    return 0
 
 
 def describe_gpu(gpu: _gpu.GpuInfo) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from moe_gemm.core.checks import (
     MAX_DIMENSION,
     MAX_EXPERTS,
+    MAX_REPEATS,
     MAX_ROWS,
     MAX_SKEW,
     MAX_TILE_ROWS,
@@ -148,6 +149,30 @@ def add_timing_arguments(parser: argparse.ArgumentParser, *, peers: str = "torch
     parser.add_argument("--quick", action="store_true",
                         help="5 warm-up and 20 timed launches per measurement instead of 10 and 50" + quick_note)
     parser.add_argument("--no-peers", action="store_true", help=f"leave out {peers}")
+
+
+def add_rounds_argument(parser: argparse.ArgumentParser) -> None:
+    """--rounds: how many interleaved timing rounds a chapter makes per workload."""
+    parser.add_argument("--rounds", type=positive_int("--rounds", MAX_REPEATS), default=3,
+                        help="interleaved timing rounds per workload; each variant's median over rounds is kept "
+                             "(default 3)")
+
+
+def add_grid_arguments(parser: argparse.ArgumentParser, tokens: Sequence[int],
+                       skews: Sequence[float] | None = None) -> None:
+    """--tokens (the grid's M_tot values, default ``tokens``) and, given default ``skews``, --skews."""
+    parser.add_argument("--tokens", type=positive_int("--tokens", MAX_ROWS), nargs="+", default=list(tokens),
+                        metavar="M", help=f"the grid's M_tot values (default {' '.join(map(str, tokens))})")
+    if skews is not None:
+        parser.add_argument("--skews", type=nonnegative_float("--skews", MAX_SKEW), nargs="+", default=list(skews),
+                            metavar="S", help=f"the grid's skews (default {' '.join(f'{s:g}' for s in skews)})")
+
+
+def add_models_argument(parser: argparse.ArgumentParser, example: str) -> None:
+    """--models: the model projections to measure, by words of their labels (``example``: two of them)."""
+    parser.add_argument("--models", nargs="+", default=[], metavar="NAME",
+                        help="only the model projections whose label contains one of these (case-insensitive), "
+                             f"e.g. '--models {example}'; default: all of them")
 
 
 def timing_options(args: argparse.Namespace) -> dict[str, int]:

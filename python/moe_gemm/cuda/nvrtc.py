@@ -55,7 +55,6 @@ class CompiledKernel:
                 f"{self.name} ({self.arch}) uses local memory: {r.stack_frame_bytes} bytes stack frame, "
                 f"{r.spill_store_bytes} bytes spill stores, {r.spill_load_bytes} bytes spill loads")
         return self
-        return self
 
 
 def nvrtc_version() -> str:

@@ -12,12 +12,13 @@ holds nothing a run of its run.py cannot remake.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from moe_gemm.cuda.gpu import GpuInfo
 from moe_gemm.measure.provenance import provenance
 from moe_gemm.measure.results import recorded, save_results
+from moe_gemm.model.workloads import GRID_SKEWS, Workload
 
 Row = dict[str, Any]
 
@@ -31,6 +32,20 @@ def part_runs(earlier: dict[str, dict[str, str]], measured: dict[str, str],
     kept = {key: run for key, run in earlier.items() if key.split("-")[0] not in measured}
     return {**kept, **{part: {"commit": now["git_commit"], "date": now["date"], "command": now["command"],
                               "measured": what} for part, what in measured.items()}}
+
+
+def workload_piece(part: str, workload: Workload, done: Sequence[Workload],
+                   models: Mapping[str, Workload]) -> tuple[str, str]:
+    """The part_runs entry of a "grid" or "models" part once a run has measured ``done`` of it (``workload``
+    last): one entry per model projection (named by its label in ``models``) or grid row (saying which skews
+    while the row is unfinished), so that each names the run that measured it."""
+    if part == "models":
+        label = next(name for name, w in models.items() if w == workload)
+        return f"models-{list(models).index(label)}", f"the model projection {label}"
+    skews = [w.skew for w in done if w.tokens == workload.tokens]
+    every = len(skews) == len(GRID_SKEWS)
+    return (f"grid-{workload.tokens}", f"the grid's row {workload.tokens:,}"
+            + ("" if every else f", skews {', '.join(f'{s:g}' for s in skews)}"))
 
 
 class PartsFile:

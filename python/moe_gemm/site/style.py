@@ -72,6 +72,27 @@ def new_figure(width: float = 7.0, height: float = 3.6, **kwargs):
     return plt.subplots(figsize=(width, height), **kwargs)
 
 
+def model_bars(ticks: Sequence[str], series: Sequence[tuple[str, str, Sequence[float]]], legend_size: int = 9):
+    """Useful TFLOP/s of several kernels side by side at each model projection (``ticks``: their labels);
+    ``series``: (label, colour, one value per tick). The legend sits in a row above the bars: inside the
+    axes it can hide a swatch behind a bar of the same colour."""
+    fig, ax = new_figure(9.0, 3.8)
+    width = 0.8 / len(series)
+    for k, (label, color, values) in enumerate(series):
+        ax.bar([i + (k - (len(series) - 1) / 2) * width for i in range(len(ticks))], values, width, color=color,
+               label=label)
+    ax.set_xticks(range(len(ticks)), ticks, fontsize=9)
+    ax.set_ylabel("useful TFLOP/s")
+    ax.legend(fontsize=legend_size, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
+    ax.grid(axis="x", visible=False)
+    return fig
+
+
+def projection_tick(label: str) -> str:
+    """A model projection's label as a two-line tick: the model, then the rest, without the parenthesis."""
+    return label.split(" (")[0].replace(" ", "\n", 1)
+
+
 def displayed_text_px(fig, display_width_px: float = DISPLAY_WIDTH_PX) -> dict[str, float]:
     """Each visible text of ``fig`` and its height in screen pixels once the page scales the PNG to fit."""
     width_px = fig.get_figwidth() * DPI

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from moe_gemm.torch import rules
+from moe_gemm.torch.launches import PointerLaunches
 
 DEFAULT_CONFIG = "k6/pingpong-bn192"  # the rung closest to k6/auto's choices across chapter 07's shapes
 FUSED_CONFIG = "k6/swiglu-bn128"  # the first GEMM of an MoE layer with the SwiGLU epilogue
@@ -148,40 +149,22 @@ def _slots(name: str, layout: str, types: Types, index: int) -> int:
         return resident_slots(variant.compile(), variant.config, _gpu(index)[1], device=index)
 
 
-class _Runner:
-    """k6 as one configuration on one shape, B layout and GPU, ready to launch on any pointers: the
-    packed arguments (three encoded tensor maps) are kept per pointers and stream, which torch's caching
-    allocator hands out again call after call."""
-
-    MAX_PACKED = 64  # distinct pointer sets kept; past that the oldest are dropped
+class _Runner(PointerLaunches):
+    """k6 as one configuration on one shape, B layout and GPU, launched on (a, b, out, offs): its packed
+    arguments (three encoded tensor maps) built once per pointer set (moe_gemm.torch.launches)."""
 
     def __init__(self, name: str, layout: str, types: Types, index: int, tokens: int, experts: int, K: int, N: int,
                  b_strides: tuple[int, int]) -> None:
+        super().__init__(index)
         variant = _k6(name, layout, types)
-        self.kernel, self.config = variant.compile(), variant.config
-        self.index, self.slots = index, _slots(name, layout, types, index)
+        self.kernel, self.config, self.slots = variant.compile(), variant.config, _slots(name, layout, types, index)
         self.shape, self.b_strides = (tokens, experts, K, N), b_strides
-        self.launches: dict[tuple[int, ...], Callable[[], None]] = {}
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> None:
-        from moe_gemm.cuda.device import make_context_current
+    def build(self, pointers: tuple[int, ...], stream: int) -> Callable[[], None]:
+        from moe_gemm.variants.k6.launch import launcher
 
-        make_context_current(self.index)  # autograd's backward thread may have no driver context current
-        stream = torch._C._cuda_getCurrentRawStream(self.index)  # torch.cuda.current_stream's handle, 2 us sooner
-        key = (a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), stream)
-        run = self.launches.get(key)
-        if run is None:
-            from moe_gemm.variants.k6.launch import launcher
-
-            if len(self.launches) >= self.MAX_PACKED:
-                self.launches.pop(next(iter(self.launches)))
-            run = self.launches[key] = launcher(self.kernel, self.config, self.slots, *key[:4], *self.shape,
-                                                stream=stream, b_strides=self.b_strides, device=self.index)
-        if torch.cuda.current_device() == self.index:
-            run()
-        else:  # a tensor on another GPU than the current one: its context for the launch
-            with torch.cuda.device(self.index):
-                run()
+        return launcher(self.kernel, self.config, self.slots, *pointers, *self.shape, stream=stream,
+                        b_strides=self.b_strides, device=self.index)
 
 
 def _launcher(name: str, layout: str, types: Types, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
@@ -189,7 +172,7 @@ def _launcher(name: str, layout: str, types: Types, a: torch.Tensor, b: torch.Te
     """One launch of configuration ``name`` on these tensors, on torch's current stream of their GPU,
     ready to repeat (k6's one launch path, moe_gemm.variants.k6.launch, which the harness takes too)."""
     runner = _runner(name, layout, types, a, b)
-    return lambda: runner(a, b, offs, out)
+    return lambda: runner(a, b, out, offs)
 
 
 def _median_ms(run: Callable[[], None], iterations: int, index: int) -> float:
@@ -270,7 +253,7 @@ class _Plan:
             runner = _runner(name or _default(self.layout, self.epilogue), self.layout, self.types, a, b)
             if name is not None:  # kept once chosen; a default (nothing could be timed) is asked again next call
                 self.runner = runner
-        runner(a, b, offs, out)
+        runner(a, b, out, offs)
 
 
 @functools.lru_cache(maxsize=256)

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from moe_gemm.model.quantize import BLOCK
 from moe_gemm.torch import rules
+from moe_gemm.torch.launches import TensorMapLaunches
 
 BLOCKWISE_CONFIG = "k8/blockwise-bm128"
 ROWWISE_CONFIG, ROWWISE_FAST_CONFIG = "k8/rowwise-bm128", "k8/rowwise-fast-bm128"
@@ -103,53 +103,14 @@ def _k8(config: str, out: str) -> Any:
     return K8Fp8(config, LADDER[config].replace(out=out))
 
 
-class _Runner:
-    """k8 on one shape, configuration and GPU, ready to launch on any pointers: the packed arguments (four encoded
-    tensor maps) are kept per pointers and stream, which torch's caching allocator hands out again."""
-
-    MAX_PACKED = 64
-
-    def __init__(self, config: str, out: str, index: int, shape: tuple[int, int, int, int]) -> None:
-        from moe_gemm.cuda.launch import prefer_shared_memory
-
-        variant = _k8(config, out)
-        self.kernel, self.config, self.index, self.shape = variant.compile(), variant.config, index, shape
-        with torch.cuda.device(index):
-            prefer_shared_memory(self.kernel, device=index)
-            self.grid = torch.cuda.get_device_properties(index).multi_processor_count  # persistent
-        self.launches: dict[tuple[int, ...], Callable[[], None]] = {}
-
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                 offs: torch.Tensor, out: torch.Tensor) -> None:
-        from moe_gemm.cuda.device import make_context_current
-        from moe_gemm.cuda.launch import PackedArguments, TensorMapArg, launch
-        from moe_gemm.cuda.tensormap import TiledMap
-        from moe_gemm.variants.k8 import arguments
-        from moe_gemm.variants.k8.config import THREADS
-
-        make_context_current(self.index)
-        stream = torch._C._cuda_getCurrentRawStream(self.index)
-        key = (a.data_ptr(), b.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(), out.data_ptr(), offs.data_ptr(),
-               stream)
-        run = self.launches.get(key)
-        if run is None:
-            if len(self.launches) >= self.MAX_PACKED:
-                self.launches.pop(next(iter(self.launches)))
-            args = arguments(self.config, *key[:6], *self.shape)
-            packed = PackedArguments(tuple(TensorMapArg(x.encode()) if isinstance(x, TiledMap) else x for x in args))
-            run = self.launches[key] = functools.partial(launch, self.kernel, self.grid, THREADS,
-                                                         self.config.dynamic_smem_bytes, packed, stream=stream,
-                                                         device=self.index)
-        if torch.cuda.current_device() == self.index:
-            run()
-        else:
-            with torch.cuda.device(self.index):
-                run()
-
-
 @functools.lru_cache(maxsize=256)
-def _runner(config: str, out: str, index: int, tokens: int, experts: int, K: int, N: int) -> _Runner:
-    return _Runner(config, out, index, (tokens, experts, K, N))
+def _runner(config: str, out: str, index: int, tokens: int, experts: int, K: int, N: int) -> TensorMapLaunches:
+    """k8 on one shape, configuration and GPU, launched on (a, b, scale_a, scale_b, out, offs): four tensor maps
+    per pointer set."""
+    from moe_gemm.variants.k8 import arguments
+    from moe_gemm.variants.k8.config import THREADS
+
+    return TensorMapLaunches(_k8(config, out), arguments, THREADS, index, (tokens, experts, K, N))
 
 
 def _scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
@@ -167,7 +128,7 @@ def _scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, 
         return out
     config = (BLOCKWISE_CONFIG if op.scaling == "blockwise" else ROWWISE_FAST_CONFIG if use_fast_accum
               else ROWWISE_CONFIG)
-    _runner(config, route.out, a.device.index, tokens, experts, K, N)(a, b, scale_a, scale_b, offs, out)
+    _runner(config, route.out, a.device.index, tokens, experts, K, N)(a, b, scale_a, scale_b, out, offs)
     return out
 
 

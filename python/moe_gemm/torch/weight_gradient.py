@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from moe_gemm.torch import rules
+from moe_gemm.torch.launches import TensorMapLaunches
 
 CONFIG = "k7/bn192"  # the faster of k7's rungs at every cell of chapter 09's grid (H200)
 _warned: set[str] = set()
@@ -69,52 +69,14 @@ def _k7(types: tuple[str, str], accumulate: bool) -> Any:
     return K7WeightGrad(CONFIG, LADDER[CONFIG].replace(element=types[0], out=types[1], accumulate=accumulate))
 
 
-class _Runner:
-    """k7 on one shape, types and GPU, ready to launch on any pointers: the packed arguments (three encoded
-    tensor maps) are kept per pointers and stream, which torch's caching allocator hands out again."""
-
-    MAX_PACKED = 64
-
-    def __init__(self, types: tuple[str, str], accumulate: bool, index: int, shape: tuple[int, int, int, int]):
-        from moe_gemm.cuda.launch import prefer_shared_memory
-
-        variant = _k7(types, accumulate)
-        self.kernel, self.config, self.index, self.shape = variant.compile(), variant.config, index, shape
-        with torch.cuda.device(index):
-            prefer_shared_memory(self.kernel, device=index)
-            self.grid = torch.cuda.get_device_properties(index).multi_processor_count  # persistent
-        self.launches: dict[tuple[int, ...], Callable[[], None]] = {}
-
-    def __call__(self, a: torch.Tensor, dc: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> None:
-        from moe_gemm.cuda.device import make_context_current
-        from moe_gemm.cuda.launch import PackedArguments, TensorMapArg, launch
-        from moe_gemm.cuda.tensormap import TiledMap
-        from moe_gemm.variants.k7 import arguments
-        from moe_gemm.variants.k7.config import THREADS
-
-        make_context_current(self.index)  # before any driver call: autograd's thread may have none current
-        stream = torch._C._cuda_getCurrentRawStream(self.index)
-        key = (a.data_ptr(), dc.data_ptr(), out.data_ptr(), offs.data_ptr(), stream)
-        run = self.launches.get(key)
-        if run is None:
-            if len(self.launches) >= self.MAX_PACKED:
-                self.launches.pop(next(iter(self.launches)))
-            args = arguments(self.config, *key[:4], *self.shape)
-            packed = PackedArguments(tuple(TensorMapArg(x.encode()) if isinstance(x, TiledMap) else x for x in args))
-            smem = self.config.dynamic_smem_bytes
-            run = self.launches[key] = functools.partial(launch, self.kernel, self.grid, THREADS, smem, packed,
-                                                         stream=stream, device=self.index)
-        if torch.cuda.current_device() == self.index:
-            run()
-        else:  # a tensor on another GPU than the current one: its context for the launch
-            with torch.cuda.device(self.index):
-                run()
-
-
 @functools.lru_cache(maxsize=256)
 def _runner(types: tuple[str, str], accumulate: bool, index: int, tokens: int, experts: int, K: int,
-            N: int) -> _Runner:
-    return _Runner(types, accumulate, index, (tokens, experts, K, N))
+            N: int) -> TensorMapLaunches:
+    """k7 on one shape, types and GPU, launched on (a, dc, out, offs): three tensor maps per pointer set."""
+    from moe_gemm.variants.k7 import arguments
+    from moe_gemm.variants.k7.config import THREADS
+
+    return TensorMapLaunches(_k7(types, accumulate), arguments, THREADS, index, (tokens, experts, K, N))
 
 
 def _run(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None, out_dtype: torch.dtype,
@@ -131,7 +93,7 @@ def _run(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tensor, out: torch.Tenso
         out = torch.empty((experts, K, N), dtype=out_dtype, device=a.device)
     if tokens == 0:  # no rows: a tensor map cannot describe them, and every expert's gradient is zero
         return out if accumulate else out.zero_()
-    _runner((route.element, route.out), accumulate, a.device.index, tokens, experts, K, N)(a, dc, offs, out)
+    _runner((route.element, route.out), accumulate, a.device.index, tokens, experts, K, N)(a, dc, out, offs)
     return out
 
 

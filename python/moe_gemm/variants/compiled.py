@@ -7,7 +7,7 @@ gradient or FP8 operands says so instead of reading them as bf16 [E, K, N].
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ from moe_gemm.cuda.device import DeviceProblem
 from moe_gemm.cuda.nvrtc import CompiledKernel, compile_kernel
 from moe_gemm.cuda.variant import Resources
 from moe_gemm.model.problem import BF16, BF16_OPERANDS, OperandFormat, Problem, RaggedAxis, dtype_name
+from moe_gemm.variants.sm90.config import SMEM_LIMIT
 
 # What every variant up to chapter 08 takes: the forward, ragged along M, bf16 operands, bf16 output.
 FORWARD_RAGGED_AXES: tuple[RaggedAxis, ...] = ("M",)
@@ -100,12 +101,29 @@ class NamedConfigVariant(CompiledVariant):
 
     configs: Mapping[str, Any]
     family: str
+    # The static shared memory a block has beside the dynamic part: with it, a configuration whose sum passes
+    # what an sm_90 block may have (SMEM_LIMIT) is refused at construction (None: not checked).
+    static_smem_allowance: int | None = None
+    # (experts, K, N, *operand addresses) -> one reason per rule the inputs break (staticmethod; see check_shape)
+    shape_rules: Callable[..., list[str]]
 
-    def __init__(self, name: str) -> None:
-        if name not in self.configs:
-            raise ValueError(f"unknown {self.family} variant {name!r}; {self.family} has {', '.join(self.configs)}")
-        self.name = name
-        self.config = self.configs[name]
+    def __init__(self, name: str, config: Any = None) -> None:
+        """The configuration called ``name`` in ``configs``, or any ``config`` under a name of one's choosing."""
+        if config is None:
+            if name not in self.configs:
+                raise ValueError(f"unknown {self.family} variant {name!r}; {self.family} has {', '.join(self.configs)}")
+            config = self.configs[name]
+        self.name, self.config = name, config
+        if self.static_smem_allowance is not None and \
+                config.dynamic_smem_bytes + self.static_smem_allowance > SMEM_LIMIT:
+            raise ValueError(f"{name}: {config.dynamic_smem_bytes:,} B of shared memory plus the static part pass "
+                             f"the {SMEM_LIMIT:,} B a block may have")
+
+    def check_shape(self, experts: int, K: int, N: int, *addresses: int) -> None:
+        """ValueError naming every rule (``shape_rules``) these inputs break, before any launch (no GPU needed)."""
+        reasons = self.shape_rules(experts, K, N, *addresses)
+        if reasons:
+            raise ValueError(f"{self.name} cannot take these inputs: {'; '.join(reasons)}")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

@@ -72,10 +72,7 @@ class K6Persistent(NamedConfigVariant):
                                out_dtype=FP32))
 
     def __init__(self, name: str, config: K6Config | None = None) -> None:
-        if config is None:
-            super().__init__(name)
-        else:
-            self.name, self.config = name, config
+        super().__init__(name, config)
         self.epilogue = self.config.epilogue  # what the harness's check compares with (measure.check.verify)
         if self.config.epilogue == "swiglu" and (self.config.bn, self.config.cluster_along, self.config.schedule,
                                                  self.config.b_layout) != (128, "n", "device", "kn"):

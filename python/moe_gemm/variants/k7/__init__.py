@@ -37,7 +37,7 @@ from moe_gemm.variants.k7.config import (
     K7Config,
     refusals,
 )
-from moe_gemm.variants.sm90.config import BK, BOX, SMEM_LIMIT
+from moe_gemm.variants.sm90.config import BK, BOX
 from moe_gemm.variants.sm90.maps import output_map, require_sm90a
 
 
@@ -67,6 +67,8 @@ class K7WeightGrad(NamedConfigVariant):
     source = SOURCE
     configs = LADDER
     family = "k7"
+    static_smem_allowance = STATIC_SMEM_ALLOWANCE
+    shape_rules = staticmethod(refusals)  # check_shape's rules
     warps_per_block = THREADS // 32
     ragged_axes = ("K",)
     formats = (BF16_OPERANDS, FP16_OPERANDS)
@@ -82,13 +84,7 @@ class K7WeightGrad(NamedConfigVariant):
     edge_cases = RAGGED_K_EDGE_CASES
 
     def __init__(self, name: str, config: K7Config | None = None) -> None:
-        if config is None:
-            super().__init__(name)
-        else:
-            self.name, self.config = name, config
-        if self.config.dynamic_smem_bytes + STATIC_SMEM_ALLOWANCE > SMEM_LIMIT:
-            raise ValueError(f"{self.name}: {self.config.dynamic_smem_bytes:,} B of shared memory plus the static "
-                             f"part pass the {SMEM_LIMIT:,} B a block may have")
+        super().__init__(name, config)
 
     def typed(self, problem: Problem) -> K7WeightGrad:
         """This rung compiled for the problem's operand and output types."""
@@ -99,12 +95,6 @@ class K7WeightGrad(NamedConfigVariant):
         if types not in typed:
             typed[types] = K7WeightGrad(self.name, self.config.replace(element=types[0], out=types[1]))
         return typed[types]
-
-    def check_shape(self, experts: int, K: int, N: int, a_address: int = 0, dc_address: int = 0) -> None:
-        """ValueError naming every rule of k7 these inputs break (no GPU needed)."""
-        reasons = refusals(experts, K, N, a_address, dc_address)
-        if reasons:
-            raise ValueError(f"{self.name} cannot take these inputs: {'; '.join(reasons)}")
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem
