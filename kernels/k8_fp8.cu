@@ -53,32 +53,32 @@ struct Config {
     static constexpr int TILE_M = BM, WG_ROWS = BM / 2, M_ITERS = WG_ROWS / 64;
     static constexpr unsigned A_BYTES = BM * BK, B_BYTES = BN * BK;  // one byte per element
     static constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
-    // Blockwise: the stage also carries this k-block's scale of each of the tile's BM rows (TMA, from the
-    // MN-major scale_a [K / 128, M_pad]: BM consecutive floats), after the ring, kept apart so that every
-    // operand box stays on a 1 KB boundary.
-    static constexpr unsigned SCALE_BYTES = SCALING == BLOCKWISE ? BM * 4 : 0;
-    static constexpr unsigned SCALE_RING_BYTES =  // rounded up so that the C staging after it stays 1 KB aligned
-        (STAGES * SCALE_BYTES + sm90::SWIZZLE_ALIGN - 1) / sm90::SWIZZLE_ALIGN * sm90::SWIZZLE_ALIGN;
+    static constexpr bool BLOCKWISE_SCALES = SCALING == BLOCKWISE;
     static constexpr int EMPTY_ARRIVALS = 2;  // both consumer warpgroups read every stage
     // setmaxnreg as k6: a thread holds M_ITERS x 64 fp32 main accumulators and, promoting, 64 scratch ones.
     static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
     static constexpr unsigned STAGING_BYTES = 2 * STAGING_BOXES * sm90::BOX_BYTES;  // a ring per warpgroup
     // The host sizes the launch the same way (moe_gemm.variants.k8.config).
-    static_assert(STAGES * STAGE_BYTES + SCALE_RING_BYTES + STAGING_BYTES + sm90::SWIZZLE_ALIGN <= 232448 - 2304,
-                  "the ring, its scales and the C staging fit the shared memory of one block");
+    static_assert(STAGES * STAGE_BYTES + STAGING_BYTES + sm90::SWIZZLE_ALIGN <= 232448 - 2304,
+                  "the ring and the C staging fit the shared memory of one block");
     static_assert(STAGE_BYTES % sm90::SWIZZLE_ALIGN == 0, "every operand box starts on a 1 KB boundary");
 };
 // --8<-- [end:config]
 
 // --8<-- [start:producer]
 // One thread issues every copy: per unit (expert, row0, rows, col0) of the walk and per 128-deep k-block,
-// A's box of BM rows, B^T's box of 128 columns of the expert, and (blockwise) the BM scales of A's rows.
-// Rows past the expert (or past M_tot: zeros) are loaded and never stored; K past its end reads zeros,
-// which add nothing.
+// A's box of BM rows and B^T's box of 128 columns of the expert. Rows past the expert (or past M_tot:
+// zeros) are loaded and never stored; K past its end reads zeros, which add nothing.
+//
+// A's scales do not come this way. A TMA box must start on 16 bytes of global memory (PTX ISA 5.5.3.1,
+// "Bounding Box"), and a box of the tile's BM row scales in the MN-major layout starts at row0 x 4 bytes:
+// aligned only when the expert's first row is a multiple of 4, which torch's offs do not promise (the
+// first run of a TMA-fed version stopped at an illegal instruction on exactly that). DeepGEMM loads them
+// by TMA because its grouped layout pads every expert to the tile's rows; the consumers here read their
+// own rows' scales with plain loads instead (multiply, below).
 template <class Cfg, int STAGES, class Walk>
-__device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
-                                        const CUtensorMap* tmap_sa, const Walk& order, int units, int first,
-                                        int stride, int k_steps, unsigned ring, unsigned scales,
+__device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, const Walk& order,
+                                        int units, int first, int stride, int k_steps, unsigned ring,
                                         sm90::Slots<STAGES>& slots, unsigned long long* full,
                                         unsigned long long* empty) {
     tma_prefetch_descriptor(tmap_a);
@@ -91,12 +91,11 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
             mbarrier_wait_parity(smem_u32(&empty[stage]), phase ^ 1);
             if (ks == 0) slots.tile[ordinal % sm90::Slots<STAGES>::COUNT] = tile;  // released by the arrive below
             const unsigned bar = smem_u32(&full[stage]);
-            mbarrier_arrive_expect_tx(bar, Cfg::STAGE_BYTES + Cfg::SCALE_BYTES);
+            mbarrier_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
             const unsigned a_dst = ring + stage * Cfg::STAGE_BYTES;
             const int k = ks * Cfg::BK;
             tma_load_2d(a_dst, tmap_a, k, tile.y, bar);
             tma_load_3d(a_dst + Cfg::A_BYTES, tmap_b, k, tile.w, tile.x, bar);  // B^T [E, N, K]: (k, n, e)
-            if constexpr (Cfg::SCALE_BYTES > 0) tma_load_2d(scales + stage * Cfg::SCALE_BYTES, tmap_sa, tile.y, ks, bar);
             if (++stage == STAGES) {
                 stage = 0;
                 phase ^= 1;
@@ -112,15 +111,19 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
 // makes ptxas serialize every wgmma of the kernel (warning C7520).
 //
 // PROMOTE: per stage and slice, four k32 wgmmas into `scratch`, wait for them, then
-//     acc[i] += scratch x scale_a[row] x scale_b        (rowwise: x 1)
-// The stage goes back to the producer once the last slice's wgmmas are done: its A scales were read into
-// registers first. The tensor core is idle while a warpgroup promotes, unless the other warpgroup's
-// wgmmas are running: with two warpgroups on every stage, one's promotion overlaps the other's products.
+//     acc[i] += scratch x scale_a[row] x scale_b        (rowwise: += scratch)
+// The stage goes back to the producer once the last slice's wgmmas are done. Blockwise, the k-block's
+// scales come from global memory before the stage's wait, which hides their latency: B's one float for
+// the tile, and A's for the thread's two rows of each slice, scale_a[ks][row], from the MN-major layout
+// [K / 128, M_pad] (a warp's 8 consecutive rows g are one 32-byte sector). The tensor core is idle while
+// a warpgroup promotes, unless the other warpgroup's wgmmas are running: with two warpgroups on every
+// stage, one's promotion overlaps the other's products.
 // Not promoting: k6's loop, the tensor core accumulating all of K, each stage released once the next
 // one's wgmmas are issued.
 template <class Cfg, int SLICES, int STAGES>
 __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::BN / 2], int warpgroup, int k_steps,
-                                         unsigned ring, const float* scales, const float* __restrict__ scale_b_row,
+                                         unsigned ring, const float* __restrict__ scale_a_rows, int m_pad,
+                                         int rows_in_range, const float* __restrict__ scale_b_row,
                                          unsigned long long* full, unsigned long long* empty, int& stage,
                                          unsigned& phase) {
     constexpr OperandPlan PLAN = sm90::K_MAJOR_PLAN;  // A and B^T: 128-byte rows, a k32 step 32 bytes along
@@ -132,9 +135,25 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::BN / 2]
 #pragma unroll
             for (int v = 0; v < Cfg::BN / 2; ++v) acc[i][v] = 0.0f;
     }
+    // Blockwise: the thread's rows of A's scales are D rows 16 warp + 8h + g of each slice i, at
+    // scale_a_rows[ks * M_pad + row]; rows past M_tot read none (their sums are never stored).
+    const float* my_scales = scale_a_rows + 16 * warp + g;
+    bool row_in[SLICES > 0 ? SLICES : 1][2];
+#pragma unroll
+    for (int i = 0; i < SLICES; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) row_in[i][h] = 64 * i + 16 * warp + 8 * h + g < rows_in_range;
     for (int ks = 0; ks < k_steps; ++ks) {
-        // This k-block's B scale (blockwise): one float for the whole tile, loaded before the wait hides it.
-        const float scale_b = Cfg::SCALE_BYTES > 0 && SLICES > 0 ? __ldg(scale_b_row + ks) : 1.0f;
+        // This k-block's scales, loaded before the wait hides their latency: each row's times B's for the tile.
+        float row_scale[SLICES > 0 ? SLICES : 1][2];
+        if constexpr (Cfg::BLOCKWISE_SCALES && SLICES > 0) {
+            const float scale_b = __ldg(scale_b_row + ks);
+#pragma unroll
+            for (int i = 0; i < SLICES; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) row_scale[i][h] = (row_in[i][h] ? __ldg(my_scales + 64 * i + 8 * h) : 0.0f) * scale_b;
+            my_scales += m_pad;
+        }
         mbarrier_wait_parity(smem_u32(&full[stage]), phase);
         if constexpr (SLICES > 0) {
             const unsigned stage_base = ring + stage * Cfg::STAGE_BYTES;
@@ -142,19 +161,6 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::BN / 2]
                 matrix_descriptor(PLAN.bits, stage_base + warpgroup * Cfg::M_ITERS * PLAN.mn64_bytes));
             const unsigned long long desc_b = sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base + Cfg::A_BYTES));
             if constexpr (Cfg::PROMOTES) {
-                // The scales of this thread's two rows of each slice: D rows 16 warp + g and + 8.
-                float row_scale[SLICES][2];
-#pragma unroll
-                for (int i = 0; i < SLICES; ++i)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        if constexpr (Cfg::SCALE_BYTES > 0) {
-                            row_scale[i][h] = scales[stage * Cfg::TILE_M + warpgroup * Cfg::WG_ROWS + 64 * i + 16 * warp +
-                                                     8 * h + g] * scale_b;
-                        } else {
-                            row_scale[i][h] = 1.0f;
-                        }
-                    }
                 float scratch[Cfg::BN / 2];
 #pragma unroll
                 for (int i = 0; i < SLICES; ++i) {
@@ -168,7 +174,8 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::BN / 2]
                     fence_accumulators(scratch);
                     if (i == SLICES - 1) sm90::release<1>(empty, stage);
 #pragma unroll
-                    for (int v = 0; v < Cfg::BN / 2; ++v) acc[i][v] += scratch[v] * row_scale[i][(v / 2) % 2];
+                    for (int v = 0; v < Cfg::BN / 2; ++v)
+                        acc[i][v] += Cfg::BLOCKWISE_SCALES ? scratch[v] * row_scale[i][(v / 2) % 2] : scratch[v];
                 }
             } else {
                 wgmma_fence();
@@ -236,7 +243,7 @@ __device__ __forceinline__ void scale_slice(const float (&acc)[BN / 2], float (&
 // --8<-- [start:body]
 template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT>
 __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
-                                        const CUtensorMap* tmap_sa, const CUtensorMap* tmap_c, void* C,
+                                        const CUtensorMap* tmap_c, void* C,
                                         const float* scale_a, const float* scale_b, const int* ends, int tokens,
                                         int experts, int group, int K, int N) {
     static_assert(OUT == sm90::BF16 || OUT == sm90::F32, "a bf16 or fp32 output");
@@ -247,11 +254,8 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
     __shared__ sm90::Slots<STAGES> slots;
     extern __shared__ unsigned char dynamic_smem[];
     const unsigned ring = (smem_u32(dynamic_smem) + sm90::SWIZZLE_ALIGN - 1) & ~(sm90::SWIZZLE_ALIGN - 1);
-    const unsigned scales = ring + STAGES * Cfg::STAGE_BYTES;
-    const unsigned staging = scales + Cfg::SCALE_RING_BYTES;
-    // The same scales through a generic pointer, for the consumers' plain loads (TMA writes them; the full
-    // barrier's wait makes the writes visible).
-    const float* scale_rows = reinterpret_cast<const float*>(dynamic_smem + (scales - smem_u32(dynamic_smem)));
+    const unsigned staging = ring + STAGES * Cfg::STAGE_BYTES;
+    const int m_pad = (tokens + 3) / 4 * 4;  // blockwise: scale_a is [K / 128, M_pad], its rows padded to 4
     const int warpgroup = threadIdx.x / sm90::WARPGROUP;
     const int k_steps = (K + Cfg::BK - 1) / Cfg::BK;  // the host checked K % 16 == 0 and K > 0
     const int k_blocks = k_steps, n_blocks = (N + Cfg::BN - 1) / Cfg::BN;
@@ -271,8 +275,7 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
     if (warpgroup == 2) {
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (threadIdx.x % sm90::WARPGROUP == 0)
-            produce<Cfg, STAGES>(tmap_a, tmap_b, tmap_sa, order, units, first, stride, k_steps, ring, scales, slots,
-                                 full, empty);
+            produce<Cfg, STAGES>(tmap_a, tmap_b, order, units, first, stride, k_steps, ring, slots, full, empty);
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
         float acc[Cfg::M_ITERS][Cfg::BN / 2];
@@ -286,15 +289,19 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
             const int row0 = tile.y + warpgroup * Cfg::WG_ROWS;
             const int rows = min(min(tile.z - warpgroup * Cfg::WG_ROWS, Cfg::WG_ROWS), tokens - row0);
             const int slices = rows <= 0 ? 0 : (rows + 63) / 64;
+            // blockwise: this warpgroup's rows of scale_a's first k-block, and the tile's row of B's scales
+            const float* scale_a_rows = scale_a + row0;
             const float* scale_b_row =
-                scale_b + (static_cast<long long>(tile.x) * n_blocks + tile.w / Cfg::BN) * k_blocks;  // blockwise
+                scale_b + (static_cast<long long>(tile.x) * n_blocks + tile.w / Cfg::BN) * k_blocks;
             if (slices >= 2)
-                multiply<Cfg, Cfg::M_ITERS, STAGES>(acc, warpgroup, k_steps, ring, scale_rows, scale_b_row, full, empty,
-                                                    stage, phase);
+                multiply<Cfg, Cfg::M_ITERS, STAGES>(acc, warpgroup, k_steps, ring, scale_a_rows, m_pad, tokens - row0,
+                                                    scale_b_row, full, empty, stage, phase);
             else if (slices == 1)
-                multiply<Cfg, 1, STAGES>(acc, warpgroup, k_steps, ring, scale_rows, scale_b_row, full, empty, stage, phase);
+                multiply<Cfg, 1, STAGES>(acc, warpgroup, k_steps, ring, scale_a_rows, m_pad, tokens - row0, scale_b_row,
+                                         full, empty, stage, phase);
             else
-                multiply<Cfg, 0, STAGES>(acc, warpgroup, k_steps, ring, scale_rows, scale_b_row, full, empty, stage, phase);
+                multiply<Cfg, 0, STAGES>(acc, warpgroup, k_steps, ring, scale_a_rows, m_pad, tokens - row0, scale_b_row,
+                                         full, empty, stage, phase);
             if (slices > 0) {
                 if constexpr (SCALING == ROWWISE) {
 #pragma unroll
@@ -324,17 +331,16 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
 #define K8_PARAMS                                                                                              \
     const __grid_constant__ CUtensorMap tmap_a,   /* A [M_tot, K] e4m3: box {128, BM}                      */ \
     const __grid_constant__ CUtensorMap tmap_b,   /* B^T [E, N, K] e4m3: {K, N, E}, box {128, 128, 1}      */ \
-    const __grid_constant__ CUtensorMap tmap_sa,  /* blockwise: scale_a [K/128, M_pad] fp32, box {BM, 1}   */ \
     const __grid_constant__ CUtensorMap tmap_c,   /* C [M_tot, N]: box {64, 64}                            */ \
     void* __restrict__ C,                         /* [M_tot, N] in OUT: bf16 or fp32                       */ \
-    const float* __restrict__ scale_a,            /* rowwise: [M_tot]                                      */ \
+    const float* __restrict__ scale_a,            /* [K/128, M_pad] MN-major; rowwise: [M_tot]          */ \
     const float* __restrict__ scale_b,            /* blockwise: [E, N/128, K/128]; rowwise: [E, N]         */ \
     const int* __restrict__ ends,                 /* [E] cumulative row ends (torch's offs), on the device */ \
     int tokens, int experts, int group, int K, int N
 
 template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k8_fp8(K8_PARAMS) {
-    k8::k8_body<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, OUT>(&tmap_a, &tmap_b, &tmap_sa, &tmap_c, C, scale_a,
+    k8::k8_body<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, OUT>(&tmap_a, &tmap_b, &tmap_c, C, scale_a,
                                                                   scale_b, ends, tokens, experts, group, K, N);
 }
 // --8<-- [end:kernel]

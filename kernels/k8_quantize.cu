@@ -8,9 +8,9 @@
 // group holds the remainder (its amax is the partial group's).
 //
 // The scales are stored MN-major, scale[kb * m_pad + m] for k-block kb of row m, with m_pad = M rounded
-// up to 4: the FP8 GEMM loads, for each k-block of its main loop, the scales of its tile's BM rows, and
-// in this layout they are BM consecutive floats that one TMA box reads (its rows 16-byte aligned, hence
-// the padding), where a row-major [M, K / 128] would put them K / 128 floats apart.
+// up to 4 (DeepGEMM's layout, each k-block's row of scales 16-byte aligned): the FP8 GEMM loads, for each
+// k-block of its main loop, the scales of its tile's rows, and in this layout they are consecutive floats
+// (coalesced loads), where a row-major [M, K / 128] would put them K / 128 floats apart.
 //
 // Memory-bound: 2 bytes read and 1 + 4 / 128 written per element. Each group is 16 threads with 8
 // elements each (one 16-byte load, one 8-byte store), its amax reduced over the 16 lanes with shuffles;

@@ -89,8 +89,8 @@ def quantize(x: np.ndarray, group: tuple[int, ...], *, power_of_two: bool = Fals
 
 
 def padded_rows(tokens: int) -> int:
-    """The rows of the MN-major layout of A's 1 x 128 scales, [ceil(K / 128), M_pad], that the FP8 GEMM's TMA reads:
-    M_tot rounded up to 4, so that each k-block's row of scales starts on 16 bytes (TMA's stride rule)."""
+    """The rows of the MN-major layout of A's 1 x 128 scales, [ceil(K / 128), M_pad], that the FP8 GEMM reads:
+    M_tot rounded up to 4, so that each k-block's row of scales starts on 16 bytes (DeepGEMM's layout)."""
     return -(-tokens // 4) * 4
 
 

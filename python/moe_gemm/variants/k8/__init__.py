@@ -31,7 +31,7 @@ from moe_gemm.cuda.tensormap import TiledMap, batched_matrix_map, matrix_map
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.edge_cases import EdgeCase, edge_cases
 from moe_gemm.model.problem import BF16, FP8_BLOCKWISE, FP8_ROWWISE, FP32, Problem, dtype_name
-from moe_gemm.model.quantize import BLOCK, padded_rows
+from moe_gemm.model.quantize import padded_rows
 from moe_gemm.variants.compiled import NamedConfigVariant
 from moe_gemm.variants.k8.config import (
     BK,
@@ -44,16 +44,15 @@ from moe_gemm.variants.k8.config import (
     K8Config,
     refusals,
 )
-from moe_gemm.variants.sm90.config import SMEM_LIMIT
 from moe_gemm.variants.sm90.maps import output_map, require_sm90a, transposed_b
 
 
 # --8<-- [start:layouts]
 def kernel_scales(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
-    """The problem's scales as k8 reads them. Blockwise: A's MN-major, [K / 128, M_pad] (a stage's BM row
-    scales of one k-block are BM consecutive floats, one TMA box), the padding 1; B's [E, N / 128, K / 128]
-    (a tile's scales of successive k-blocks are consecutive). Rowwise: as the problem holds them, [M_tot]
-    and [E, N]."""
+    """The problem's scales as k8 reads them. Blockwise: A's MN-major, [K / 128, M_pad] (a k-block's scales
+    of consecutive rows are consecutive floats: a warp's 8 rows are one 32-byte sector), the padding 1; B's
+    [E, N / 128, K / 128] (a tile's scales of successive k-blocks are consecutive). Rowwise: as the problem
+    holds them, [M_tot] and [E, N]."""
     if problem.fmt.scaling == "rowwise":
         return problem.scale_a, problem.scale_b
     k_blocks = problem.scale_a.shape[1]
@@ -73,28 +72,23 @@ def device_scales(dev: DeviceProblem) -> tuple[DeviceArray, DeviceArray]:
 
 
 # --8<-- [start:maps]
-def tensor_maps(config: K8Config, a_address: int, b_address: int, scale_a_address: int, c_address: int,
-                tokens: int, experts: int, K: int, N: int) -> tuple[TiledMap, TiledMap, TiledMap, TiledMap]:
+def tensor_maps(config: K8Config, a_address: int, b_address: int, c_address: int, tokens: int, experts: int,
+                K: int, N: int) -> tuple[TiledMap, TiledMap, TiledMap]:
     """A [M_tot, K] e4m3 in boxes of BM rows x 128 of K; B^T [E, N, K] in boxes of 128 columns x 128 of K of
-    one expert (both 128-byte rows, swizzled); blockwise, A's scales [K / 128, M_pad] in boxes of BM floats of
-    one k-block (unswizzled: plain floats the consumers read); C [M_tot, N] in 64 x 64 boxes. Rowwise has no
-    scale map: it passes A's map in its place, unread."""
+    one expert (both 128-byte rows, swizzled); C [M_tot, N] in 64 x 64 boxes. Every box starts on a multiple
+    of 128 bytes along its rows, as TMA requires 16 (the scales, whose boxes would start at any row, are read
+    without TMA: kernels/k8_fp8.cu says why)."""
     a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=config.bm, box_cols=BK, element="e4m3")
     b_map = batched_matrix_map("B^T", b_address, batch=experts, rows=N, cols=K, box_rows=BN, box_cols=BK,
                                element="e4m3")
-    if config.scaling == "blockwise":
-        sa_map = matrix_map("scale_a", scale_a_address, rows=-(-K // BLOCK), cols=padded_rows(tokens), box_rows=1,
-                            box_cols=config.bm, element="fp32", swizzle_bytes=0, l2_promotion_bytes=0)
-    else:
-        sa_map = a_map
-    return a_map, b_map, sa_map, output_map(c_address, tokens, N, config.out)
+    return a_map, b_map, output_map(c_address, tokens, N, config.out)
 # --8<-- [end:maps]
 
 
 def arguments(config: K8Config, a_address: int, b_address: int, scale_a_address: int, scale_b_address: int,
               c_address: int, ends_address: int, tokens: int, experts: int, K: int, N: int) -> tuple[Any, ...]:
     """The kernel's arguments in K8_PARAMS order (the maps not yet encoded)."""
-    return (*tensor_maps(config, a_address, b_address, scale_a_address, c_address, tokens, experts, K, N), c_address,
+    return (*tensor_maps(config, a_address, b_address, c_address, tokens, experts, K, N), c_address,
             scale_a_address, scale_b_address, ends_address, np.int32(tokens), np.int32(experts),
             np.int32(config.group), np.int32(K), np.int32(N))
 
@@ -107,6 +101,8 @@ class K8Fp8(NamedConfigVariant):
     source = SOURCE
     configs = LADDER
     family = "k8"
+    static_smem_allowance = STATIC_SMEM_ALLOWANCE
+    shape_rules = staticmethod(refusals)  # check_shape's rules
     warps_per_block = THREADS // 32
     out_dtypes = (BF16, FP32)
     # compute-sanitizer's extra cases: several tiles per block (the ring's phases, both warpgroups, the staging
@@ -120,19 +116,13 @@ class K8Fp8(NamedConfigVariant):
                                out_dtype=FP32))
 
     def __init__(self, name: str, config: K8Config | None = None) -> None:
-        if config is None:
-            super().__init__(name)
-        else:
-            self.name, self.config = name, config
+        super().__init__(name, config)
         fmt = FP8_BLOCKWISE if self.config.scaling == "blockwise" else FP8_ROWWISE
         self.formats = (fmt,)
         # the forward's routings in this format and the cases of its scales; under compute-sanitizer, the extra
         # cases in this format
         self.edge_cases = tuple(edge_cases("M", fmt))
         self.sanitize_cases = tuple(case for case in self.sanitize_cases if case.fmt == fmt)
-        if self.config.dynamic_smem_bytes + STATIC_SMEM_ALLOWANCE > SMEM_LIMIT:
-            raise ValueError(f"{self.name}: {self.config.dynamic_smem_bytes:,} B of shared memory plus the static "
-                             f"part pass the {SMEM_LIMIT:,} B a block may have")
 
     def typed(self, problem: Problem) -> K8Fp8:
         """This rung compiled for the problem's output type."""
@@ -143,12 +133,6 @@ class K8Fp8(NamedConfigVariant):
         if out not in typed:
             typed[out] = K8Fp8(self.name, self.config.replace(out=out))
         return typed[out]
-
-    def check_shape(self, experts: int, K: int, N: int, a_address: int = 0, b_address: int = 0) -> None:
-        """ValueError naming every rule of k8 these inputs break (no GPU needed)."""
-        reasons = refusals(experts, K, N, a_address, b_address)
-        if reasons:
-            raise ValueError(f"{self.name} cannot take these inputs: {'; '.join(reasons)}")
 
     def prepare(self, dev: DeviceProblem) -> Prepared:
         problem = dev.problem

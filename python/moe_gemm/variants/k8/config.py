@@ -55,16 +55,9 @@ class K8Config:
         return (self.bm + BN) * BK  # A: BM rows, B^T: 128 columns, 128 bytes of K each
 
     @property
-    def scale_ring_bytes(self) -> int:
-        """Blockwise: each stage's BM scales of A, after the ring, rounded up to the 1 KB the staging needs."""
-        if self.scaling != "blockwise":
-            return 0
-        return -(-self.stages * self.bm * 4 // SWIZZLE_ALIGN) * SWIZZLE_ALIGN
-
-    @property
     def dynamic_smem_bytes(self) -> int:
         staging = 2 * self.staging_boxes * STAGING_BOX_BYTES
-        return self.stages * self.stage_bytes + self.scale_ring_bytes + staging + SWIZZLE_ALIGN
+        return self.stages * self.stage_bytes + staging + SWIZZLE_ALIGN
 
     @property
     def kernel_name(self) -> str:
@@ -83,7 +76,7 @@ class K8Config:
 
 # --8<-- [start:ladder]
 LADDER: dict[str, K8Config] = {
-    # 6 stages of 32 KB (A 128 x 128, B^T 128 x 128 bytes) and 512 B of A's scales
+    # 6 stages of 32 KB (A 128 x 128, B^T 128 x 128 bytes)
     "k8/blockwise-bm128": K8Config("blockwise", True, 128, stages=6),
     # B's box serves 256 rows: half of the L2 traffic of B per product; 4 stages of 48 KB
     "k8/blockwise-bm256": K8Config("blockwise", True, 256, stages=4),
