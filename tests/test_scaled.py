@@ -37,6 +37,8 @@ def test_until_k8_passes_on_a_gpu_every_call_goes_to_torch_saying_why():
 
 def test_k8_takes_a_well_formed_call_in_both_scalings(k8_passed):
     assert rules.route_scaled(scaled_operands()) == rules.Route("k8", out="bf16")
+    # the scales are read by plain loads, 8 bytes at most: a scale tensor starting 8 bytes into an allocation goes
+    assert rules.route_scaled(scaled_operands(addresses=(0, 0, 8, 8))) == rules.Route("k8", out="bf16")
     rowwise = scaled_operands(scale_a_shape=(1000,), scale_a_strides=(1,), scale_b_shape=(8, 384),
                               scale_b_strides=(384, 1), out_dtype="float32")
     assert rowwise.scaling == "rowwise" and rules.route_scaled(rowwise) == rules.Route("k8", out="fp32")
@@ -66,7 +68,8 @@ def test_malformed_calls_are_refused_naming_the_rule(changes, says):
     ({"scale_b_strides": (24, 1, 3)}, "contiguous"),
     ({"a_shape": (1000, 1000), "b_shape": (8, 1000, 384), "b_strides": (384 * 1000, 1, 1000),
       "scale_a_shape": (8, 1000), "scale_b_shape": (8, 3, 8)}, "multiple of 16"),
-    ({"addresses": (0, 0, 4, 0)}, "16-byte"),
+    ({"addresses": (0, 0, 4, 0)}, "8-byte"),
+    ({"addresses": (0, 0, 0, 12)}, "8-byte"),
 ])
 def test_what_k8_cannot_take_goes_to_torch_with_the_reason(changes, says, k8_passed):
     route = rules.route_scaled(scaled_operands(**changes))

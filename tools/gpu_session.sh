@@ -52,7 +52,7 @@ for stage in "${stages[@]}"; do
         validate) run_stage validate ${VALIDATE_TIMEOUT:-1500} python3 -m moe_gemm.measure.validation run ${FAMILIES:-} \
                       --jobs ${JOBS:-8} ;;
         tests) run_stage tests ${TESTS_TIMEOUT:-900} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests ;;
-        0[1-9]) flags=FLAGS_$stage
+        [0-9][0-9]) flags=FLAGS_$stage
                 run_stage "ch$stage" ${CHAPTER_TIMEOUT:-900} python3 "chapters/$stage/run.py" ${!flags:-} ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac

@@ -301,8 +301,8 @@ def route_scaled(op: ScaledOperands) -> Route:
     if not contiguous:
         reasons.append("the scales must be contiguous")
     reasons += k8_refusals(experts, K, N, op.addresses[0], op.addresses[1])
-    if any(address % 16 for address in op.addresses[2:]):
-        reasons.append("the scales must start on 16-byte boundaries")
+    if any(address % 8 for address in op.addresses[2:]):  # k8 reads rowwise B's scales as 8-byte pairs
+        reasons.append("the scales must start on 8-byte boundaries")
     if reasons:
         return Route("torch", reason="; ".join(reasons))
     return Route("k8", out="bf16" if op.out_dtype == "bfloat16" else "fp32")
