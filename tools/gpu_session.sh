@@ -6,7 +6,7 @@
 #             synccheck), in parallel; what passes is recorded in kernels/validated.json
 #             (FAMILIES="k3 k5" for some of them; JOBS processes at once, default 8)
 #   tests     the whole GPU-marked pytest suite in one process
-#   01 .. 08  each chapter's run.py, which writes chapters/NN/results/<gpu>.json; the default
+#   01 .. 10  each chapter's run.py, which writes chapters/NN/results/<gpu>.json; the default
 #             list is moe_gemm.core.chapters' (01 02 03 04 06: 05 needs a compute capability 10.x
 #             GPU, 07 and 08 run in parts, each named in FLAGS_07 / FLAGS_08)
 #

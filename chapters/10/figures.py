@@ -9,8 +9,9 @@
   against the rows, one panel per skew measured;
 * models.png: the same kernels at the model projections measured;
 
-and, with no GPU needed, compile_report.md: NVRTC's resource report and SASS counts of every rung for sm_90a.
-When the results file is absent only the compile report is written.
+and, with no GPU needed, compile_report.md: NVRTC's resource report and SASS counts of every rung for sm_90a;
+promotion_model.png: the accumulation model's predicted error against K, with and without promotion
+(moe_gemm.model.accumulation). When the results file is absent only these two are written.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from moe_gemm.site.style import COLORS, model_bars, new_figure, projection_tick,
 
 CHAPTER = "10"
 RUN = chapter_module(CHAPTER)
+MODEL_K = (128, 256, 512, 1024, 2048, 4096, 7168, 16384)  # the accuracy part's K and those between
 # (variants, their operand format, label, color, marker)
 KERNELS = ((RUN.BLOCKWISE, FP8_BLOCKWISE, "k8 blockwise", COLORS["k3"], "o-"),
            (RUN.ROWWISE_PROMOTED, FP8_ROWWISE, "k8 rowwise, promoted", "#9467bd", "s-"),
@@ -47,6 +49,30 @@ def accuracy_figure(rows: list[dict[str, Any]]):
     ax.set_yscale("log")
     ax.set_xlabel("K (the reduction's length)")
     ax.set_ylabel("relative error")
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
+    return fig
+
+
+def promotion_model_figure():
+    """The accumulation model's prediction (moe_gemm.model.accumulation): error against K without and with
+    promotion every 128 of K, for zero-mean and non-negative inputs, and the chapter's accuracy target."""
+    from moe_gemm.model.accumulation import BITS, promotion_errors
+
+    rows = promotion_errors(MODEL_K)
+    fig, ax = new_figure(7.5, 3.8)
+    for inputs, style in (("zero-mean", "-"), ("non-negative", "--")):
+        for promoted, color, marker in ((False, "#d62728", "x"), (True, "#1f77b4", "o")):
+            points = [(r["K"], r["rel_error"]) for r in rows if r["inputs"] == inputs and r["promoted"] == promoted]
+            label = f"{'promoted every 128' if promoted else 'not promoted'}, {inputs} inputs"
+            ax.plot([k for k, _ in points], [e for _, e in points], marker + style, color=color, label=label)
+    ax.axhline(RUN.ACCURACY_TARGET, color="#7f7f7f", linewidth=1, linestyle=":")
+    ax.text(MODEL_K[0], RUN.ACCURACY_TARGET * 1.15, "the chapter's target", fontsize=9, color="#555555")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(MODEL_K, [f"{k // 1024}k" if k >= 1024 else str(k) for k in MODEL_K])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.set_xlabel("K (the reduction's length)")
+    ax.set_ylabel(f"relative error (model, {BITS} bits)")
     ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
     return fig
 
@@ -80,10 +106,10 @@ def models_figure(records: list[dict[str, Any]]):
 
 def write_outputs(root: Path) -> list[Path]:
     report = write_compile_report(RUN, CHAPTER, root)
+    outputs = [report, save_figure(promotion_model_figure(), CHAPTER, "promotion_model", root)]
     data = recorded(CHAPTER)
     if data is None:
-        return [report]
-    outputs = [report]
+        return outputs
     if data.get("accuracy"):
         outputs.append(save_figure(accuracy_figure(data["accuracy"]), CHAPTER, "accuracy", root))
     records = data["records"]

@@ -67,6 +67,9 @@ command as a reader types it, is a filter: ``{{ run.command | command }}``), wit
     processes (``part_runs``) also lists, part by part, the commit, date and command that measured it.
 ``compulsory_bytes(**workload)``, ``eta(bm, **workload)``, ``residency(registers, warps, smem_bytes=0)``
     The harness's models, for numbers derived from a measurement on the page.
+``accumulation_model(K, promoted, inputs="non-negative", field="rel_error")``
+    Chapter 10's model of the FP8 tensor core's limited accumulation (moe_gemm.model.accumulation), a
+    prediction the page sets beside the measurement: ``{{ accumulation_model(4096, False) }}``.
 ``fmt(x, spec=None)``, ``pct(x, digits=1)``, ``change(new, old, digits=1)``
     ``fmt(0.0581, ".3f")`` is ``0.058``; ``pct(0.473)`` is ``47.3%``; ``change(388.8, 374.5)`` is ``+3.8%``.
 
@@ -78,6 +81,7 @@ flips it fails until the sentence is rewritten.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import shlex
 from collections.abc import Mapping, Sequence
@@ -87,6 +91,7 @@ from typing import Any
 from moe_gemm.measure.ceilings import ceiling_value, recorded_ceilings
 from moe_gemm.measure.ceilings import roofline_basis as recorded_basis
 from moe_gemm.measure.results import RECORDED_GPU
+from moe_gemm.model.accumulation import promotion_errors
 from moe_gemm.model.occupancy import Residency
 from moe_gemm.model.occupancy import residency as _residency
 from moe_gemm.model.problem import format_named
@@ -305,12 +310,24 @@ class Pages:
     def residency(registers: int, warps: int, smem_bytes: int = 0) -> Residency:
         return _residency(int(registers), int(warps), int(smem_bytes))
 
+    @staticmethod
+    def accumulation_model(K: int, promoted: bool, inputs: str = "non-negative", field: str = "rel_error") -> Number:
+        return Number(_accumulation_error(int(K), bool(promoted), inputs, field), ".2e")
+
     def macros(self) -> dict[str, Any]:
         names = ("record", "measured", "best", "value", "tflops", "ms", "spread", "ratio", "results_table", "section",
                  "entry", "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance",
-                 "compulsory_bytes", "eta", "residency")
+                 "compulsory_bytes", "eta", "residency", "accumulation_model")
         return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change,
                 "command": display_command}
+
+
+@functools.cache
+def _accumulation_error(K: int, promoted: bool, inputs: str, field: str) -> float:
+    row = next((r for r in promotion_errors([K]) if r["promoted"] == promoted and r["inputs"] == inputs), None)
+    if row is None or field not in row:
+        raise PageDataError(f"the accumulation model has no {field} for {inputs} inputs")
+    return row[field]
 
 
 def _date(iso: str) -> str:
