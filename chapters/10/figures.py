@@ -22,13 +22,13 @@ from typing import Any
 from moe_gemm.chapter import chapter_module, figures_main, recorded, run_main
 from moe_gemm.model.problem import BF16_OPERANDS, FP8_BLOCKWISE, FP8_ROWWISE
 from moe_gemm.site.compile_report import write_compile_report
-from moe_gemm.site.style import COLORS, model_bars, new_figure, projection_tick, save_figure
+from moe_gemm.site.style import model_bars, new_figure, projection_tick, save_figure
 
 CHAPTER = "10"
 RUN = chapter_module(CHAPTER)
 MODEL_K = (128, 256, 512, 1024, 2048, 4096, 7168, 16384)  # the accuracy part's K and those between
 # (variants, their operand format, label, color, marker)
-KERNELS = ((RUN.BLOCKWISE, FP8_BLOCKWISE, "k8 blockwise", COLORS["k3"], "o-"),
+KERNELS = ((RUN.BLOCKWISE, FP8_BLOCKWISE, "k8 blockwise", "#1f77b4", "o-"),
            (RUN.ROWWISE_PROMOTED, FP8_ROWWISE, "k8 rowwise, promoted", "#9467bd", "s-"),
            ((RUN.TORCH,), FP8_ROWWISE, "torch FP8, promoted", "#7f7f7f", "^--"),
            ((RUN.TORCH_FAST,), FP8_ROWWISE, "torch FP8, fast accumulation", "#bcbd22", "v--"),
@@ -93,7 +93,7 @@ def grid_figure(records: list[dict[str, Any]]):
         ax.set_xlabel("M_tot (rows)")
         ax.set_title(f"s = {skew:g}", fontsize=12)
     axes[0].set_ylabel("useful TFLOP/s")
-    axes[-1].legend(fontsize=8, loc="lower right", frameon=False)
+    axes[-1].legend(fontsize=9, loc="lower right", frameon=False)
     return fig
 
 
@@ -101,7 +101,7 @@ def models_figure(records: list[dict[str, Any]]):
     shapes = [(label, w) for label, w in RUN.MODELS.items() if w in RUN.cells_of(records, "models")]
     return model_bars([projection_tick(label) for label, _ in shapes],
                       [(label, color, [RUN.tflops(records, names, fmt, w) or 0 for _, w in shapes])
-                       for names, fmt, label, color, _ in KERNELS], legend_size=8)
+                       for names, fmt, label, color, _ in KERNELS], legend_size=9)
 
 
 def write_outputs(root: Path) -> list[Path]:

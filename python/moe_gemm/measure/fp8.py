@@ -115,7 +115,7 @@ def dense_fp8_ceiling(size: int = 8192, **timing: int) -> dict[str, Any]:
                         **timing)
     bf16_us = _median_us(lambda: a16 @ b16, **timing)
     return {"size": size, "fp8_tflops": flops / fp8_us / 1e6, "bf16_tflops": flops / bf16_us / 1e6,
-            "wgmma_e4m3_tflops": wgmma_e4m3_tflops(), "wgmma_tflops": wgmma_tflops()}
+            "wgmma_e4m3_tflops": wgmma_e4m3_tflops(**timing), "wgmma_tflops": wgmma_tflops(**timing)}
 
 
 def layer_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[str, Any]]:
