@@ -25,31 +25,15 @@ constexpr float FLT_MIN_NORMAL = 1.17549435e-38f;
 }  // namespace k8
 
 // --8<-- [start:activations]
-extern "C" __global__ void __launch_bounds__(256) quantize_1x128(const uint4* __restrict__ x,
-                                                                 uint2* __restrict__ q,
-                                                                 float* __restrict__ scale,
-                                                                 int M, int K, int m_pad) {
-    using namespace k8;
-    const int k_blocks = (K + GROUP - 1) / GROUP;
-    const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
-    const int lane = threadIdx.x % LANES;
-    // A whole group's 16 lanes are in one half-warp, so every shuffle below stays among them; a group past
-    // the end still takes part (with zeros) so that no lane of a live group waits for an exited one.
-    const bool live = group < static_cast<long long>(M) * k_blocks;
-    const int m = live ? static_cast<int>(group / k_blocks) : 0, kb = live ? static_cast<int>(group % k_blocks) : 0;
-    const int k0 = kb * GROUP + lane * PER_THREAD;
-    const bool in_row = live && k0 < K;
-    const long long piece = (static_cast<long long>(m) * K + k0) / PER_THREAD;  // K % 8 == 0: whole pieces
-    const uint4 v = in_row ? x[piece] : make_uint4(0, 0, 0, 0);
-    const unsigned words[4] = {v.x, v.y, v.z, v.w};
-    float values[PER_THREAD];
+namespace k8 {
+// The part of one 1 x 128 group that a lane holds, 8 values in fp32: the group's amax over its 16 lanes, its scale,
+// the lane's 8 bytes of e4m3 and (lane 0) the scale, stored MN-major. Every lane of a group takes part in the
+// shuffles, live or not; only a lane whose values are inside the row stores.
+__device__ __forceinline__ void quantize_piece(const float (&values)[PER_THREAD], bool in_row, int lane,
+                                               uint2* __restrict__ q, float* __restrict__ scale) {
     float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        values[2 * i] = __uint_as_float(words[i] << 16);  // bf16 is fp32's upper half
-        values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-        amax = fmaxf(amax, fmaxf(fabsf(values[2 * i]), fabsf(values[2 * i + 1])));
-    }
+    for (int i = 0; i < PER_THREAD; ++i) amax = fmaxf(amax, fabsf(values[i]));
 #pragma unroll
     for (int offset = LANES / 2; offset > 0; offset /= 2)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
@@ -58,11 +42,72 @@ extern "C" __global__ void __launch_bounds__(256) quantize_1x128(const uint4* __
     unsigned short pairs[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) pairs[i] = pack_e4m3x2(__fdiv_rn(values[2 * i], s), __fdiv_rn(values[2 * i + 1], s));
-    q[piece] = make_uint2(pairs[0] | (static_cast<unsigned>(pairs[1]) << 16),
-                          pairs[2] | (static_cast<unsigned>(pairs[3]) << 16));
-    if (lane == 0) scale[static_cast<long long>(kb) * m_pad + m] = s;
+    *q = make_uint2(pairs[0] | (static_cast<unsigned>(pairs[1]) << 16), pairs[2] | (static_cast<unsigned>(pairs[3]) << 16));
+    if (lane == 0) *scale = s;
+}
+
+// The 8 bf16 values of a 16-byte load, in fp32 (bf16 is fp32's upper half).
+__device__ __forceinline__ void unpack_bf16x8(uint4 v, float (&values)[PER_THREAD]) {
+    const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        values[2 * i] = __uint_as_float(words[i] << 16);
+        values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+}
+}  // namespace k8
+
+// A [M, K] bf16 -> q [M, K] e4m3 and scale [ceil(K / 128), m_pad]: 16 lanes per group, 8 elements each.
+extern "C" __global__ void __launch_bounds__(256) quantize_1x128(const uint4* __restrict__ x,
+                                                                 uint2* __restrict__ q,
+                                                                 float* __restrict__ scale,
+                                                                 int M, int K, int m_pad) {
+    using namespace k8;
+    const int k_blocks = (K + GROUP - 1) / GROUP;
+    const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+    const int lane = threadIdx.x % LANES;
+    // A whole group's 16 lanes are in one half-warp, so every shuffle stays among them; a group past the end
+    // still takes part (with zeros) so that no lane of a live group waits for an exited one.
+    const bool live = group < static_cast<long long>(M) * k_blocks;
+    const int m = live ? static_cast<int>(group / k_blocks) : 0, kb = live ? static_cast<int>(group % k_blocks) : 0;
+    const int k0 = kb * GROUP + lane * PER_THREAD;
+    const bool in_row = live && k0 < K;
+    const long long piece = (static_cast<long long>(m) * K + k0) / PER_THREAD;  // K % 8 == 0: whole pieces
+    float values[PER_THREAD];
+    unpack_bf16x8(in_row ? x[piece] : make_uint4(0, 0, 0, 0), values);
+    quantize_piece(values, in_row, lane, q + piece, scale + static_cast<long long>(kb) * m_pad + m);
 }
 // --8<-- [end:activations]
+
+// --8<-- [start:swiglu]
+// The FP8 layer's step between its GEMMs: GEMM 1's output h = [gate | up] [M, 2I] bf16 becomes the activation
+// silu(gate) x up, quantized as GEMM 2's A, q [M, I] e4m3 and scale [ceil(I / 128), m_pad], in one pass that
+// reads h once and never writes the [M, I] activation in bf16. A lane loads the 8 gate values of its piece and
+// the 8 up values I columns further (two 16-byte loads: the host checks I % 8 == 0), computes the activation in
+// fp32, silu(g) = g / (1 + e^-g), and quantizes it as quantize_1x128 does (its fp32 values are not rounded to
+// bf16 first: the e4m3 rounding is the only one).
+extern "C" __global__ void __launch_bounds__(256) swiglu_quantize_1x128(const uint4* __restrict__ h,
+                                                                        uint2* __restrict__ q,
+                                                                        float* __restrict__ scale,
+                                                                        int M, int I, int m_pad) {
+    using namespace k8;
+    const int k_blocks = (I + GROUP - 1) / GROUP;
+    const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+    const int lane = threadIdx.x % LANES;
+    const bool live = group < static_cast<long long>(M) * k_blocks;
+    const int m = live ? static_cast<int>(group / k_blocks) : 0, kb = live ? static_cast<int>(group % k_blocks) : 0;
+    const int k0 = kb * GROUP + lane * PER_THREAD;
+    const bool in_row = live && k0 < I;
+    const long long gate_piece = (static_cast<long long>(m) * 2 * I + k0) / PER_THREAD;
+    float gate[PER_THREAD], up[PER_THREAD], values[PER_THREAD];
+    unpack_bf16x8(in_row ? h[gate_piece] : make_uint4(0, 0, 0, 0), gate);
+    unpack_bf16x8(in_row ? h[gate_piece + I / PER_THREAD] : make_uint4(0, 0, 0, 0), up);
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) values[i] = __fdiv_rn(gate[i], 1.0f + expf(-gate[i])) * up[i];
+    quantize_piece(values, in_row, lane, q + (static_cast<long long>(m) * I + k0) / PER_THREAD,
+                   scale + static_cast<long long>(kb) * m_pad + m);
+}
+// --8<-- [end:swiglu]
 
 // The weights' quantizer: one expert's B[e] [K, N] in bf16 (the layer's [E, K, N], as GEMM 1 and 2 take
 // it) becomes e4m3 in 128 x 128 blocks with one fp32 scale each, written transposed, q [E, N, K]: FP8

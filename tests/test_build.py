@@ -8,7 +8,7 @@ import pytest
 from moe_gemm.cuda import nvrtc
 from moe_gemm.cuda.nvrtc import CompileError, compile_kernel, target_arch
 from moe_gemm.cuda.ptxas import ResourceError, parse_ptxas_report
-from moe_gemm.cuda.sass import opcode_counts, sass, sass_report
+from moe_gemm.cuda.sass import function_sass, opcode_counts, sass, sass_report
 
 TINY = r"""
 template <int SCALE>
@@ -237,6 +237,18 @@ def test_opcode_counts_see_through_predicates():
                                          "FFMA"])
     assert counts == {"HMMA.16816.F32.BF16": 1, "LDSM": 2, "LDSM.16.MT88": 1, "LDGSTS": 1, "ULDC": 1, "BAR": 1,
                       "FFMA": 0}
+
+
+def test_function_sass_picks_one_function_of_a_module():
+    """A module of several extern "C" kernels (k8_quantize.cu's three) disassembles as one text; counting one
+    kernel's instructions needs its part alone."""
+    two = ("\t\tFunction : first\n        /*0000*/ FFMA R1, R2, R3, R4 ;\n        /*0010*/ EXIT ;\n"
+           "\t\tFunction : second\n        /*0000*/ HMMA.16816.F32.BF16 R0, R4, R8, R0 ;\n        /*0010*/ EXIT ;\n")
+    assert opcode_counts(function_sass(two, "first"), ["FFMA", "HMMA"]) == {"FFMA": 1, "HMMA": 0}
+    assert opcode_counts(function_sass(two, "second"), ["FFMA", "HMMA"]) == {"FFMA": 0, "HMMA": 1}
+    assert function_sass(CANNED_SASS, "anything") == CANNED_SASS  # one function: the whole text
+    with pytest.raises(ValueError, match="no function third"):
+        function_sass(two, "third")
 
 
 @pytest.mark.parametrize("tool", ["cuobjdump", "nvdisasm"])

@@ -13,12 +13,14 @@ torch = pytest.importorskip("torch")
 
 def test_the_kernel_compiles_for_sm90a_without_spills_and_saturates():
     from moe_gemm.cuda.nvrtc import compile_kernel
+    from moe_gemm.cuda.sass import function_sass, opcode_counts
     from moe_gemm.torch.kernels import QUANTIZE
 
     kernel = compile_kernel(*QUANTIZE, arch="sm_90a")
     assert kernel.report.spill_store_bytes == 0 and kernel.report.stack_frame_bytes == 0
-    sass = kernel.sass()
-    assert "F2FP.SATFINITE.E4M3" in sass and "LDG.E.128" in sass and "STG.E.64" in sass
+    sass = function_sass(kernel.sass(), kernel.symbol)  # the module holds the other quantizers too
+    counts = opcode_counts(sass, ("LDG.E.128", "STG.E.64", "F2FP.SATFINITE.E4M3"))
+    assert counts == {"LDG.E.128": 1, "STG.E.64": 1, "F2FP.SATFINITE.E4M3": 4}  # 16 bytes in, 8 out, a lane
 
 
 @pytest.mark.parametrize("M, K", [(5, 384), (3, 200), (1, 8), (0, 128)])
@@ -79,3 +81,50 @@ def test_bad_weights_are_refused(shape, match):
 
     with pytest.raises(ValueError, match=match):
         quantize_128x128_t(torch.randn(*shape).to(torch.bfloat16))
+
+
+def test_the_swiglu_kernel_compiles_with_two_loads_and_one_store_per_lane():
+    """GEMM 1's output [gate | up] read once (two 16-byte loads a lane, I columns apart), the activation stored
+    as e4m3 only (one 8-byte store): nothing in bf16 is written."""
+    from moe_gemm.cuda.nvrtc import compile_kernel
+    from moe_gemm.cuda.sass import function_sass, opcode_counts
+    from moe_gemm.torch.kernels import SWIGLU_QUANTIZE
+
+    kernel = compile_kernel(*SWIGLU_QUANTIZE, arch="sm_90a")
+    assert kernel.report.spill_store_bytes == 0 and kernel.report.stack_frame_bytes == 0
+    sass = function_sass(kernel.sass(), kernel.symbol)  # the module holds the other quantizers too
+    counts = opcode_counts(sass, ("LDG.E.128", "STG.E.64", "STG.E.128", "F2FP.SATFINITE.E4M3"))
+    assert counts == {"LDG.E.128": 2, "STG.E.64": 1, "STG.E.128": 0, "F2FP.SATFINITE.E4M3": 4}
+
+
+@pytest.mark.parametrize("M, width", [(5, 384), (3, 200), (1, 8), (0, 128)])
+def test_the_swiglu_cpu_path_quantizes_silu_gate_times_up(M, width):
+    """Against torch's silu in fp32: every value within e4m3's rounding of the activation (half a step, 2^-4
+    relative, or a subnormal's step), each group's scale its activation's amax / 448."""
+    from moe_gemm.model.quantize import padded_rows
+    from moe_gemm.torch.quantize import swiglu_quantize_1x128
+
+    h = (torch.randn(M, 2 * width, generator=torch.Generator().manual_seed(1)) * 3).to(torch.bfloat16)
+    q, scale = swiglu_quantize_1x128(h)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (M, width)
+    assert scale.shape == (-(-width // 128), padded_rows(M))
+    gate, up = h.float().chunk(2, dim=1)
+    act = torch.nn.functional.silu(gate) * up
+    per_element = scale[:, :M].t().repeat_interleave(128, dim=1)[:, :width]
+    got = q.float() * per_element
+    assert torch.all((got - act).abs() <= act.abs() / 16 + per_element * 2.0**-9 * 1.01)
+    if M:
+        groups = torch.nn.functional.pad(act.abs(), (0, -width % 128)).view(M, -1, 128).amax(dim=2)
+        assert torch.allclose(scale[:, :M].t(), torch.where(groups > 0, groups / 448, 1.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda: torch.randn(4, 24).to(torch.bfloat16), "2I = 24 must be a multiple of 16"),
+    (lambda: torch.randn(4, 32), "bf16"),
+    (lambda: torch.randn(32, 16).to(torch.bfloat16).t(), "row-major"),
+])
+def test_bad_swiglu_inputs_are_refused(bad, match):
+    from moe_gemm.torch.quantize import swiglu_quantize_1x128
+
+    with pytest.raises(ValueError, match=match):
+        swiglu_quantize_1x128(bad())

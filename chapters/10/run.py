@@ -9,8 +9,9 @@
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every k8 rung (kernels/k8_fp8.cu) on the
 forward's edge cases and the cases of its scales (exact, integer-valued inputs with power-of-two scales) and on
 random data, then measures, each part saved as it finishes:
-  quantize  the two quantizers (kernels/k8_quantize.cu) against a device copy of the same bytes, and cuBLAS's
-            dense FP8 and bf16 GEMMs at 8192^3 (the two tensor-core rates in practice);
+  quantize  the three quantizers (kernels/k8_quantize.cu: activations, weights, SwiGLU's activation) against a
+            device copy of the same bytes, the SwiGLU one also against torch's SwiGLU then the activation
+            quantizer, and cuBLAS's dense FP8 and bf16 GEMMs at 8192^3 (the two tensor-core rates in practice);
   accuracy  each rung's error against the fp32 product of the dequantized inputs as K grows, promoted and not,
             beside torch._scaled_grouped_mm's two accumulation modes;
   grid      M_tot 4,096 .. 65,536 rows x skew 0 .. 1.6 at the seed's E = 64, K = 1024, N = 2688;
@@ -95,6 +96,7 @@ ACCURACY_SHAPE = (8, 2048, 512)
 # widths) and Mixtral's w1 as weights
 QUANTIZE_ACTIVATIONS = ((65536, 7168), (65536, 2048))
 QUANTIZE_WEIGHTS = ((8, 4096, 14336),)
+QUANTIZE_SWIGLU = ((65536, 2048),)  # GEMM 1's output at 65,536 rows, DeepSeek-V3's intermediate width
 BLOCKWISE_TARGET, BLOCKWISE_OVER_BF16 = 1150.0, 1.7  # useful TFLOP/s at 65,536 balanced rows, >= 2 projections
 FAST_TARGET, PROMOTED_TARGET, TARGET_ROWS = 1.0, 1.3, 4096  # k8 rowwise promoted over torch's fast / promoted
 ACCURACY_TARGET = 2e-3  # relative error of every promoted rung at every K
@@ -241,10 +243,13 @@ def accuracy_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 def quantize_table(rows: Sequence[dict[str, Any]]) -> Table:
     body = tuple((r["kernel"], r["shape"], f"{r['median_us']:.1f}", f"{r['tbps']:.2f}", f"{r['copy_tbps']:.2f}",
-                  f"{r['of_copy']:.2f}") for r in rows)
-    return Table(("kernel", "shape", "us", "TB/s", "copy TB/s", "of copy"), body, title="The quantizers",
+                  f"{r['of_copy']:.2f}", f"{r['unfused_us'] / r['median_us']:.2f}" if "unfused_us" in r else "-")
+                 for r in rows)
+    return Table(("kernel", "shape", "us", "TB/s", "copy TB/s", "of copy", "unfused / it"), body,
+                 title="The quantizers",
                  legend="TB/s: bytes read (bf16) plus written (e4m3 and fp32 scales) per time; copy: a device copy of "
-                        "the same input bytes, same run")
+                        "the same input bytes, same run; unfused / it: the SwiGLU quantizer's time against torch's "
+                        "SwiGLU followed by quantize_1x128")
 
 
 def layer_table(rows: Sequence[dict[str, Any]]) -> Table:
@@ -335,7 +340,7 @@ def run_on_gpu(args, gpu) -> int:
     variants = variants_by_format(args)
     for part in args.parts:
         if part == "quantize":
-            results.put(quantize=quantize_rows(QUANTIZE_ACTIVATIONS, QUANTIZE_WEIGHTS, **timing),
+            results.put(quantize=quantize_rows(QUANTIZE_ACTIVATIONS, QUANTIZE_WEIGHTS, QUANTIZE_SWIGLU, **timing),
                         dense=dense_fp8_ceiling(**timing))
             results.ran("quantize", "the quantizers against a copy; cuBLAS's dense FP8 and bf16 GEMMs at 8192^3")
         elif part == "accuracy":

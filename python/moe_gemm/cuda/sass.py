@@ -48,13 +48,26 @@ def opcode_counts(sass_text: str, opcodes: Iterable[str]) -> dict[str, int]:
     return {op: sum(m.startswith(op) for m in mnemonics) for op in opcodes}
 
 
+def function_sass(sass_text: str, symbol: str) -> str:
+    """The part of a module's SASS that belongs to function ``symbol`` (cuobjdump prints each function after a
+    "Function : <symbol>" line); a module of one function is returned whole."""
+    parts = re.split(r"^\s*Function : (\S+)\s*$", sass_text, flags=re.MULTILINE)
+    functions = dict(zip(parts[1::2], parts[2::2], strict=True))
+    if len(functions) <= 1:
+        return sass_text
+    if symbol not in functions:
+        raise ValueError(f"no function {symbol} in this SASS; it has {', '.join(functions)}")
+    return functions[symbol]
+
+
 def sass_report(compiled: Any, opcodes: Iterable[str] = ()) -> dict[str, Any]:
     """One row of a compile report for a CompiledKernel (moe_gemm.cuda.nvrtc, which imports this module):
     ptxas's resource report and static counts of ``opcodes``."""
     r = compiled.report
     return {"kernel": compiled.name, "arch": compiled.arch, "registers": r.registers,
             "static_smem_bytes": r.static_smem_bytes, "spill_bytes": r.spill_bytes,
-            "stack_frame_bytes": r.stack_frame_bytes, **opcode_counts(compiled.sass(), opcodes)}
+            "stack_frame_bytes": r.stack_frame_bytes,
+            **opcode_counts(function_sass(compiled.sass(), compiled.symbol), opcodes)}
 
 
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)[^;]*);")

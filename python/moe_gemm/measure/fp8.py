@@ -42,11 +42,14 @@ def _row(kernel: str, shape: str, moved: int, copied: int, quantize_us: float, c
 
 
 def quantize_rows(activations: Sequence[tuple[int, int]], weights: Sequence[tuple[int, int, int]],
-                  **timing: int) -> list[dict[str, Any]]:
-    """One row per shape: the quantizer's time and bandwidth, the copy's, and their ratio."""
+                  swiglu: Sequence[tuple[int, int]] = (), **timing: int) -> list[dict[str, Any]]:
+    """One row per shape: the quantizer's time and bandwidth, the copy's, and their ratio. ``swiglu``: (M, I) of
+    GEMM 1's outputs [M, 2I] for the SwiGLU quantizer, whose rows also hold the unfused way's time (torch's
+    SwiGLU, then quantize_1x128)."""
     import torch
 
-    from moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t
+    from moe_gemm.torch.layer import swiglu as torch_swiglu
+    from moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t, swiglu_quantize_1x128
 
     rows = []
     for M, K in activations:
@@ -57,6 +60,16 @@ def quantize_rows(activations: Sequence[tuple[int, int]], weights: Sequence[tupl
         rows.append(_row("quantize_1x128", f"[{M:,}, {K:,}]", moved, 2 * x.nbytes,
                          _median_us(lambda x=x: quantize_1x128(x), **timing),
                          _median_us(lambda x=x, copy=copy: copy.copy_(x), **timing)))
+    for M, width in swiglu:
+        progress(f"[quantize] SwiGLU of [{M:,}, {2 * width:,}] in 1 x 128 groups, and the unfused way")
+        h = torch.randn(M, 2 * width, device="cuda").to(torch.bfloat16)
+        copy = torch.empty_like(h)
+        moved = h.nbytes + M * width + 4 * -(-width // BLOCK) * padded_rows(M)
+        row = _row("swiglu_quantize_1x128", f"[{M:,}, {2 * width:,}]", moved, 2 * h.nbytes,
+                   _median_us(lambda h=h: swiglu_quantize_1x128(h), **timing),
+                   _median_us(lambda h=h, copy=copy: copy.copy_(h), **timing))
+        row["unfused_us"] = _median_us(lambda h=h: quantize_1x128(torch_swiglu(h).contiguous()), **timing)
+        rows.append(row)
     for experts, K, N in weights:
         progress(f"[quantize] 128 x 128 blocks of [{experts}, {K:,}, {N:,}], written transposed")
         b = torch.randn(experts, K, N, device="cuda").to(torch.bfloat16)

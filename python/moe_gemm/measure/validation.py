@@ -47,7 +47,7 @@ from moe_gemm.core.paths import KERNEL_DIR, REPO_ROOT
 from moe_gemm.cuda.sources import source_hash
 from moe_gemm.measure.ceilings import CEILING_KERNELS
 from moe_gemm.measure.provenance import git_commit
-from moe_gemm.torch.kernels import COMBINE, QUANTIZE, QUANTIZE_WEIGHTS
+from moe_gemm.torch.kernels import COMBINE, QUANTIZE, QUANTIZE_WEIGHTS, SWIGLU_QUANTIZE
 from moe_gemm.variants import registry
 
 RECORD_PATH = KERNEL_DIR / "validated.json"
@@ -59,7 +59,8 @@ GPU_TESTS = {**{c.family: c.gpu_tests for c in CHAPTERS if c.gpu_tests and c.pas
 # Kernels a chapter runs that are not variants, each in the family whose GPU tests run it (the part of its
 # name before '/'): the torch layer's combine (chapter 08) and chapter 10's two FP8 quantizers, whose GPU
 # tests include compute-sanitizer memcheck on them.
-OTHER_KERNELS = {"torch/combine": COMBINE, "k8/quantize-1x128": QUANTIZE, "k8/quantize-128x128": QUANTIZE_WEIGHTS}
+OTHER_KERNELS = {"torch/combine": COMBINE, "k8/quantize-1x128": QUANTIZE, "k8/quantize-128x128": QUANTIZE_WEIGHTS,
+                 "k8/swiglu-quantize-1x128": SWIGLU_QUANTIZE}
 # The CUDA C++ families; k0 is numba and the ceilings touch no memory.
 SANITIZED = tuple(c.family for c in CHAPTERS if c.sanitized and c.passed_on_gpu)
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")

@@ -2,8 +2,8 @@
 2D x 3D form (moe_gemm.torch.ops), its weight gradient ``weight_grad(a, dc, offs)`` on k7
 (moe_gemm.torch.weight_gradient, chapter 09; what the op's backward runs), an MoE layer built on them
 (moe_gemm.torch.layer, chapter 08), and the FP8 grouped GEMM ``scaled_grouped_mm(a, b, scale_a, scale_b, offs)``
-on k8 with the quantizers that feed it, ``quantize_1x128`` and ``quantize_128x128_t`` (moe_gemm.torch.scaled and
-moe_gemm.torch.quantize, chapter 10).
+on k8 with the quantizers that feed it, ``quantize_1x128``, ``quantize_128x128_t`` and ``swiglu_quantize_1x128``
+(moe_gemm.torch.scaled and moe_gemm.torch.quantize, chapter 10).
 
 ``grouped_mm`` and ``MoELayer`` import torch when first used; the rules the op follows
 (moe_gemm.torch.rules) never do, so they are tested where torch is not installed.
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MoELayer", "grouped_mm", "quantize_128x128_t", "quantize_1x128", "scaled_grouped_mm", "weight_grad"]
+__all__ = ["MoELayer", "grouped_mm", "quantize_128x128_t", "quantize_1x128", "scaled_grouped_mm",
+           "swiglu_quantize_1x128", "weight_grad"]
 
 
 def __getattr__(name: str) -> Any:
@@ -29,7 +30,7 @@ def __getattr__(name: str) -> Any:
         from moe_gemm.torch.scaled import scaled_grouped_mm
 
         return scaled_grouped_mm
-    if name in ("quantize_1x128", "quantize_128x128_t"):
+    if name in ("quantize_1x128", "quantize_128x128_t", "swiglu_quantize_1x128"):
         from moe_gemm.torch import quantize
 
         return getattr(quantize, name)

@@ -6,10 +6,11 @@
 The router, the permutation and the combine are the bf16 layer's (moe_gemm.torch.layer). The tokens are
 quantized once, in 1 x 128 groups, before they are gathered into expert order, so the gather moves e4m3 rows
 (one byte per element, where the bf16 layer gathers two) and the T x top_k rows are never quantized one by one;
-GEMM 1 (k8, blockwise) writes [gate | up] in bf16, SwiGLU is its own pass, the activation is quantized by the
-same 1 x 128 kernel, and GEMM 2 (k8) writes bf16 for the combine. Nothing reads the routing back to the host,
-so the whole layer is captured in one CUDA graph. Not built yet: SwiGLU and the quantization fused into GEMM
-1's epilogue (which would skip writing and reading the [M, 2I] intermediate in bf16).
+GEMM 1 (k8, blockwise) writes [gate | up] in bf16, one pass computes SwiGLU and quantizes the activation in
+1 x 128 groups (the activation is never written in bf16), and GEMM 2 (k8) writes bf16 for the combine. Nothing
+reads the routing back to the host, so the whole layer is captured in one CUDA graph. Not built yet: SwiGLU
+and the quantization fused into GEMM 1's epilogue (which would skip writing and reading the [M, 2I]
+intermediate in bf16).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from moe_gemm.model.quantize import padded_rows
-from moe_gemm.torch.layer import MoELayer, combine, permute, route, swiglu
-from moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t
+from moe_gemm.torch.layer import MoELayer, combine, permute, route
+from moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t, swiglu_quantize_1x128
 from moe_gemm.torch.scaled import scaled_grouped_mm
 
 
@@ -58,6 +59,6 @@ class FP8MoELayer(torch.nn.Module):
         q, scale = quantize_1x128(tokens)  # T tokens, not T x top_k rows
         rows, row_scales = gathered(q, scale, order // self.top_k)
         h = scaled_grouped_mm(rows, self.w_gate_up_t.transpose(1, 2), row_scales, self.scale_gate_up, offs)
-        a2, s2 = quantize_1x128(swiglu(h).contiguous())
+        a2, s2 = swiglu_quantize_1x128(h)  # one pass: the activation is never written in bf16
         y = scaled_grouped_mm(a2, self.w_down_t.transpose(1, 2), s2, self.scale_down, offs)
         return combine(y, order, weights, self.top_k).to(x.dtype).reshape(x.shape)

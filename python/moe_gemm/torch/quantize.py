@@ -1,6 +1,7 @@
 """Chapter 10's quantizers as torch functions, in the layouts the FP8 GEMM's loads read:
 
     q, scale = quantize_1x128(x)        # x [M, K] bf16 -> q [M, K] e4m3; scale [ceil(K / 128), M_pad], MN-major
+    q, scale = swiglu_quantize_1x128(h) # h [M, 2I] = [gate | up] bf16 -> silu(gate) x up as above, [M, I]
     qb, sb = quantize_128x128_t(b)      # b [E, K, N] bf16 -> qb [E, N, K] e4m3; sb [E, ceil(N/128), ceil(K/128)]
 
 ``scale[kb, m]`` belongs to row m's columns 128 kb .. 128 kb + 127; M_pad is M rounded up to 4 (the
@@ -24,15 +25,18 @@ LANES = 16
 PIECE = 8  # bf16 elements per 16-byte load
 
 
-def _check(x: torch.Tensor) -> None:
+def _check(x: torch.Tensor, name: str = "quantize_1x128", halves: int = 1) -> None:
+    """ValueError unless ``x`` is a contiguous 2-D bf16 tensor of ``halves`` halves each PIECE-aligned."""
     if x.dim() != 2:
-        raise ValueError(f"quantize_1x128: x must be 2-D [M, K], got shape {tuple(x.shape)}")
+        raise ValueError(f"{name}: x must be 2-D [M, {'2I' if halves == 2 else 'K'}], got shape {tuple(x.shape)}")
     if x.dtype != torch.bfloat16:
-        raise ValueError(f"quantize_1x128: x must be bf16, got {x.dtype}")
-    if x.shape[1] % PIECE:
-        raise ValueError(f"quantize_1x128: K = {x.shape[1]} must be a multiple of {PIECE} (16-byte rows)")
+        raise ValueError(f"{name}: x must be bf16, got {x.dtype}")
+    if x.shape[1] % (halves * PIECE):
+        width = "its width 2I" if halves == 2 else "K"
+        raise ValueError(f"{name}: {width} = {x.shape[1]} must be a multiple of {halves * PIECE} (16-byte pieces"
+                         f"{' of each half' if halves == 2 else ''})")
     if not x.is_contiguous():
-        raise ValueError("quantize_1x128: x must be row-major (contiguous)")
+        raise ValueError(f"{name}: x must be row-major (contiguous)")
 
 
 @functools.cache
@@ -51,13 +55,43 @@ def _e4m3(q: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(q).view(np.uint8)).view(torch.float8_e4m3fn).to(device)
 
 
+def _laid_out(values: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The numpy reference's bits for fp32 ``values`` [M, K], in quantize_1x128's layout."""
+    q, scale = quantize(values, (1, BLOCK))
+    laid_out = np.ones((scale.shape[1], padded_rows(values.shape[0])), dtype=np.float32)
+    laid_out[:, :values.shape[0]] = scale.T
+    return _e4m3(q, device), torch.from_numpy(laid_out).to(device)
+
+
 def reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The numpy reference's bits in this function's layout."""
-    M, K = x.shape
-    q, scale = quantize(x.float().cpu().numpy(), (1, BLOCK))
-    laid_out = np.ones((scale.shape[1], padded_rows(M)), dtype=np.float32)
-    laid_out[:, :M] = scale.T
-    return _e4m3(q, x.device), torch.from_numpy(laid_out).to(x.device)
+    """The numpy reference's bits in quantize_1x128's layout."""
+    return _laid_out(x.float().cpu().numpy(), x.device)
+
+
+def swiglu_reference(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """swiglu_quantize_1x128 in numpy: silu(gate) x up in fp32 (gate / (1 + e^-gate)), then the 1 x 128
+    quantization. The GPU's expf and numpy's exp may differ in the last bit, so a kernel's e4m3 value can sit
+    one step away where the activation lands next to a rounding boundary (tests/test_quantize_gpu.py)."""
+    gate, up = np.split(h.float().cpu().numpy(), 2, axis=1)
+    return _laid_out((gate / (np.float32(1) + np.exp(-gate)) * up).astype(np.float32), h.device)
+
+
+def _launch_1x128(kernel: str, x: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch of an activation quantizer writing q [M, width] and its MN-major scales."""
+    from moe_gemm.cuda.device import make_context_current
+    from moe_gemm.cuda.launch import launch
+
+    M = x.shape[0]
+    k_blocks = -(-width // BLOCK)
+    q = torch.empty((M, width), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.ones((k_blocks, padded_rows(M)), dtype=torch.float32, device=x.device)
+    groups = M * k_blocks
+    if groups:
+        make_context_current(x.device.index)
+        launch(_kernel(kernel), -(-groups * LANES // THREADS), THREADS, 0, x.data_ptr(), q.data_ptr(),
+               scale.data_ptr(), np.int32(M), np.int32(width), np.int32(padded_rows(M)),
+               stream=torch.cuda.current_stream(x.device).cuda_stream, device=x.device.index)
+    return q, scale
 
 
 def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,20 +100,17 @@ def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check(x)
     if not _on_fp8_gpu(x):
         return reference(x)
-    from moe_gemm.cuda.device import make_context_current
-    from moe_gemm.cuda.launch import launch
+    return _launch_1x128("quantize_1x128", x, x.shape[1])
 
-    M, K = x.shape
-    k_blocks = -(-K // BLOCK)
-    q = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.ones((k_blocks, padded_rows(M)), dtype=torch.float32, device=x.device)
-    groups = M * k_blocks
-    if groups:
-        make_context_current(x.device.index)
-        launch(_kernel("quantize_1x128"), -(-groups * LANES // THREADS), THREADS, 0, x.data_ptr(), q.data_ptr(),
-               scale.data_ptr(), np.int32(M), np.int32(K), np.int32(padded_rows(M)),
-               stream=torch.cuda.current_stream(x.device).cuda_stream, device=x.device.index)
-    return q, scale
+
+def swiglu_quantize_1x128(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The activation silu(gate) x up of h = [gate | up] [M, 2I] (bf16, I a multiple of 8, row-major: GEMM 1's
+    output), quantized as quantize_1x128 quantizes: q [M, I] e4m3 and scales [ceil(I / 128), M_pad]. One pass
+    over h; the activation is never written in bf16 (kernels/k8_quantize.cu, swiglu_quantize_1x128)."""
+    _check(h, "swiglu_quantize_1x128", halves=2)
+    if not _on_fp8_gpu(h):
+        return swiglu_reference(h)
+    return _launch_1x128("swiglu_quantize_1x128", h, h.shape[1] // 2)
 
 
 def _check_weights(b: torch.Tensor) -> None:
