@@ -115,9 +115,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
 // The stage goes back to the producer once the last slice's wgmmas are done. Blockwise, the k-block's
 // scales come from global memory before the stage's wait, which hides their latency: B's one float for
 // the tile, and A's for the thread's two rows of each slice, scale_a[ks][row], from the MN-major layout
-// [K / 128, M_pad] (a warp's 8 consecutive rows g are one 32-byte sector). The tensor core is idle while
-// a warpgroup promotes, unless the other warpgroup's wgmmas are running: with two warpgroups on every
-// stage, one's promotion overlaps the other's products.
+// [K / 128, M_pad] (a warp's loads are 8 consecutive floats, the rows g: one or two 32-byte sectors).
+// The tensor core is idle while a warpgroup promotes, unless the other warpgroup's wgmmas are running:
+// with two warpgroups on every stage, one's promotion overlaps the other's products.
 // Not promoting: k6's loop, the tensor core accumulating all of K, each stage released once the next
 // one's wgmmas are issued.
 template <class Cfg, int SLICES, int STAGES>
@@ -151,7 +151,8 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::BN / 2]
 #pragma unroll
             for (int i = 0; i < SLICES; ++i)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) row_scale[i][h] = (row_in[i][h] ? __ldg(my_scales + 64 * i + 8 * h) : 0.0f) * scale_b;
+                for (int h = 0; h < 2; ++h)
+                    row_scale[i][h] = (row_in[i][h] ? __ldg(my_scales + 64 * i + 8 * h) : 0.0f) * scale_b;
             my_scales += m_pad;
         }
         mbarrier_wait_parity(smem_u32(&full[stage]), phase);

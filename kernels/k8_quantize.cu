@@ -42,8 +42,30 @@ __device__ __forceinline__ void quantize_piece(const float (&values)[PER_THREAD]
     unsigned short pairs[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) pairs[i] = pack_e4m3x2(__fdiv_rn(values[2 * i], s), __fdiv_rn(values[2 * i + 1], s));
-    *q = make_uint2(pairs[0] | (static_cast<unsigned>(pairs[1]) << 16), pairs[2] | (static_cast<unsigned>(pairs[3]) << 16));
+    *q = make_uint2(pairs[0] | (static_cast<unsigned>(pairs[1]) << 16),
+                    pairs[2] | (static_cast<unsigned>(pairs[3]) << 16));
     if (lane == 0) *scale = s;
+}
+
+// Which piece of which 1 x 128 group a thread holds, for M rows of `width` columns: 16 lanes per group, a
+// whole group in one half-warp, so every shuffle stays among its lanes. A group past the end still takes part
+// (with zeros) so that no lane of a live group waits for an exited one.
+struct Piece {
+    int lane, m, kb, k0;  // the lane in its group; the group's row and k-block; the piece's first column
+    bool in_row;          // the piece lies inside the matrix: it is loaded and stored
+};
+
+__device__ __forceinline__ Piece piece_of(int M, int width) {
+    const int k_blocks = (width + GROUP - 1) / GROUP;
+    const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+    const bool live = group < static_cast<long long>(M) * k_blocks;
+    Piece p;
+    p.lane = threadIdx.x % LANES;
+    p.m = live ? static_cast<int>(group / k_blocks) : 0;
+    p.kb = live ? static_cast<int>(group % k_blocks) : 0;
+    p.k0 = p.kb * GROUP + p.lane * PER_THREAD;
+    p.in_row = live && p.k0 < width;
+    return p;
 }
 
 // The 8 bf16 values of a 16-byte load, in fp32 (bf16 is fp32's upper half).
@@ -63,19 +85,11 @@ extern "C" __global__ void __launch_bounds__(256) quantize_1x128(const uint4* __
                                                                  float* __restrict__ scale,
                                                                  int M, int K, int m_pad) {
     using namespace k8;
-    const int k_blocks = (K + GROUP - 1) / GROUP;
-    const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
-    const int lane = threadIdx.x % LANES;
-    // A whole group's 16 lanes are in one half-warp, so every shuffle stays among them; a group past the end
-    // still takes part (with zeros) so that no lane of a live group waits for an exited one.
-    const bool live = group < static_cast<long long>(M) * k_blocks;
-    const int m = live ? static_cast<int>(group / k_blocks) : 0, kb = live ? static_cast<int>(group % k_blocks) : 0;
-    const int k0 = kb * GROUP + lane * PER_THREAD;
-    const bool in_row = live && k0 < K;
-    const long long piece = (static_cast<long long>(m) * K + k0) / PER_THREAD;  // K % 8 == 0: whole pieces
+    const Piece p = piece_of(M, K);
+    const long long piece = (static_cast<long long>(p.m) * K + p.k0) / PER_THREAD;  // K % 8 == 0: whole pieces
     float values[PER_THREAD];
-    unpack_bf16x8(in_row ? x[piece] : make_uint4(0, 0, 0, 0), values);
-    quantize_piece(values, in_row, lane, q + piece, scale + static_cast<long long>(kb) * m_pad + m);
+    unpack_bf16x8(p.in_row ? x[piece] : make_uint4(0, 0, 0, 0), values);
+    quantize_piece(values, p.in_row, p.lane, q + piece, scale + static_cast<long long>(p.kb) * m_pad + p.m);
 }
 // --8<-- [end:activations]
 
@@ -91,21 +105,15 @@ extern "C" __global__ void __launch_bounds__(256) swiglu_quantize_1x128(const ui
                                                                         float* __restrict__ scale,
                                                                         int M, int I, int m_pad) {
     using namespace k8;
-    const int k_blocks = (I + GROUP - 1) / GROUP;
-    const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
-    const int lane = threadIdx.x % LANES;
-    const bool live = group < static_cast<long long>(M) * k_blocks;
-    const int m = live ? static_cast<int>(group / k_blocks) : 0, kb = live ? static_cast<int>(group % k_blocks) : 0;
-    const int k0 = kb * GROUP + lane * PER_THREAD;
-    const bool in_row = live && k0 < I;
-    const long long gate_piece = (static_cast<long long>(m) * 2 * I + k0) / PER_THREAD;
+    const Piece p = piece_of(M, I);
+    const long long gate_piece = (static_cast<long long>(p.m) * 2 * I + p.k0) / PER_THREAD;
     float gate[PER_THREAD], up[PER_THREAD], values[PER_THREAD];
-    unpack_bf16x8(in_row ? h[gate_piece] : make_uint4(0, 0, 0, 0), gate);
-    unpack_bf16x8(in_row ? h[gate_piece + I / PER_THREAD] : make_uint4(0, 0, 0, 0), up);
+    unpack_bf16x8(p.in_row ? h[gate_piece] : make_uint4(0, 0, 0, 0), gate);
+    unpack_bf16x8(p.in_row ? h[gate_piece + I / PER_THREAD] : make_uint4(0, 0, 0, 0), up);
 #pragma unroll
     for (int i = 0; i < PER_THREAD; ++i) values[i] = __fdiv_rn(gate[i], 1.0f + expf(-gate[i])) * up[i];
-    quantize_piece(values, in_row, lane, q + (static_cast<long long>(m) * I + k0) / PER_THREAD,
-                   scale + static_cast<long long>(kb) * m_pad + m);
+    quantize_piece(values, p.in_row, p.lane, q + (static_cast<long long>(p.m) * I + p.k0) / PER_THREAD,
+                   scale + static_cast<long long>(p.kb) * m_pad + p.m);
 }
 // --8<-- [end:swiglu]
 

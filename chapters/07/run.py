@@ -54,7 +54,6 @@ from moe_gemm.chapter import (
     chapter_parser,
     checks_passed,
     chosen_shapes,
-    describe_gpu,
     find,
     grid,
     grouped_mm_peers,
@@ -65,8 +64,8 @@ from moe_gemm.chapter import (
     run_main,
     run_variants,
     show,
+    start_parts_run,
     targets_table,
-    timing_options,
 )
 from moe_gemm.variants.peer.quack import QUACK_PEERS
 
@@ -406,18 +405,14 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.ceilings import basis_for
-    from moe_gemm.measure.parts import PartsFile
     from moe_gemm.variants.k6 import ladder
     from moe_gemm.variants.registry import get
 
-    timing = timing_options(args)
-    print(describe_gpu(gpu) + "\n")
-    report = compile_report(gpu.arch)
-    show(compile_report_table(report))
     # The parts can be run in separate processes (each is minutes): a run keeps the records of the
     # parts it does not measure from the file it finds, from the same GPU. The edge-case checks
     # run with the ladder (every timed measurement is also checked against the reference first).
-    results = PartsFile(CHAPTER, gpu, SECTIONS)
+    timing, report, results = start_parts_run(args, gpu, CHAPTER, SECTIONS, compile_report,
+                                              compile_report_table)
     if "ladder" in args.parts:
         checks = run_checks([*ladder(), get(AUTO)])
         if not checks_passed(checks):

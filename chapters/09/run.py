@@ -42,13 +42,12 @@ from moe_gemm.chapter import (
     checks_passed,
     chosen_shapes,
     compile_only,
-    describe_gpu,
     run_checks,
     run_main,
     run_variants,
     show,
+    start_parts_run,
     targets_table,
-    timing_options,
 )
 from moe_gemm.model.workloads import MODEL_ROWS, MODEL_SKEW
 from moe_gemm.model.workloads import grid as seed_grid
@@ -255,14 +254,11 @@ def measure_workload(part: str, workload: Workload, variants: Sequence[Any], arg
 
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.measure.parts import PartsFile, workload_piece
+    from moe_gemm.measure.parts import workload_piece
     from moe_gemm.variants.k7 import ladder
 
-    timing = timing_options(args)
-    print(describe_gpu(gpu) + "\n")
-    report = compile_report(gpu.arch)
-    show(compile_report_table(report))
-    results = PartsFile(CHAPTER, gpu, SECTIONS)
+    timing, report, results = start_parts_run(args, gpu, CHAPTER, SECTIONS, compile_report,
+                                              compile_report_table)
     checks = run_checks(ladder(), ragged="K")
     if not checks_passed(checks, shown=4):
         return 1

@@ -48,14 +48,13 @@ from moe_gemm.chapter import (
     checks_passed,
     chosen_shapes,
     compile_only,
-    describe_gpu,
     progress,
     run_checks,
     run_main,
     run_variants,
     show,
+    start_parts_run,
     targets_table,
-    timing_options,
 )
 from moe_gemm.model.problem import BF16_OPERANDS, FP8_BLOCKWISE, FP8_ROWWISE, OperandFormat
 from moe_gemm.variants.k8.config import LADDER
@@ -314,15 +313,12 @@ def measure_cell(part: str, cell: Workload, variants: dict[OperandFormat, list[A
 
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.fp8 import accuracy_rows, dense_fp8_ceiling, layer_rows, quantize_rows
-    from moe_gemm.measure.parts import PartsFile, workload_piece
+    from moe_gemm.measure.parts import workload_piece
     from moe_gemm.torch.rules import k8_passed_on_gpu
     from moe_gemm.variants.k8 import ladder
 
-    timing = timing_options(args)
-    print(describe_gpu(gpu) + "\n")
-    report = compile_report(gpu.arch)
-    show(compile_report_table(report))
-    results = PartsFile(CHAPTER, gpu, SECTIONS)
+    timing, report, results = start_parts_run(args, gpu, CHAPTER, SECTIONS, compile_report,
+                                              compile_report_table)
     checks = [c for fmt in (FP8_BLOCKWISE, FP8_ROWWISE)
               for c in run_checks([v for v in ladder() if v.formats[0] == fmt], fmt=fmt)]
     if not checks_passed(checks, shown=4):

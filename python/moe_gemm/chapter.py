@@ -65,14 +65,13 @@ from moe_gemm.site.records import PEER, checks_table, records_table, show_record
 from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS, TorchGroupedMM, torch_available
 
 __all__ = [
-    "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "LAYERS", "MODEL_PROJECTIONS", "MORE_MODEL_PROJECTIONS", "NO_GPU",
-    "PEER", "PEERS", "SEED", "SEED_FIVE", "SEED_WORKLOADS", "SM90A", "LayerShape", "Requirement", "Table",
-    "Workload", "add_grid_arguments", "add_models_argument", "add_rounds_argument", "add_timing_arguments",
-    "best_of", "best_peer", "best_ratio", "chapter_main", "chapter_module",
-    "chosen_shapes",
-    "chapter_parser", "checks_table", "compile_only", "describe_gpu", "failed_variants", "figures_main", "find", "grid",
-    "grouped_mm_peers", "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded",
-    "records_table", "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded",
+    "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "LAYERS", "LayerShape", "MODEL_PROJECTIONS", "MORE_MODEL_PROJECTIONS",
+    "NO_GPU", "PEER", "PEERS", "Requirement", "SEED", "SEED_FIVE", "SEED_WORKLOADS", "SM90A", "Table", "Workload",
+    "add_grid_arguments", "add_models_argument", "add_rounds_argument", "add_timing_arguments", "best_of",
+    "best_peer", "best_ratio", "chapter_main", "chapter_module", "chapter_parser", "checks_table", "chosen_shapes",
+    "compile_only", "describe_gpu", "failed_variants", "figures_main", "find", "grid", "grouped_mm_peers",
+    "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded", "records_table",
+    "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded", "start_parts_run",
     "targets_table", "timing_options",
 ]
 
@@ -152,6 +151,23 @@ def compile_only(args: Any, chapter: str, kernel: str, reason: str, flags: Seque
     if show_recorded(chapter) != 0:
         print(f"(no recorded results for chapter {chapter} yet)")
     return 0
+
+
+Report = list[dict[str, Any]]  # a chapter's compile report: one row per kernel (site.compile_report.compile_rows)
+
+
+def start_parts_run(args: Any, gpu: _gpu.GpuInfo, chapter: str, sections: frozenset[str],
+                    compile_report: Callable[[str], Report],
+                    report_table: Callable[[Report], Table]) -> tuple[dict[str, int], Report, Any]:
+    """The start of a timed chapter's run in parts (chapters 07, 09, 10): the GPU's line, the chapter's compile
+    report for this GPU printed, and its results file as this GPU last left it (measure.parts.PartsFile, keeping
+    ``sections``). Returns (the timing options, the report, the file)."""
+    from moe_gemm.measure.parts import PartsFile
+
+    print(describe_gpu(gpu) + "\n")
+    report = compile_report(gpu.arch)
+    show(report_table(report))
+    return timing_options(args), report, PartsFile(chapter, gpu, sections)
 
 
 def describe_gpu(gpu: _gpu.GpuInfo) -> str:
