@@ -212,6 +212,27 @@ def test_fp8_problems_hold_e4m3_operands_and_fp32_scales(fp8_random) -> None:
     assert np.abs(p.a.astype(np.float32)).max() == E4M3_MAX  # amax scaling: each group reaches 448
 
 
+def test_fp8_operands_are_quantized_to_the_same_bits_by_one_thread_or_several(fp8_random, monkeypatch) -> None:
+    """problem_from_values quantizes A in row slabs and B expert by expert in a thread pool: the pieces land
+    where they belong, so the bits are the serial quantization's (moe_gemm.model.quantize.quantize)."""
+    from moe_gemm.model import problem
+    from moe_gemm.model.quantize import groups, quantize
+
+    p = fp8_random
+    a, b = p.a.astype(np.float32) * 0.7 + 0.01, p.b.astype(np.float32) * 1.3  # not e4m3-exact any more
+    monkeypatch.setattr(problem, "QUANTIZE_WORKERS", 1)
+    serial = problem.problem_from_values(a, b, p.counts, fmt=p.fmt)
+    monkeypatch.setattr(problem, "QUANTIZE_WORKERS", 4)
+    threaded = problem.problem_from_values(a, b, p.counts, fmt=p.fmt)
+    group_a, _ = groups(p.fmt.scaling, a.shape[1])
+    q_a, scale_a = quantize(a, group_a)
+    for got in (serial, threaded):
+        assert np.array_equal(got.a.view(np.uint8), q_a.view(np.uint8))
+        assert np.array_equal(got.scale_a, scale_a.reshape(got.scale_a.shape))
+    assert np.array_equal(serial.b.view(np.uint8), threaded.b.view(np.uint8))
+    assert np.array_equal(serial.scale_b, threaded.scale_b)
+
+
 def test_fp8_reference_is_the_product_of_dequantized_operands(fp8_random) -> None:
     expected = float64_product(fp8_random)
     np.testing.assert_allclose(reference_gemm(fp8_random, np.float64), expected, rtol=1e-12, atol=1e-12)
