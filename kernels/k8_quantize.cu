@@ -26,27 +26,6 @@ constexpr float FLT_MIN_NORMAL = 1.17549435e-38f;
 
 // --8<-- [start:activations]
 namespace k8 {
-// The part of one 1 x 128 group that a lane holds, 8 values in fp32: the group's amax over its 16 lanes, its scale,
-// the lane's 8 bytes of e4m3 and (lane 0) the scale, stored MN-major. Every lane of a group takes part in the
-// shuffles, live or not; only a lane whose values are inside the row stores.
-__device__ __forceinline__ void quantize_piece(const float (&values)[PER_THREAD], bool in_row, int lane,
-                                               uint2* __restrict__ q, float* __restrict__ scale) {
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) amax = fmaxf(amax, fabsf(values[i]));
-#pragma unroll
-    for (int offset = LANES / 2; offset > 0; offset /= 2)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    const float s = amax == 0.0f ? 1.0f : fmaxf(__fdiv_rn(amax, E4M3_MAX), FLT_MIN_NORMAL);
-    if (!in_row) return;
-    unsigned short pairs[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) pairs[i] = pack_e4m3x2(__fdiv_rn(values[2 * i], s), __fdiv_rn(values[2 * i + 1], s));
-    *q = make_uint2(pairs[0] | (static_cast<unsigned>(pairs[1]) << 16),
-                    pairs[2] | (static_cast<unsigned>(pairs[3]) << 16));
-    if (lane == 0) *scale = s;
-}
-
 // Which piece of which 1 x 128 group a thread holds, for M rows of `width` columns: 16 lanes per group, a
 // whole group in one half-warp, so every shuffle stays among its lanes. A group past the end still takes part
 // (with zeros) so that no lane of a live group waits for an exited one.
@@ -68,6 +47,29 @@ __device__ __forceinline__ Piece piece_of(int M, int width) {
     return p;
 }
 
+// The part of piece p of a 1 x 128 group, 8 values in fp32, in an output of `width` columns: the group's amax
+// over its 16 lanes, its scale, the lane's 8 bytes of e4m3 at q[p.m][p.k0] and (lane 0) the scale at
+// scale[p.kb][p.m], MN-major. Every lane of a group takes part in the shuffles, live or not; only a lane whose
+// values are inside the row stores.
+__device__ __forceinline__ void quantize_piece(const float (&values)[PER_THREAD], const Piece& p, int width,
+                                               int m_pad, uint2* __restrict__ q, float* __restrict__ scale) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) amax = fmaxf(amax, fabsf(values[i]));
+#pragma unroll
+    for (int offset = LANES / 2; offset > 0; offset /= 2)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    const float s = amax == 0.0f ? 1.0f : fmaxf(__fdiv_rn(amax, E4M3_MAX), FLT_MIN_NORMAL);
+    if (!p.in_row) return;
+    unsigned short pairs[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pairs[i] = pack_e4m3x2(__fdiv_rn(values[2 * i], s), __fdiv_rn(values[2 * i + 1], s));
+    q[(static_cast<long long>(p.m) * width + p.k0) / PER_THREAD] =  // width % 8 == 0: whole pieces
+        make_uint2(pairs[0] | (static_cast<unsigned>(pairs[1]) << 16),
+                   pairs[2] | (static_cast<unsigned>(pairs[3]) << 16));
+    if (p.lane == 0) scale[static_cast<long long>(p.kb) * m_pad + p.m] = s;
+}
+
 // The 8 bf16 values of a 16-byte load, in fp32 (bf16 is fp32's upper half).
 __device__ __forceinline__ void unpack_bf16x8(uint4 v, float (&values)[PER_THREAD]) {
     const unsigned words[4] = {v.x, v.y, v.z, v.w};
@@ -86,10 +88,10 @@ extern "C" __global__ void __launch_bounds__(256) quantize_1x128(const uint4* __
                                                                  int M, int K, int m_pad) {
     using namespace k8;
     const Piece p = piece_of(M, K);
-    const long long piece = (static_cast<long long>(p.m) * K + p.k0) / PER_THREAD;  // K % 8 == 0: whole pieces
     float values[PER_THREAD];
-    unpack_bf16x8(p.in_row ? x[piece] : make_uint4(0, 0, 0, 0), values);
-    quantize_piece(values, p.in_row, p.lane, q + piece, scale + static_cast<long long>(p.kb) * m_pad + p.m);
+    unpack_bf16x8(p.in_row ? x[(static_cast<long long>(p.m) * K + p.k0) / PER_THREAD] : make_uint4(0, 0, 0, 0),
+                  values);
+    quantize_piece(values, p, K, m_pad, q, scale);
 }
 // --8<-- [end:activations]
 
@@ -112,8 +114,7 @@ extern "C" __global__ void __launch_bounds__(256) swiglu_quantize_1x128(const ui
     unpack_bf16x8(p.in_row ? h[gate_piece + I / PER_THREAD] : make_uint4(0, 0, 0, 0), up);
 #pragma unroll
     for (int i = 0; i < PER_THREAD; ++i) values[i] = __fdiv_rn(gate[i], 1.0f + expf(-gate[i])) * up[i];
-    quantize_piece(values, p.in_row, p.lane, q + (static_cast<long long>(p.m) * I + p.k0) / PER_THREAD,
-                   scale + static_cast<long long>(p.kb) * m_pad + p.m);
+    quantize_piece(values, p, I, m_pad, q, scale);
 }
 // --8<-- [end:swiglu]
 

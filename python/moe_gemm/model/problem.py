@@ -275,11 +275,16 @@ def random_values(rng: np.random.Generator, shape: tuple[int, ...], values: Valu
     return np.ascontiguousarray(data.astype(np.float32).astype(dtype))
 
 
+def _slab_bounds(rows: int) -> np.ndarray:
+    """Where SLABS (at most one per row) slabs of ``rows`` rows start and end: the pieces a thread pool takes."""
+    return np.linspace(0, rows, min(SLABS, max(rows, 1)) + 1).astype(int)
+
+
 def _random_threaded(rng: np.random.Generator, shape: tuple[int, ...], scale: float, dtype: np.dtype) -> np.ndarray:
     """Standard normal times ``scale``, drawn slab by slab along the first axis in a thread pool
     (numpy releases the GIL while it fills and casts); deterministic for a given ``rng``."""
     out = np.empty(shape, dtype=dtype)
-    bounds = np.linspace(0, shape[0], min(SLABS, shape[0]) + 1).astype(int)
+    bounds = _slab_bounds(shape[0])
     children = rng.spawn(len(bounds) - 1)
 
     def fill(i: int) -> None:
@@ -336,7 +341,7 @@ def problem_from_values(
     def quantize_b(e: int) -> None:
         q_b[e], scale_b[e] = quantize(b[e], group_b, power_of_two=power_of_two_scales)
 
-    bounds = np.linspace(0, a.shape[0], min(SLABS, max(a.shape[0], 1)) + 1).astype(int)
+    bounds = _slab_bounds(a.shape[0])
     with ThreadPoolExecutor(max_workers=min(QUANTIZE_WORKERS, os.cpu_count() or 1)) as pool:
         done = [pool.submit(quantize_a, slice(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
         done += [pool.submit(quantize_b, e) for e in range(b.shape[0])]

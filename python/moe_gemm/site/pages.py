@@ -323,8 +323,13 @@ class Pages:
 
 
 @functools.cache
+def _accumulation_rows(K: int) -> tuple[dict[str, Any], ...]:
+    """The model's rows at K, computed once per build: every macro call at that K reads them."""
+    return tuple(promotion_errors([K]))
+
+
 def _accumulation_error(K: int, promoted: bool, inputs: str, field: str) -> float:
-    row = next((r for r in promotion_errors([K]) if r["promoted"] == promoted and r["inputs"] == inputs), None)
+    row = next((r for r in _accumulation_rows(K) if r["promoted"] == promoted and r["inputs"] == inputs), None)
     if row is None or field not in row:
         raise PageDataError(f"the accumulation model has no {field} for {inputs} inputs")
     return row[field]
