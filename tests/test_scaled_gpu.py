@@ -53,7 +53,10 @@ def test_blockwise_against_the_dequantized_product(gpu, ends, out_dtype):
     ref = reference(a, b, sa, sb, offs, torch.float32)
     rows = ends[-1]
     assert out.dtype == out_dtype and torch.isfinite(out[:rows]).all()
-    assert relative(out[:rows], ref[:rows]) < (5e-3 if out_dtype == torch.bfloat16 else 1e-4)
+    # fp32 out: what is left is the wgmma's own sum inside each 128-deep block, which keeps about 14 bits;
+    # moe_gemm.model.accumulation predicts 1.1e-4 at K = 1024 promoted and 8.1e-4 unpromoted, so the bound
+    # tells the two apart (an H100 measured 1.27e-4)
+    assert relative(out[:rows], ref[:rows]) < (5e-3 if out_dtype == torch.bfloat16 else 3e-4)
 
 
 @pytest.mark.parametrize("fast", [False, True])
