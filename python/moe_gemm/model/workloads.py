@@ -142,6 +142,17 @@ class LayerShape:
         """The down projection, intermediate -> hidden (GEMM 2)."""
         return Workload(rows, skew, self.experts, self.intermediate, self.hidden)
 
+    def saved_elements_per_row(self, way: str) -> int:
+        """Elements of the layer's dtype a training forward keeps for the backward per routed row
+        (moe_gemm.torch.experts says why; tests/test_experts.py counts them): ``"torch"``, autograd over the
+        torch layer's operations, keeps the token row (H), the product [gate | up] (2I), silu(gate) (I),
+        the activation (I) and the combine's expert output (H); ``"ours"`` keeps the product and the
+        expert output alone, half as much at every size. (Both also keep indices and routing weights.)"""
+        per_row = {"torch": 2 * self.hidden + 4 * self.intermediate, "ours": self.hidden + 2 * self.intermediate}
+        if way not in per_row:
+            raise ValueError(f"way must be one of {', '.join(per_row)}, got {way!r}")
+        return per_row[way]
+
     def projection_label(self, name: str, workload: Workload) -> str:
         """'Mixtral-8x7B w1 (16k tokens, top-2)': the projection as the model names it, and the tokens
         whose top-k choices make the workload's routed rows."""

@@ -70,6 +70,9 @@ command as a reader types it, is a filter: ``{{ run.command | command }}``), wit
 ``accumulation_model(K, promoted, inputs="non-negative", field="rel_error")``
     Chapter 10's model of the FP8 tensor core's limited accumulation (moe_gemm.model.accumulation), a
     prediction the page sets beside the measurement: ``{{ accumulation_model(4096, False) }}``.
+``layers``
+    Chapter 08's MoE layer sizes (moe_gemm.model.workloads.LAYERS: "mixtral", "qwen3", "deepseek"), for
+    what a page computes from them: ``{{ layers.qwen3.saved_elements_per_row("ours") }}``.
 ``fmt(x, spec=None)``, ``pct(x, digits=1)``, ``change(new, old, digits=1)``
     ``fmt(0.0581, ".3f")`` is ``0.058``; ``pct(0.473)`` is ``47.3%``; ``change(388.8, 374.5)`` is ``+3.8%``.
 
@@ -99,7 +102,7 @@ from moe_gemm.model.roofline import RooflineBasis
 from moe_gemm.model.roofline import compulsory_bytes as _compulsory_bytes
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta as _eta
-from moe_gemm.model.workloads import SEED, Workload
+from moe_gemm.model.workloads import LAYERS, SEED, Workload
 from moe_gemm.site.numbers import FIELD_FORMATS, Number, PageDataError, Record, change, fmt, pct, wrap
 from moe_gemm.site.records import DEFAULT_COLUMNS, records_table
 
@@ -319,7 +322,7 @@ class Pages:
                  "entry", "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance",
                  "compulsory_bytes", "eta", "residency", "accumulation_model")
         return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change,
-                "command": display_command}
+                "command": display_command, "layers": LAYERS}
 
 
 @functools.cache

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 import moe_gemm.torch.combine  # noqa: F401 - registers torch.ops.moe_gemm.combine
 from moe_gemm.model.reference import SWIGLU_BLOCK
+from moe_gemm.torch.experts import experts, swiglu
 from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
 
 GroupedMM = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -70,13 +71,6 @@ def permute(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torc
     return order, torch.cumsum(counts, 0, dtype=torch.int32)
 
 
-def swiglu(h: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for h = [gate | up] [M, 2I]: its own pass over GEMM 1's output (the fused
-    epilogue is what chapter 08 measures against this)."""
-    gate, up = h.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
 def combine(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
     """Back to token order: out[t] = sum over t's top_k choices of weight x the expert's output row.
 
@@ -107,17 +101,27 @@ def dispatch(x: torch.Tensor, gate: torch.Tensor, top_k: int, normalize: bool) -
     return Dispatch(weights, order, offs, x[order // top_k])
 
 
+def trains(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> bool:
+    """Whether autograd will need the experts' backward: gradients on, and x or an expert weight needing one."""
+    return torch.is_grad_enabled() and (x.requires_grad or w_gate_up.requires_grad or w_down.requires_grad)
+
+
 def moe_forward(x: torch.Tensor, gate: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
                 normalize: bool = True, gemm: GroupedMM = our_grouped_mm, fused: bool = False) -> torch.Tensor:
     """The layer's forward pass on tokens ``x`` [tokens, H], step by step (see the module docstring).
-    ``fused``: GEMM 1 and SwiGLU are one launch of k6's fused epilogue, reading W_gate_up as it is
-    stored."""
-    weights, order, offs, rows = dispatch(x, gate, top_k, normalize)
-    if fused:
-        act = grouped_mm_swiglu(rows, w_gate_up, offs)
+
+    On our GEMM, when autograd will need the experts' backward (:func:`trains`), the experts run as
+    moe_gemm.torch.experts, which saves the SwiGLU's pre-activation alone and trains on k6 and k7; else
+    ``fused`` runs GEMM 1 and SwiGLU as one launch of k6's fused epilogue, reading W_gate_up as it is
+    stored (that kernel does not write the pre-activation a backward would need)."""
+    weights, chosen = route(x, gate, top_k, normalize)
+    order, offs = permute(chosen, gate.shape[0])
+    if gemm is our_grouped_mm and trains(x, w_gate_up, w_down):
+        y = experts(x, order, offs, w_gate_up, w_down, top_k)
     else:
-        act = swiglu(gemm(rows, w_gate_up, offs)).contiguous()
-    y = gemm(act, w_down, offs)
+        rows = x[order // top_k]
+        act = grouped_mm_swiglu(rows, w_gate_up, offs) if fused else swiglu(gemm(rows, w_gate_up, offs)).contiguous()
+        y = gemm(act, w_down, offs)
     return combine(y, order, weights, top_k).to(x.dtype)
 
 
@@ -132,18 +136,18 @@ class MoELayer(torch.nn.Module):
     offsets back to the host, so it cannot be graph-captured); any other dtype is refused here with a
     ValueError.
 
-    ``fused`` (bf16 or fp16, the intermediate size a multiple of 64): GEMM 1 runs with the SwiGLU epilogue,
-    which reads W_gate_up itself (no copy of it that could go stale after load_state_dict or an edit
-    of the weights).
+    ``fused`` (bf16 or fp16, the intermediate size a multiple of 64): in inference (no gradient needed
+    by the experts), GEMM 1 runs with the SwiGLU epilogue, which reads W_gate_up itself (no copy of it
+    that could go stale after load_state_dict or an edit of the weights).
 
     What trains: forward and backward through autograd; gradients reach the router ``gate`` (through
-    the routing weights), ``w_gate_up``, ``w_down`` and the input. GEMM 2's backward is our op's (dA
-    on our kernel, dB on torch._grouped_mm); the combine's is torch operations (moe_gemm.torch.combine).
-    The fused GEMM 1 + SwiGLU's backward recomputes through the unfused formulas (GEMM 1, then
-    SwiGLU's derivative) until chapter 09 fuses it. Saved for backward: the router's probabilities
-    [tokens, E]; the sorted token rows [tokens x top_k, H] (GEMM 1's A); GEMM 1's output [.., 2I]
-    (unfused only) and the SwiGLU output [.., I] (GEMM 2's A); the expert outputs [.., H] and the
-    inverse permutation and weights the combine reads; the weights themselves."""
+    the routing weights), ``w_gate_up``, ``w_down`` and the input. The experts train as
+    moe_gemm.torch.experts: GEMM 1 unfused (the backward needs its product), dA on k6 and dW on k7 (chapter
+    09), SwiGLU's backward as torch operations; the combine's backward is torch operations
+    (moe_gemm.torch.combine). Saved for backward: the router's probabilities [tokens, E]; the SwiGLU's
+    pre-activation [tokens x top_k, 2I] and the sort order (the token rows are gathered again from the
+    input, the activation recomputed from the pre-activation); the expert outputs [.., H] and the inverse
+    permutation and weights the combine reads; the input and the weights themselves."""
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, normalize: bool = True,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,

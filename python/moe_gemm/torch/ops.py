@@ -395,14 +395,13 @@ torch.library.register_fake("moe_gemm::grouped_mm_swiglu",
 
 
 def _swiglu_backward(ctx: Any, dact: torch.Tensor) -> tuple[Any, ...]:
-    """Through the unfused formulas: h = a @ b recomputed with the plain op, then in fp32
-    dgate = dact * up * silu'(gate), dup = dact * silu(gate), dh = [dgate | dup]; dA and dB as the
-    plain op's backward takes them from dh."""
+    """Through the unfused formulas: h = a @ b recomputed with the plain op (the fused kernel never wrote
+    it), SwiGLU's backward from it (moe_gemm.torch.experts.dswiglu), then dA and dB as the plain op's
+    backward takes them from dh. (MoELayer trains through moe_gemm.torch.experts instead, which saves h.)"""
+    from moe_gemm.torch.experts import dswiglu
+
     a, b, offs = ctx.saved_tensors
-    gate, up = grouped_mm(a, b, offs, a.dtype).float().chunk(2, dim=-1)
-    sigmoid, dact = torch.sigmoid(gate), dact.float()
-    dsilu = sigmoid * (1 + gate * (1 - sigmoid))  # d/dx x sigmoid(x)
-    dh = torch.cat([dact * up * dsilu, dact * gate * sigmoid], dim=-1).to(a.dtype)
+    dh, _ = dswiglu(dact.contiguous().to(a.dtype), grouped_mm(a, b, offs, a.dtype))
     da = grouped_mm(dh, b.transpose(1, 2), offs, a.dtype) if ctx.needs_input_grad[0] else None
     db = _weight_grad(a, dh, offs, b.dtype) if ctx.needs_input_grad[1] else None
     return da, db, None

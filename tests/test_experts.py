@@ -1,0 +1,157 @@
+"""The experts' training function (moe_gemm.torch.experts), on the CPU: its gradients against autograd over
+torch operations, SwiGLU's backward bit for bit, what it saves for the backward, and what it skips.
+(On the CPU every GEMM is the op's fallback to torch; tests/test_layer_gpu.py runs it on k6 and k7.)"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from moe_gemm.model.workloads import LayerShape  # noqa: E402
+from moe_gemm.torch.experts import dswiglu, experts, swiglu  # noqa: E402
+from moe_gemm.torch.layer import MoELayer, torch_grouped_mm  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:moe_gemm.torch")  # the op's one warning per fallback reason
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_dswiglu_is_autograds_backward_of_swiglu_bit_for_bit(dtype):
+    generator = torch.Generator().manual_seed(1)
+    h = (4 * torch.randn(53, 2 * 40, generator=generator)).to(dtype).requires_grad_()
+    dact = torch.randn(53, 40, generator=generator).to(dtype)
+    act = swiglu(h)
+    act.backward(dact)
+    dh, again = dswiglu(dact, h.detach())
+    assert dh.dtype == again.dtype == dtype
+    assert torch.equal(dh, h.grad) and torch.equal(again, act.detach())
+
+
+def by_torch(x, order, offs, w_gate_up, w_down, top_k):
+    """The same steps as torch operations, expert by expert, for autograd to differentiate."""
+    rows, out, start = x[order // top_k], [], 0
+    for e, end in enumerate(offs.tolist()):
+        out.append(swiglu(rows[start:end] @ w_gate_up[e]) @ w_down[e])
+        start = end
+    return torch.cat(out)
+
+
+ROUTINGS = {"ragged, an empty expert": (5, 0, 17, 1, 9), "one expert holds every row": (0, 0, 32, 0, 0),
+            "E = 1": (32,), "no rows": (0, 0, 0)}
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_the_gradients_are_autograds_over_torch_operations(routing):
+    """fp32, where the two differ only in the order of their sums: x, W_gate_up and W_down, including an
+    expert with no rows (exact zeros), one holding every row, a single expert and no rows at all."""
+    counts, top_k, hidden, inter = ROUTINGS[routing], 2, 16, 24
+    rows = sum(counts)
+    generator = torch.Generator().manual_seed(len(counts) + rows)
+    x = torch.randn(rows // top_k, hidden, generator=generator, requires_grad=True)
+    order = torch.randperm(rows, generator=generator)
+    offs = torch.tensor(counts).cumsum(0).to(torch.int32)
+    w_gate_up = torch.randn(len(counts), hidden, 2 * inter, generator=generator, requires_grad=True)
+    w_down = torch.randn(len(counts), inter, hidden, generator=generator, requires_grad=True)
+    dy = torch.randn(rows, hidden, generator=generator)
+    ours = experts(x, order, offs, w_gate_up, w_down, top_k)
+    grads = torch.autograd.grad(ours, (x, w_gate_up, w_down), dy)
+    want = by_torch(x, order, offs, w_gate_up, w_down, top_k)
+    wants = torch.autograd.grad(want, (x, w_gate_up, w_down), dy, allow_unused=True)
+    assert ours.shape == want.shape and relative(ours, want) < 1e-6 if rows else ours.shape == (0, hidden)
+    for got, expected in zip(grads, wants):
+        expected = torch.zeros_like(got) if expected is None else expected
+        assert got.shape == expected.shape
+        assert relative(got, expected) < 1e-5 if expected.any() else not got.any()
+    for e, count in enumerate(counts):
+        if count == 0:  # an expert with no rows gets exact zeros
+            assert not grads[1][e].any() and not grads[2][e].any()
+
+
+@pytest.mark.parametrize("needs", ["x", "weights", "w_down"])
+def test_only_the_gradients_asked_for_are_computed(needs):
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(20, 16, generator=generator, requires_grad=needs == "x")
+    order, offs = torch.randperm(40, generator=generator), torch.tensor([10, 30, 40], dtype=torch.int32)
+    w_gate_up = torch.randn(3, 16, 48, generator=generator, requires_grad=needs == "weights")
+    w_down = torch.randn(3, 24, 16, generator=generator, requires_grad=needs in ("weights", "w_down"))
+    experts(x, order, offs, w_gate_up, w_down, 2).sum().backward()
+    assert (x.grad is not None) == (needs == "x")
+    assert (w_gate_up.grad is not None) == (needs == "weights")
+    assert (w_down.grad is not None) == (needs != "x")
+
+
+def saved(layer: MoELayer, x: torch.Tensor, **forward) -> list[torch.Tensor]:
+    """What one forward keeps for the backward (saved_tensors_hooks), one tensor per storage, without the
+    caller's own: the input and the parameters."""
+    owned = {t.untyped_storage().data_ptr() for t in (x, *layer.parameters())}
+    kept: dict[int, torch.Tensor] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.untyped_storage().data_ptr() not in owned:
+            kept[tensor.untyped_storage().data_ptr()] = tensor
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        layer(x, **forward)
+    return list(kept.values())
+
+
+def test_the_layer_keeps_half_the_activations_of_the_torch_layer():
+    """Counted, not assumed: the [rows, ...] tensors of the layer's dtype that a training forward keeps are
+    H + 2I elements per routed row on our experts and 2H + 4I on the torch layer (the layer's model,
+    LayerShape.saved_elements_per_row),
+    and everything it keeps, indices and routing weights included, is under 0.55 of the torch layer's."""
+    hidden, inter, experts_, top_k, tokens = 64, 128, 8, 2, 48
+    torch.manual_seed(0)
+    layer = MoELayer(hidden, inter, experts_, top_k, fused=True)
+    x = torch.randn(tokens, hidden).to(torch.bfloat16).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours, theirs = saved(layer, x), saved(layer, x, gemm=torch_grouped_mm)
+
+    def activations(kept: list[torch.Tensor]) -> int:
+        return sum(t.untyped_storage().nbytes() // 2 for t in kept
+                   if t.dtype == torch.bfloat16 and t.shape[0] == tokens * top_k)
+
+    def everything(kept: list[torch.Tensor]) -> int:
+        return sum(t.untyped_storage().nbytes() for t in kept)
+
+    shape = LayerShape("test", hidden, inter, experts_, top_k)
+    assert activations(ours) == tokens * top_k * shape.saved_elements_per_row("ours")
+    assert activations(theirs) == tokens * top_k * shape.saved_elements_per_row("torch")
+    assert 2 * shape.saved_elements_per_row("ours") == shape.saved_elements_per_row("torch")
+    assert everything(ours) < 0.55 * everything(theirs)
+
+
+def test_inference_keeps_the_fused_forward():
+    """Without gradients the experts' training function is not used: the fused GEMM 1 runs (on the CPU its
+    fallback), and the output is the training forward's within bf16 rounding of one intermediate."""
+    torch.manual_seed(4)
+    layer = MoELayer(64, 128, 8, 2, fused=True)
+    x = torch.randn(24, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        inference = layer(x)
+    training = layer(x)
+    assert inference.grad_fn is None and training.grad_fn is not None
+    assert relative(inference, training.detach()) < 1e-2
+
+
+def test_the_training_step_compiles_whole_to_the_eager_gradients():
+    """torch.compile(fullgraph=True) traces the experts' function, forward and backward (through the ops'
+    fake implementations), to the eager gradients bit for bit."""
+    torch.manual_seed(5)
+    layer = MoELayer(64, 128, 8, 2, fused=True)
+    x = torch.randn(24, 64).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(24, 64).to(torch.bfloat16)
+    layer(x).backward(dy)
+    eager = [t.grad.clone() for t in (*layer.parameters(), x)]
+    for t in (*layer.parameters(), x):
+        t.grad = None
+    torch.compile(layer, fullgraph=True, backend="aot_eager")(x).backward(dy)
+    assert all(torch.equal(t.grad, want) for t, want in zip((*layer.parameters(), x), eager))
