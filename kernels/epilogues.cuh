@@ -24,6 +24,18 @@ __device__ __forceinline__ unsigned pack_pair(float lo, float hi) {
     return OUT == BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
 }
 
+// The reverse of pack_pair: a packed pair of 16-bit IN values widened to fp32 (exact).
+template <int IN>
+__device__ __forceinline__ void unpack_pair(unsigned packed, float& lo, float& hi) {
+    static_assert(IN == BF16 || IN == F16, "a packed pair of 16-bit values");
+    if constexpr (IN == BF16) {
+        lo = __uint_as_float(packed << 16);
+        hi = __uint_as_float(packed & 0xffff0000u);
+    } else {
+        unpack_f16x2(packed, lo, hi);
+    }
+}
+
 // C[index], C[index + 1] = lo, hi in OUT: one 4-byte store for 16-bit outputs, one 8-byte store for
 // fp32 (index is even: a thread's pair of accumulator columns, 8j + 2t and the next). ACCUMULATE
 // (fp32 only): C[index], C[index + 1] += lo, hi, one 8-byte reduction in L2 (ptx.cuh, red_add_f32x2).

@@ -20,6 +20,8 @@
 //   DEVICE_SCHEDULE     (f) the walk is found from the expert ends on the device: no host list.
 //   IN, OUT                 the element types: bf16 or fp16 operands (wgmma's .bf16 or .f16, one
 //                           rate), a bf16, fp16 or fp32 C (an fp32 C is stored from registers).
+//   EPILOGUE                C as it is, or an MoE layer's SwiGLU fused in: its forward after GEMM 1
+//                           (chapter 08), its backward after the dA GEMM of GEMM 2 (chapter 09).
 //
 // Every consumer warpgroup owns 128 rows (two m64 wgmmas per k16 step, BN/2 x 2 accumulators per
 // thread) and issues only the m64 wgmmas whose rows hold tokens: a tile with 40 rows pays for one
@@ -39,6 +41,9 @@ namespace k6 {
 
 // --8<-- [start:config]
 enum Mode : int { PINGPONG = 0, COOPERATIVE = 1 };
+// STORE_C: C = A B. ACT_SWIGLU: B = [W_gate | W_up], C = silu(gate) * up. DACT_SWIGLU: C = dh, the gradient of
+// the SwiGLU's pre-activation, from the accumulators (dact) and the saved pre-activation.
+enum Epilogue : int { STORE_C = 0, ACT_SWIGLU = 1, DACT_SWIGLU = 2 };
 
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES>
 struct Config {
@@ -210,14 +215,63 @@ __device__ __forceinline__ void swiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TIL
 }
 // --8<-- [end:swiglu]
 
+// --8<-- [start:dswiglu]
+// The SwiGLU's backward fused into the epilogue of the dA GEMM that follows it in the backward pass: the
+// accumulators hold dact = dY W_down^T for the warpgroup's rows row0 .. row0 + rows - 1 and columns col0 ..
+// col0 + BN - 1 of I (the GEMM's N); the forward saved h = [gate | up] [M_tot, 2N]. In fp32, per element:
+//   s = sigmoid(gate), act = gate s up, dgate = dact up s (1 + gate (1 - s)), dup = dact gate s,
+// and the epilogue writes dh = [dgate | dup] [M_tot, 2N] and act [M_tot, N] (what dW_down = act^T dY reads),
+// so dact [M_tot, N] is never written nor read back. From registers, as k1's epilogue: the thread's
+// accumulator pair D[r][c .. c + 1] (ptx.cuh, wgmma_16bit) meets gate and up as one 4-byte load each and
+// leaves as three 4-byte stores; rows past the expert's end and columns past N are skipped. A first
+// version: the loads of h wait in the epilogue, not fetched by TMA while the main loop runs.
+template <class Cfg, int IN, int OUT>
+__device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], int row0, int rows,
+                                        int col0, int N, const unsigned* __restrict__ preact, void* __restrict__ dh,
+                                        void* __restrict__ act) {
+    static_assert(IN == OUT, "h, dh and the activation share the operands' 16-bit type");
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % sm90::WARPGROUP) / 32;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < Cfg::M_ITERS; ++i) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = 64 * i + 16 * warp + 8 * half + g;
+            if (r >= rows) continue;
+            const long long h_row = static_cast<long long>(row0 + r) * 2 * N, act_row = h_row / 2;
+#pragma unroll
+            for (int j = 0; j < Cfg::TILE_N / 8; ++j) {
+                const int col = col0 + 8 * j + 2 * t;  // even, and N % 8 == 0: a pair is in or out whole
+                if (col >= N) continue;
+                float gate[2], up[2], d[2] = {acc[i][4 * j + 2 * half], acc[i][4 * j + 2 * half + 1]};
+                float dgate[2], dup[2], a[2];
+                sm90::unpack_pair<IN>(__ldg(preact + (h_row + col) / 2), gate[0], gate[1]);
+                sm90::unpack_pair<IN>(__ldg(preact + (h_row + N + col) / 2), up[0], up[1]);
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const float s = 1.0f / (1.0f + __expf(-gate[c]));
+                    a[c] = gate[c] * s * up[c];
+                    dgate[c] = d[c] * up[c] * s * (1.0f + gate[c] * (1.0f - s));
+                    dup[c] = d[c] * gate[c] * s;
+                }
+                sm90::store_pair<OUT>(dh, h_row + col, dgate[0], dgate[1]);
+                sm90::store_pair<OUT>(dh, h_row + N + col, dup[0], dup[1]);
+                sm90::store_pair<OUT>(act, act_row + col, a[0], a[1]);
+            }
+        }
+    }
+}
+// --8<-- [end:dswiglu]
+
 // --8<-- [start:body]
-// IN: the operands' element type (BF16 or F16), OUT: C's (BF16, F16 or F32).
+// IN: the operands' element type (BF16 or F16), OUT: C's (BF16, F16 or F32). DACT_SWIGLU reads the saved
+// pre-activation at preact and writes the activation at act besides C (dh).
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
-          bool DEVICE_SCHEDULE, bool SWIGLU, int IN, int OUT>
+          bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C, const int4* units_list,
                                         int num_units, const int* ends, int tokens, int experts, int group, int K,
-                                        int N) {
+                                        int N, const void* preact = nullptr, void* act = nullptr) {
     static_assert((IN == sm90::BF16 || IN == sm90::F16) && OUT >= sm90::BF16 && OUT <= sm90::F32,
                   "bf16 or fp16 operands; a bf16, fp16 or fp32 output");
     using Cfg = Config<MODE, BN, STAGES, CLUSTER_M, CLUSTER_N, B_K_MAJOR, STAGING_BOXES>;
@@ -257,8 +311,9 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
                 if constexpr (DEVICE_SCHEDULE) return order.unit(unit);
                 else return units_list[unit];
             };
-            produce<Cfg, STAGES, CLUSTER, B_K_MAJOR, SWIGLU>(tmap_a, tmap_b, unit_at, num_units, first, stride,
-                                                             rank, k_steps, N, ring, slots, full, empty);
+            produce<Cfg, STAGES, CLUSTER, B_K_MAJOR, EPILOGUE == ACT_SWIGLU>(tmap_a, tmap_b, unit_at, num_units, first,
+                                                                             stride, rank, k_steps, N, ring, slots,
+                                                                             full, empty);
         }
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
@@ -306,13 +361,17 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             if (MODE == PINGPONG && ordinal > 0)
                 named_barrier_sync(EPILOGUE_ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
             if (MODE == PINGPONG) stored = 0;
-            if constexpr (SWIGLU) {
+            if constexpr (EPILOGUE == ACT_SWIGLU) {
                 if (slices > 0) {
                     float act[Cfg::M_ITERS][BN / 4];
                     swiglu<Cfg>(acc, act, slices);
                     sm90::store_slices<Cfg, STAGING_BOXES, BN / 2, OUT>(act, tile.y + row_offset, rows, tile.w / 2, warpgroup,
                                                       my_staging, stored, tmap_c, C, N / 2);
                 }
+            } else if constexpr (EPILOGUE == DACT_SWIGLU) {
+                if (slices > 0)
+                    dswiglu<Cfg, IN, OUT>(acc, tile.y + row_offset, rows, tile.w, N,
+                                          static_cast<const unsigned*>(preact), C, act);
             } else if (slices > 0) {
                 sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT>(acc, tile.y + row_offset, rows, tile.w, warpgroup, my_staging, stored,
                                               tmap_c, C, N);
@@ -347,7 +406,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
 
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, int IN, int OUT>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAMS) {
-    k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, false, IN, OUT>(
+    k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, k6::STORE_C, IN, OUT>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 
@@ -356,8 +415,8 @@ __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAM
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M,
           int IN, int OUT>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_cluster2(K6_PARAMS) {
-    k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, false,
-                IN, OUT>(
+    k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE,
+                k6::STORE_C, IN, OUT>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 
@@ -367,13 +426,25 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP,
 // its own pair, and the partner of an odd last tile, past N, multiplies and stores nothing).
 template <int MODE, int STAGES, int STAGING_BOXES, int IN, int OUT>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_swiglu(K6_PARAMS) {
-    k6::k6_body<MODE, 128, STAGES, 1, 1, false, STAGING_BOXES, true, true, IN, OUT>(
+    k6::k6_body<MODE, 128, STAGES, 1, 1, false, STAGING_BOXES, true, k6::ACT_SWIGLU, IN, OUT>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 
 template <int MODE, int STAGES, int STAGING_BOXES, int IN, int OUT>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_swiglu_cluster2(K6_PARAMS) {
-    k6::k6_body<MODE, 128, STAGES, 1, 2, false, STAGING_BOXES, true, true, IN, OUT>(
+    k6::k6_body<MODE, 128, STAGES, 1, 2, false, STAGING_BOXES, true, k6::ACT_SWIGLU, IN, OUT>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
+}
+
+// The backward of GEMM 1's SwiGLU, fused into the dA GEMM of GEMM 2 (chapter 09): A = dY [M_tot, H], B = W_down
+// [E, I, H] read K-major (it is B^T [E, N, K] with N = I, K = H), C = dh [M_tot, 2N] (bf16 or fp16, as the
+// operands); preact: the saved h = [gate | up] [M_tot, 2N]; act: silu(gate) * up [M_tot, N]. BN = 128, the
+// device walk; the epilogue stores from registers, so the staging ring is one box (unused).
+template <int MODE, int STAGES, int IN>
+__global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_dswiglu(K6_PARAMS,
+                                                                                const void* __restrict__ preact,
+                                                                                void* __restrict__ act) {
+    k6::k6_body<MODE, 128, STAGES, 1, 1, true, 1, true, k6::DACT_SWIGLU, IN, IN>(
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, preact, act);
 }
 // --8<-- [end:kernels]

@@ -113,6 +113,14 @@ __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
     return packed;
 }
 
+// The reverse, exact: a packed pair of fp16 values (`lo` at the lower address) widened to fp32. (bf16 needs
+// no instruction: it is the upper half of an fp32, epilogues.cuh's unpack_pair.)
+// PTX ISA "Data Movement and Conversion Instructions: cvt"   #data-movement-and-conversion-instructions-cvt
+__device__ __forceinline__ void unpack_f16x2(unsigned packed, float& lo, float& hi) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n"
+        : "=f"(lo), "=f"(hi) : "r"(packed));
+}
+
 // Two fp32 values rounded to nearest-even e4m3 (chapter 10's FP8), `lo` in the low byte: cvt puts its
 // first source in the upper 8 bits. .satfinite clamps a magnitude past 448, e4m3's largest finite value,
 // to 448 instead of turning it into NaN (e4m3fn has no infinity). sm_89 and newer.

@@ -24,7 +24,22 @@ def test_the_grid_is_the_chapters_grid_in_the_weight_gradient():
 
 
 def test_the_recorded_targets_follow_from_the_recorded_records():
-    assert RUN.target_rows(DATA["records"]) == DATA["targets"]
+    assert RUN.target_rows(DATA["records"], DATA.get("fused_backward", [])) == DATA["targets"]
+
+
+FUSED_ROWS = [{"hidden": 2048, "intermediate": 768, "experts": 128, "top_k": 8, "tokens": 4096, "dgemm_ms": 0.40,
+               "dswiglu_ms": 0.20, "fused_ms": 0.46, "fused_error_vs_unfused": 3e-3},
+              {"hidden": 7168, "intermediate": 2048, "experts": 256, "top_k": 8, "tokens": 32768, "dgemm_ms": 9.0,
+               "dswiglu_ms": 2.0, "fused_ms": 9.9, "fused_error_vs_unfused": 4e-3}]
+
+
+def test_the_fused_backwards_target_is_its_worst_extra_time_in_separate_passes():
+    (row,) = [r for r in RUN.target_rows([], FUSED_ROWS) if "fused SwiGLU backward" in r["target"]]
+    assert row["value"] == pytest.approx(0.45) and row["goal"] == 0.4 and not row["met"] and row["at_most"]
+    assert "H=7168, 32,768 tokens" in row["target"]
+    table = RUN.fused_backward_table(FUSED_ROWS)
+    assert [r[5] for r in table.rows] == ["0.30", "0.45"]
+    assert RUN.parse_args(["--parts", "dswiglu"]).parts == ["dswiglu"]
 
 
 def test_k7_beats_torch_everywhere_and_trails_quack_everywhere_as_the_page_says():

@@ -1,6 +1,8 @@
 """The experts' training function (moe_gemm.torch.experts), on the CPU: its gradients against autograd over
-torch operations, SwiGLU's backward bit for bit, what it saves for the backward, and what it skips.
-(On the CPU every GEMM is the op's fallback to torch; tests/test_layer_gpu.py runs it on k6 and k7.)"""
+torch operations, SwiGLU's backward bit for bit, what it saves for the backward, and what it skips; and the
+op its backward calls for the SwiGLU's backward (moe_gemm.torch.fused_backward): its fallback, its refusals,
+its trace. (On the CPU every GEMM is the op's fallback to torch; tests/test_layer_gpu.py runs the layer on k6
+and k7, tests/test_dswiglu_gpu.py the fused kernel.)"""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from moe_gemm.model.workloads import LayerShape  # noqa: E402
-from moe_gemm.torch.experts import dswiglu, experts, swiglu  # noqa: E402
+from moe_gemm.torch.experts import experts  # noqa: E402
 from moe_gemm.torch.layer import MoELayer, torch_grouped_mm  # noqa: E402
+from moe_gemm.torch.swiglu import dswiglu, swiglu  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:moe_gemm.torch")  # the op's one warning per fallback reason
 
@@ -155,3 +158,59 @@ def test_the_training_step_compiles_whole_to_the_eager_gradients():
         t.grad = None
     torch.compile(layer, fullgraph=True, backend="aot_eager")(x).backward(dy)
     assert all(torch.equal(t.grad, want) for t, want in zip((*layer.parameters(), x), eager))
+
+
+# ---------------------------------------------------------------------------- the fused backward's op
+
+
+def inputs(counts: tuple[int, ...], hidden: int = 64, inter: int = 48, dtype=torch.bfloat16, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    rows = sum(counts)
+    dy = torch.randn(rows, hidden, generator=generator).to(dtype)
+    w_down = torch.randn(len(counts), inter, hidden, generator=generator).to(dtype)
+    preact = (3 * torch.randn(rows, 2 * inter, generator=generator)).to(dtype)
+    return dy, w_down, torch.tensor(counts).cumsum(0).to(torch.int32), preact
+
+
+@pytest.mark.parametrize("counts", [(5, 0, 17, 9), (31,), (0, 0)])
+def test_the_op_is_the_gemm_then_dswiglu_where_the_kernel_does_not_run(counts):
+    from moe_gemm.torch.fused_backward import grouped_mm_dswiglu
+    from moe_gemm.torch.ops import grouped_mm
+
+    dy, w_down, offs, preact = inputs(counts)
+    dh, act = grouped_mm_dswiglu(dy, w_down, offs, preact)
+    want_dh, want_act = dswiglu(grouped_mm(dy, w_down.transpose(1, 2), offs, dy.dtype), preact)
+    assert dh.shape == preact.shape and act.shape == (sum(counts), w_down.shape[1])
+    assert torch.equal(dh, want_dh) and torch.equal(act, want_act)
+
+
+def test_a_kernel_not_yet_run_is_not_launched(monkeypatch):
+    """While the fused kernel is in NOT_YET_RUN the op never launches it, even for inputs it could take."""
+    from moe_gemm.torch import fused_backward
+
+    monkeypatch.setattr(fused_backward, "NOT_YET_RUN", frozenset({"torch/dswiglu"}))
+    monkeypatch.setattr(fused_backward, "refusal", lambda *inputs: None)  # as if on an sm_90a GPU
+    monkeypatch.setattr(fused_backward, "fused", lambda *inputs: pytest.fail("launched a kernel not yet run"))
+    dh, act = fused_backward.grouped_mm_dswiglu(*inputs((5, 7)))
+    assert dh.shape == (12, 96) and act.shape == (12, 48)
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda dy, w, offs, h: (dy, w, offs, h[:, :-2]), r"preact must be \[M_tot, 2I\]"),
+    (lambda dy, w, offs, h: (dy, w, offs, h.float()), "dtype and device"),
+    (lambda dy, w, offs, h: (dy, w[0], offs, h), "3-D"),
+    (lambda dy, w, offs, h: (dy[:, :32], w, offs, h), "K"),
+])
+def test_malformed_inputs_are_refused_before_any_work(change, match):
+    from moe_gemm.torch.fused_backward import grouped_mm_dswiglu
+
+    with pytest.raises(ValueError, match=match):
+        grouped_mm_dswiglu(*change(*inputs((5, 7))))
+
+
+def test_the_op_traces_under_compile_with_its_shapes():
+    from moe_gemm.torch.fused_backward import grouped_mm_dswiglu
+
+    dy, w_down, offs, preact = inputs((5, 0, 11))
+    dh, act = torch.compile(grouped_mm_dswiglu, fullgraph=True, backend="aot_eager")(dy, w_down, offs, preact)
+    assert dh.shape == preact.shape and act.shape == (16, 48) and dh.dtype == act.dtype == torch.bfloat16

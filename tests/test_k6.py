@@ -18,6 +18,7 @@ from moe_gemm.variants.k6.config import (
     AUTO_CANDIDATES,
     ELEMENT_CODES,
     FUSED,
+    FUSED_BACKWARD,
     LADDER,
     MAX_EXPERTS,
     STATIC_SMEM_ALLOWANCE,
@@ -176,7 +177,7 @@ def test_k6_auto_tunes_through_the_shared_loop(monkeypatch, tmp_path):
 
 def entry_points() -> dict[str, tuple[list[tuple[str, str]], str]]:
     """The __global__ templates of kernels/k6_persistent.cu: name -> ([(kind, parameter)], attributes)."""
-    found = re.findall(r"template <([^>]*)>\s*__global__ void (.*?)(\w+)\(K6_PARAMS\)", SOURCE)
+    found = re.findall(r"template <([^>]*)>\s*__global__ void (.*?)(\w+)\(K6_PARAMS[,)]", SOURCE, re.S)
     return {name: ([tuple(p.split()) for p in params.split(",")], attributes) for params, attributes, name in found}
 
 
@@ -187,7 +188,8 @@ def test_the_shared_memory_budget_is_the_kernels():
 
 
 def test_the_static_allowance_is_the_largest_static_shared_memory_rounded_up():
-    static = [K6Persistent(name).compile("sm_90a").report.static_smem_bytes for name in {**LADDER, **FUSED}]
+    static = [K6Persistent(name, config).compile("sm_90a").report.static_smem_bytes
+              for name, config in {**LADDER, **FUSED, **FUSED_BACKWARD}.items()]
     assert max(static) <= STATIC_SMEM_ALLOWANCE < max(static) + 256
 
 
@@ -196,8 +198,8 @@ def test_the_device_walk_and_the_block_are_the_kernels():
     assert int(re.search(r"\bMAX_EXPERTS = (\d+)", walk).group(1)) == MAX_EXPERTS
     warpgroup = int(re.search(r"constexpr int WARPGROUP = (\d+);", (KERNELS / "wgmma_config.cuh").read_text()).group(1))
     entries = entry_points()
-    assert sorted(entries) == ["k6_persistent", "k6_persistent_cluster2", "k6_persistent_swiglu",
-                               "k6_persistent_swiglu_cluster2"]
+    assert sorted(entries) == ["k6_persistent", "k6_persistent_cluster2", "k6_persistent_dswiglu",
+                               "k6_persistent_swiglu", "k6_persistent_swiglu_cluster2"]
     for name, (_, attributes) in entries.items():
         warpgroups = re.search(r"__launch_bounds__\((\d+) \* sm90::WARPGROUP, 1\)", attributes)
         assert warpgroups and int(warpgroups.group(1)) * warpgroup == THREADS, name
@@ -209,7 +211,7 @@ def test_every_kernel_name_fills_its_template_in_order():
     the template has parameters, each of the parameter's kind and holding the configuration's value."""
     entries = entry_points()
     used = set()
-    for name, config in {**LADDER, **FUSED}.items():
+    for name, config in {**LADDER, **FUSED, **FUSED_BACKWARD}.items():
         entry, values = re.fullmatch(r"(\w+)<(.*)>", config.kernel_name).groups()
         parameters, _ = entries[entry]
         values = [v.strip() for v in values.split(",")]

@@ -1,7 +1,8 @@
-"""Chapter 09: training. The weight gradient dB[e] = A_e^T dC_e as our own kernel (k7).
+"""Chapter 09: training. The weight gradient dB[e] = A_e^T dC_e as our own kernel (k7), and SwiGLU's backward
+fused into the dA GEMM (k6's dswiglu epilogue).
 
-    python chapters/09/run.py                   # checks, then the grid and the model projections
-    python chapters/09/run.py --parts grid      # only some parts: grid, models
+    python chapters/09/run.py                   # checks, then the grid, the model projections, the fused backward
+    python chapters/09/run.py --parts grid      # only some parts: grid, models, dswiglu
     python chapters/09/run.py --quick           # fewer timed launches per round
     python chapters/09/run.py --tokens 4096 16384   # a part of the grid
     python chapters/09/run.py --parts models --models qwen3   # some of the model projections
@@ -13,7 +14,10 @@ data, then checks and times, in interleaved rounds on the same inputs, k7's rung
 form (what autograd runs for the weight gradient of torch._grouped_mm) and quack's varlen-K GEMM (its autotuned
 pick and its three fastest configurations):
   grid    M_tot 2,048 .. 65,536 rows x skew 0 .. 1.6 at the seed's E = 64, K = 1024, N = 2688;
-  models  the up (gate and up together) and down projections of three real MoE models, 32,768 routed rows.
+  models  the up (gate and up together) and down projections of three real MoE models, 32,768 routed rows;
+  dswiglu SwiGLU's backward fused into the dA GEMM (k6's dswiglu epilogue) against the dA GEMM alone and the
+          separate pass, at chapter 08's three layer sizes, 4,096 and 32,768 tokens (needs torch; the fused
+          result is checked against the unfused one before anything is timed).
 It prints each table and the targets and writes chapters/09/results/<gpu>.json after each part, keeping the
 records of the parts it did not run (so the parts can run as separate processes). quack is optional.
 
@@ -61,7 +65,9 @@ ARCH = "sm_90a"
 K7 = tuple(LADDER)  # our rungs: the fastest at each workload counts, as quack's best of three does
 TORCH = PEER_GROUPED_MM_WGRAD
 QUACK = QUACK_WGRAD_PEERS
-PARTS = ("grid", "models")
+PARTS = ("grid", "models", "dswiglu")
+FUSED_TOKENS = (4096, 32768)  # the dswiglu part's token counts, at each of chapter 08's layer sizes
+FUSED_TARGET = 0.4  # the fused kernel's time over the dA GEMM alone, in separate passes, at most
 GRID_ROWS = (2048, 4096, 16384, 65536)
 # The weight gradients of the up and down projections of the three models chapter 08 runs, over chapter 07's
 # 32,768 routed rows at s = 0.4: E from 8 to 256, K and N from 768 to 14,336. Qwen3's and DeepSeek-V3's up
@@ -90,7 +96,7 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 PROFILED = {Workload(2048, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad"),
             Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad")}
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
-                      "profile"})
+                      "profile", "fused_backward"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; ours and quack's each at their best"
 
 
@@ -99,9 +105,9 @@ def parse_args(argv: Sequence[str] | None):
     add_timing_arguments(parser, peers="torch._grouped_mm and quack")
     add_rounds_argument(parser)
     parser.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS),
-                        help="which measurements to make (default both; none, with --profile, to profile only): grid "
+                        help="which measurements to make (default all; none, with --profile, to profile only): grid "
                              f"(the --tokens rows x 5 skews at the seed's shape), models (the {len(MODELS)} model "
-                             "projections)")
+                             "projections), dswiglu (the fused SwiGLU backward at three layer sizes)")
     add_grid_arguments(parser, GRID_ROWS)
     add_models_argument(parser, "qwen3 deepseek")
     parser.add_argument("--profile", action="store_true",
@@ -128,7 +134,9 @@ def workloads_of(records: Sequence[dict[str, Any]], part: str) -> list[Workload]
     return list(dict.fromkeys(Workload.of(r) for r in records if r.get("part") == part))
 
 
-def target_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def target_rows(records: Sequence[dict[str, Any]], fused: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    from moe_gemm.measure.layer import fused_backward_extra
+
     rows = []
 
     def worst(part: str, theirs: Sequence[str], goal: float, least_rows: int = 0) -> None:
@@ -146,6 +154,11 @@ def target_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     worst("grid", QUACK, QUACK_TARGET)
     worst("models", QUACK, QUACK_TARGET)
     worst("grid", (TORCH,), TORCH_TARGET, TORCH_TARGET_ROWS)
+    if fused:
+        row = max(fused, key=fused_backward_extra)
+        rows.append({"target": f"the fused SwiGLU backward over the dA GEMM alone, in separate passes (worst: "
+                               f"H={row['hidden']}, {row['tokens']:,} tokens)", "value": fused_backward_extra(row),
+                     "goal": FUSED_TARGET, "met": fused_backward_extra(row) <= FUSED_TARGET, "at_most": True})
     return rows
 
 
@@ -179,6 +192,20 @@ def models_table(records: Sequence[dict[str, Any]]) -> Table:
                  legend="useful TFLOP/s (2 M_tot K N per time) of the faster k7 rung, torch._grouped_mm's 2D x 2D "
                         "form and quack's varlen-K (best of its pick and its three fastest configurations), same "
                         "inputs, same run; dB per expert: K x N")
+
+
+def fused_backward_table(rows: Sequence[dict[str, Any]]) -> Table:
+    from moe_gemm.measure.layer import fused_backward_extra
+
+    body = tuple((f"H={r['hidden']} I={r['intermediate']} E={r['experts']}", f"{r['tokens']:,}", f"{r['dgemm_ms']:.3f}",
+                  f"{r['dswiglu_ms']:.3f}", f"{r['fused_ms']:.3f}", f"{fused_backward_extra(r):.2f}",
+                  f"{r['fused_error_vs_unfused']:.1e}") for r in rows)
+    return Table(("layer", "tokens", "dA ms", "pass ms", "fused ms", "extra", "vs unfused"), body,
+                 title="SwiGLU's backward fused into the dA GEMM",
+                 legend="dA: dY W_down^T on our op, writing dact [M, I]; pass: SwiGLU's backward as torch operations "
+                        "(dh [M, 2I] and the activation from dact and the saved pre-activation); fused: one k6 launch "
+                        f"writing dh and the activation; extra: (fused - dA) / pass, the target's measure (goal <= "
+                        f"{FUSED_TARGET}); vs unfused: relative difference of the outputs; graph replays, interleaved")
 
 
 def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
@@ -256,6 +283,7 @@ def measure_workload(part: str, workload: Workload, variants: Sequence[Any], arg
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.parts import workload_piece
     from moe_gemm.variants.k7 import ladder
+    from moe_gemm.variants.peer.torch import torch_available
 
     timing, report, results = start_parts_run(args, gpu, CHAPTER, SECTIONS, compile_report,
                                               compile_report_table)
@@ -264,7 +292,16 @@ def run_on_gpu(args, gpu) -> int:
         return 1
     results.put(checks=checks)
     variants = [*ladder(), *peers(args)]
-    for part in args.parts:
+
+    def save() -> str:
+        parts = sorted({r["part"] for r in results.rows("records")}, key=PARTS.index)
+        return results.save(compile_report=report, targets=target_rows(results.rows("records"),
+                                                                         results.rows("fused_backward")),
+                            parts=parts)
+
+    path = save()  # the checks, whatever the parts measure after them
+
+    for part in [p for p in args.parts if p != "dswiglu"]:
         # saved after every workload: a run stopped part-way (a time limit, a host out of memory at a model's
         # 7.5 G-element dB) keeps every workload it finished, and its provenance names only those
         workloads = grid(args.tokens) if part == "grid" else list(chosen_shapes(MODELS, args.models).values())
@@ -275,21 +312,30 @@ def run_on_gpu(args, gpu) -> int:
             results.ran(*workload_piece(part, workload, workloads[:done], MODELS))
             if done == len(workloads) and whole:
                 results.ran(part, "every model projection" if part == "models" else "every row of the grid")
-            parts = sorted({r["part"] for r in results.rows("records")}, key=PARTS.index)
-            path = results.save(compile_report=report, targets=target_rows(results.rows("records")),
-                                rounds=args.rounds, parts=parts)
+            results.put(rounds=args.rounds)
+            path = save()
+    if "dswiglu" in args.parts and not torch_available():
+        print("the dswiglu part is not measured: torch is not installed\n")
+    elif "dswiglu" in args.parts:
+        from moe_gemm.measure.layer import layer_key, measure_fused_backward
+
+        for key, shape in LAYERS.items():  # a stopped run keeps every size it finished
+            results.replace("fused_backward", measure_fused_backward(shape, FUSED_TOKENS), layer_key)
+            results.ran(f"dswiglu-{key}", f"the fused SwiGLU backward, the dA GEMM and the pass at the {shape.label} "
+                                          f"layer's shapes, {', '.join(f'{t:,}' for t in FUSED_TOKENS)} tokens")
+            path = save()
     if args.profile:  # a later run of the parts keeps the profile, and this entry says which run took it
         results.put(profile=profile_rows())
         results.ran("profile", "Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows")
         show(profile_table(results.rows("profile")))
-        path = results.save(compile_report=report, targets=target_rows(results.rows("records")),
-                            rounds=results.data.get("rounds", args.rounds),
-                            parts=sorted({r["part"] for r in results.rows("records")}, key=PARTS.index))
+        path = save()
     records = results.rows("records")
     show(grid_table(records, QUACK, "quack varlen-K"))
     show(grid_table(records, (TORCH,), "torch._grouped_mm 2D x 2D"))
     show(models_table(records))
-    show(targets_table(target_rows(records), TARGETS_LEGEND))
+    if results.rows("fused_backward"):
+        show(fused_backward_table(results.rows("fused_backward")))
+    show(targets_table(target_rows(records, results.rows("fused_backward")), TARGETS_LEGEND))
     print(f"results written to {path}")
     return 0
 

@@ -77,7 +77,8 @@ CHAPTERS = (
     Chapter("07", "07 · The last mile (k6)", "07-last-mile.md", "k6", (9, 0),
             gpu_tests=("tests/test_k6_gpu.py",), sanitized=True, in_parts=True),
     Chapter("08", "08 · In a model: op, layer, scoreboard", "08-in-a-model.md", "torch", (9, 0),
-            gpu_tests=("tests/test_torch_op_gpu.py", "tests/test_layer_gpu.py"), in_parts=True),
+            gpu_tests=("tests/test_torch_op_gpu.py", "tests/test_layer_gpu.py", "tests/test_dswiglu_gpu.py"),
+            in_parts=True),
     Chapter("09", "09 · Training: the weight gradient (k7)", "09-training.md", "k7", (9, 0),
             gpu_tests=("tests/test_k7_gpu.py", "tests/test_weight_grad_gpu.py"), sanitized=True, in_parts=True),
     # k8's family also holds the FP8 quantizers (moe_gemm.torch.quantize), validated by their own GPU tests.

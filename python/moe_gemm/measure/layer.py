@@ -2,6 +2,7 @@
 pass every way on the same tokens, eagerly and as CUDA-graph replays; a training step (forward and
 backward) three ways with its peak memory; our layer split into its steps, GEMM 1's fused SwiGLU
 epilogue against its unfused parts, the op's host time per call, and torch.compile's graph of the layer.
+For chapter 09: SwiGLU's backward fused into the dA GEMM against its unfused parts.
 
 Every measurement runs on the GPU and imports torch when called, so this module loads where torch
 is not installed (chapter 08 then shows the recorded results).
@@ -281,20 +282,27 @@ def step_times(layer: Any, x: Any) -> dict[str, float]:
     return {f"{step}_ms": time_call(call, graph=True).median_ms for step, call in calls.items()}
 
 
-def measure_fused(shape: LayerShape, tokens_list: Sequence[int]) -> list[Row]:
-    """The fused epilogue's test at one layer size (on its own seeded_layer), at each token count."""
+def at_each_token_count(shape: LayerShape, tokens_list: Sequence[int], what: str,
+                        measure: Callable[[Any, Any], dict[str, float]]) -> list[Row]:
+    """``measure(layer, x)`` at one layer size (on its own seeded_layer), at each token count, on random bf16
+    tokens x, without autograd and without reading offs back; each row with the layer's fields."""
     import torch
 
     from moe_gemm.torch.ops import offsets_unchecked
 
     layer = seeded_layer(shape)
-    fused = []
+    rows = []
     for tokens in tokens_list:
-        progress(f"[{shape.label}, {tokens:,} tokens] GEMM 1 fused, GEMM 1 alone, SwiGLU pass")
+        progress(f"[{shape.label}, {tokens:,} tokens] {what}")
         x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
         with torch.no_grad(), offsets_unchecked():
-            fused.append({**shape.fields(tokens), **fused_epilogue(layer, x)})
-    return fused
+            rows.append({**shape.fields(tokens), **measure(layer, x)})
+    return rows
+
+
+def measure_fused(shape: LayerShape, tokens_list: Sequence[int]) -> list[Row]:
+    """Chapter 08's test of the fused SwiGLU epilogue (:func:`fused_epilogue`) at one layer size."""
+    return at_each_token_count(shape, tokens_list, "GEMM 1 fused, GEMM 1 alone, SwiGLU pass", fused_epilogue)
 
 
 def fused_epilogue(layer: Any, x: Any) -> dict[str, float]:
@@ -316,6 +324,58 @@ def fused_epilogue(layer: Any, x: Any) -> dict[str, float]:
                               "swiglu": lambda: swiglu(h)})
     return {**{f"{name}_ms": t.median_ms for name, t in timed.items()},
             "swiglu_pass_bytes": m * width * 2 + m * width // 2 * 2, "fused_saves_bytes": 2 * m * width * 2}
+
+
+FUSED_BACKWARD_CHECK = 2e-2  # the fused kernel against the unfused path (both bf16; the fused one rounds once)
+
+
+def measure_fused_backward(shape: LayerShape, tokens_list: Sequence[int]) -> list[Row]:
+    """Chapter 09's test of SwiGLU's backward fused into the dA GEMM (:func:`fused_backward`) at one layer size."""
+    return at_each_token_count(shape, tokens_list, "dA with SwiGLU's backward fused, dA alone, SwiGLU's backward",
+                               fused_backward)
+
+
+def fused_backward(layer: Any, x: Any) -> dict[str, float]:
+    """The dA GEMM of GEMM 2 with SwiGLU's backward fused (moe_gemm.torch.fused_backward.fused, launched directly:
+    the op waits for the validation record), the dA GEMM alone (dact [M, I] written) and SwiGLU's backward as
+    torch operations (moe_gemm.torch.swiglu.dswiglu), in interleaved rounds of graph replays after one eager call
+    of each GEMM (the op tunes a new shape there). First the fused result is checked against the unfused one: a
+    RuntimeError, and nothing timed, beyond FUSED_BACKWARD_CHECK. Also the bytes the separate pass moves at
+    best (dact read, h read, dh and the activation written) and those the fused kernel adds to the GEMM (h read,
+    dh and the activation written, dact not written)."""
+    import torch
+
+    from moe_gemm.torch.bench import time_interleaved
+    from moe_gemm.torch.fused_backward import fused, refusal
+    from moe_gemm.torch.layer import dispatch
+    from moe_gemm.torch.ops import grouped_mm
+    from moe_gemm.torch.swiglu import dswiglu
+
+    _, _, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)
+    h = grouped_mm(rows, layer.w_gate_up, offs)
+    dy = torch.randn(rows.shape, device=rows.device).to(rows.dtype)
+    w_down_t = layer.w_down.transpose(1, 2)
+    reason = refusal(dy, layer.w_down, offs, h)
+    if reason is not None:
+        raise ValueError(f"the fused SwiGLU backward cannot take this layer's shapes: {reason}")
+    dact = grouped_mm(dy, w_down_t, offs)
+    want = dswiglu(dact, h)
+    got = fused(dy, layer.w_down, offs, h)
+    error = max(relative_error(g, w) for g, w in zip(got, want))
+    if error > FUSED_BACKWARD_CHECK:
+        raise RuntimeError(f"the fused SwiGLU backward is {error:.2e} from the unfused one (allowed "
+                           f"{FUSED_BACKWARD_CHECK}): not timed")
+    timed = time_interleaved({"fused": lambda: fused(dy, layer.w_down, offs, h),
+                              "dgemm": lambda: grouped_mm(dy, w_down_t, offs),
+                              "dswiglu": lambda: dswiglu(dact, h)})
+    m, inter = dact.shape
+    return {**{f"{name}_ms": t.median_ms for name, t in timed.items()}, "fused_error_vs_unfused": error,
+            "dswiglu_pass_bytes": m * inter * 2 * 6, "fused_adds_bytes": m * inter * 2 * 4}
+
+
+def fused_backward_extra(row: Row) -> float:
+    """The fused launch's time over the dA GEMM alone, in separate SwiGLU-backward passes: chapter 09's target."""
+    return (row["fused_ms"] - row["dgemm_ms"]) / row["dswiglu_ms"]
 
 
 def host_probe(tokens: int = 4096, calls: int = 200, runs: int = 5) -> dict[str, Any]:

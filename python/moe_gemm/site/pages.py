@@ -47,7 +47,7 @@ command as a reader types it, is a filter: ``{{ run.command | command }}``), wit
     ``(tokens, skew)`` pair or a dict of workload keywords.
 ``section(ch, name)``
     Any other top-level part of the file, wrapped like a record: ``{{ section("01", "k0_sass").FFMA }}``
-    gives ``256``.
+    gives ``256``. ``has_section(ch, name)``: whether the file holds it (a part a later run adds).
 ``entry(ch, name, variant, field=None, fmt=None)``
     The item of a list section (``profile``, ``compile_report``, ``checks``, ``stages``) whose
     ``variant`` is ``variant``, or one field of it: ``{{ entry("02", "profile", "k1/bm64", "cycles_per_issue") }}``
@@ -229,6 +229,10 @@ class Pages:
 
     # ---- the other sections
 
+    def has_section(self, ch: str, name: str) -> bool:
+        """Whether the chapter's results hold ``name``: for a page part that a later run adds."""
+        return name in self.data(ch)
+
     def section(self, ch: str, name: str) -> Any:
         data = self.data(ch)
         if name not in data:
@@ -319,6 +323,7 @@ class Pages:
 
     def macros(self) -> dict[str, Any]:
         names = ("record", "measured", "best", "value", "tflops", "ms", "spread", "ratio", "results_table", "section",
+                 "has_section",
                  "entry", "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance",
                  "compulsory_bytes", "eta", "residency", "accumulation_model")
         return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change,

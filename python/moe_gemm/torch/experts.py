@@ -13,10 +13,11 @@ H + 2I against 2H + 4I: half (moe_gemm.model.workloads.LayerShape.saved_elements
 
 The forward runs GEMM 1 without the fused SwiGLU epilogue, because the backward needs h and the fused
 kernel never writes it (the inference forward, MoELayer under no_grad, keeps the fused launch). The
-backward: dact = dY W_down^T (k6, W_down read K-major), then :func:`dswiglu` (dh and the activation
-again, as torch operations: the pass a dA epilogue with dSwiGLU fused would remove), dW_down = act^T dY
-(k7), dX_rows = dh W_gate_up^T (k6), each token's rows summed back into dx by the combine kernel with
-unit weights (one owner per output row: no atomics), and dW_gate_up = rows^T dh (k7).
+backward: dact = dY W_down^T with SwiGLU's backward after it (moe_gemm.torch.fused_backward: dh and the
+activation again; one k6 launch with the backward in its epilogue once that kernel has passed its GPU tests,
+until then the GEMM on k6 and moe_gemm.torch.swiglu.dswiglu as torch operations), dW_down = act^T dY (k7), dX_rows = dh
+W_gate_up^T (k6), each token's rows summed back into dx by the combine kernel with unit weights (one owner
+per output row: no atomics), and dW_gate_up = rows^T dh (k7).
 """
 
 from __future__ import annotations
@@ -24,37 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 import moe_gemm.torch.combine  # noqa: F401 - registers torch.ops.moe_gemm.combine
+from moe_gemm.torch.fused_backward import grouped_mm_dswiglu
 from moe_gemm.torch.ops import grouped_mm
+from moe_gemm.torch.swiglu import swiglu
 from moe_gemm.torch.weight_gradient import weight_grad
-
-
-def swiglu(h: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for h = [gate | up] [M, 2I], in h's dtype: its own pass over GEMM 1's output."""
-    gate, up = h.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-# --8<-- [start:dswiglu]
-def dswiglu(dact: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """SwiGLU's backward from the saved pre-activation: (dh, act) for act = silu(gate) * up, h = [gate | up].
-
-    dh = [dact * up * silu'(gate) | dact * silu(gate)] [M, 2I] and act [M, I] (what dW_down needs), in h's
-    dtype, by the operations torch's autograd runs for :func:`swiglu` (silu, its backward, two products),
-    so the gradient is bit-identical to autograd's and no fp32 copy of h is made. Eagerly the halves of dh
-    are written in place (no concatenation pass); under torch.compile they are concatenated."""
-    gate, up = h.chunk(2, dim=-1)
-    silu = F.silu(gate)
-    if torch.compiler.is_compiling():  # dynamo refuses out= into a strided view; inductor fuses the cat
-        return torch.cat([torch.ops.aten.silu_backward(dact * up, gate), dact * silu], dim=-1), silu * up
-    dh = torch.empty_like(h)
-    dgate, dup = dh.chunk(2, dim=-1)
-    torch.ops.aten.silu_backward.grad_input(dact * up, gate, grad_input=dgate)
-    torch.mul(dact, silu, out=dup)
-    return dh, silu.mul_(up)
-# --8<-- [end:dswiglu]
 
 
 def token_sums(rows: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -82,7 +58,7 @@ class _Experts(torch.autograd.Function):
         x, order, offs, h, w_gate_up, w_down = ctx.saved_tensors
         needs_x, needs_gate_up, needs_down = ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[4]
         dy = dy.contiguous().to(h.dtype)
-        dh, act = dswiglu(grouped_mm(dy, w_down.transpose(1, 2), offs, h.dtype), h)
+        dh, act = grouped_mm_dswiglu(dy, w_down, offs, h)  # dact never leaves the GEMM where k6 fuses it
         dw_down = weight_grad(act, dy, offs, w_down.dtype) if needs_down else None
         del act
         dx = None

@@ -25,8 +25,9 @@ import torch.nn.functional as F
 
 import moe_gemm.torch.combine  # noqa: F401 - registers torch.ops.moe_gemm.combine
 from moe_gemm.model.reference import SWIGLU_BLOCK
-from moe_gemm.torch.experts import experts, swiglu
+from moe_gemm.torch.experts import experts
 from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
+from moe_gemm.torch.swiglu import swiglu
 
 GroupedMM = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

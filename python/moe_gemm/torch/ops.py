@@ -39,6 +39,7 @@ import torch
 
 from moe_gemm.torch import rules
 from moe_gemm.torch.launches import PointerLaunches
+from moe_gemm.torch.swiglu import dswiglu
 
 DEFAULT_CONFIG = "k6/pingpong-bn192"  # the rung closest to k6/auto's choices across chapter 07's shapes
 FUSED_CONFIG = "k6/swiglu-bn128"  # the first GEMM of an MoE layer with the SwiGLU epilogue
@@ -396,10 +397,8 @@ torch.library.register_fake("moe_gemm::grouped_mm_swiglu",
 
 def _swiglu_backward(ctx: Any, dact: torch.Tensor) -> tuple[Any, ...]:
     """Through the unfused formulas: h = a @ b recomputed with the plain op (the fused kernel never wrote
-    it), SwiGLU's backward from it (moe_gemm.torch.experts.dswiglu), then dA and dB as the plain op's
+    it), SwiGLU's backward from it (moe_gemm.torch.swiglu.dswiglu), then dA and dB as the plain op's
     backward takes them from dh. (MoELayer trains through moe_gemm.torch.experts instead, which saves h.)"""
-    from moe_gemm.torch.experts import dswiglu
-
     a, b, offs = ctx.saved_tensors
     dh, _ = dswiglu(dact.contiguous().to(a.dtype), grouped_mm(a, b, offs, a.dtype))
     da = grouped_mm(dh, b.transpose(1, 2), offs, a.dtype) if ctx.needs_input_grad[0] else None

@@ -110,10 +110,17 @@ SWIGLU_COLUMNS = 2 * SWIGLU_BLOCK  # one 64-column gate block and its up block: 
 
 def route(op: Operands, epilogue: str = "none") -> Route:
     """Our kernel when it can take these operands, else torch._grouped_mm and the reason.
-    ``epilogue="swiglu"``: the first GEMM of an MoE layer with k6's fused SwiGLU epilogue."""
+    ``epilogue="swiglu"``: the first GEMM of an MoE layer with k6's fused SwiGLU epilogue; ``"dswiglu"``: the
+    dA GEMM of its second, dY W_down^T, with the SwiGLU's backward fused (b is W_down [E, I, H] transposed)."""
     check(op)
     experts, K, N = op.b_shape
     reasons = []
+    if epilogue == "dswiglu":
+        if b_layout(op.b_shape, op.b_strides) != "nk":
+            reasons.append("the fused SwiGLU backward reads W_down [E, I, H] as stored (b = w_down.transpose(1, 2))")
+        if op.out_dtype != op.a_dtype:
+            reasons.append(f"the fused SwiGLU backward writes dh in the operands' dtype ({op.a_dtype}), not "
+                           f"{op.out_dtype}")
     if epilogue == "swiglu":
         if N % SWIGLU_COLUMNS:
             raise ValueError(f"grouped_mm_swiglu: N = {N} must be a multiple of {SWIGLU_COLUMNS} (each fused "

@@ -105,7 +105,7 @@ class K6Persistent(NamedConfigVariant):
                              f"gate columns with the 64 up columns N / 2 further)")
         gpu = require_sm90a(self.name)
         resources = self.resources(gpu.arch)
-        output = dev.new_output(problem.N // config.out_columns_divisor)
+        output = dev.new_output(config.out_columns(problem.N))
         if problem.tokens == 0:  # nothing to compute; a tensor map cannot even describe 0 rows
             return Prepared(launch=lambda: None, output=output, bm=config.bm, bn=config.bn, resources=resources)
         run, keep, info = self.launcher(dev, b, output, gpu.sm_count)

@@ -41,7 +41,9 @@ class K6Config:
     group: int = 1  # M tiles per raster group of the tile walk (1: row-major within an expert)
     schedule: Schedule = "device"
     b_layout: BLayout = "kn"
-    epilogue: Literal["none", "swiglu"] = "none"  # swiglu: C = silu(gate) * up, [M_tot, N / 2]
+    # swiglu: C = silu(gate) * up, [M_tot, N / 2]; dswiglu: C = dh [M_tot, 2N] from the saved pre-activation
+    # (and the activation [M_tot, N] beside it), SwiGLU's backward after the dA GEMM of GEMM 2
+    epilogue: Literal["none", "swiglu", "dswiglu"] = "none"
     element: InElement = "bf16"  # A's and B's (wgmma .bf16 or .f16: one rate, one layout)
     out: OutElement = "bf16"  # C's: rounded to bf16 or fp16, or the fp32 accumulators as they are
 
@@ -74,13 +76,16 @@ class K6Config:
         staging = rings * self.staging_boxes * BOX * BOX * 2
         return self.stages * self.stage_bytes + staging + SWIZZLE_ALIGN
 
-    @property
-    def out_columns_divisor(self) -> int:
-        return 2 if self.epilogue == "swiglu" else 1
+    def out_columns(self, N: int) -> int:
+        """C's width for a GEMM N columns wide: N / 2 after the SwiGLU, 2N (dh) after its backward."""
+        return N // 2 if self.epilogue == "swiglu" else 2 * N if self.epilogue == "dswiglu" else N
 
     @property
     def kernel_name(self) -> str:
         types = f"{ELEMENT_CODES[self.element]}, {ELEMENT_CODES[self.out]}"
+        if self.epilogue == "dswiglu":
+            mode = 0 if self.mode == "pingpong" else 1
+            return f"{KERNEL_FUNCTION}_dswiglu<{mode}, {self.stages}, {ELEMENT_CODES[self.element]}>"
         if self.epilogue == "swiglu":
             entry = f"{KERNEL_FUNCTION}_swiglu" + ("" if self.cluster == 1 else "_cluster2")
             return f"{entry}<{0 if self.mode == 'pingpong' else 1}, {self.stages}, {self.staging_boxes}, {types}>"
@@ -153,6 +158,13 @@ FUSED: dict[str, K6Config] = {
     # the Mixtral-like layer's 32,768 tokens, 11% faster there than without it (chapter 08)
     "k6/swiglu-coop256-cluster-g8": K6Config("cooperative", 128, stages=4, cluster=2, staging_boxes=1,
                                              epilogue="swiglu", group=8),
+}
+
+# SwiGLU's backward fused into the dA GEMM of GEMM 2 (chapter 09): dY [M_tot, H] times W_down [E, I, H] read
+# K-major, the epilogue writing dh [M_tot, 2I] and the activation from the saved pre-activation. BN = 128 and
+# 6 stages as k6/swiglu-bn128; the register epilogue needs one staging box, unused.
+FUSED_BACKWARD: dict[str, K6Config] = {
+    "k6/dswiglu-bn128": K6Config("pingpong", 128, stages=6, staging_boxes=1, b_layout="nk", epilogue="dswiglu"),
 }
 
 # What k6/auto chooses among (its chooser: moe_gemm.variants.k6.auto).

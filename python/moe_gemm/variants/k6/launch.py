@@ -45,31 +45,36 @@ def tensor_maps(config: K6Config, a_address: int, b_address: int, c_address: int
     b_map = strided_weight_map(config.b_layout, b_address, experts, K, N, b_strides, config.element)
     if config.cluster_along == "m":  # each block of the pair loads half of every box's rows for both
         b_map = dataclasses.replace(b_map, box=(b_map.box[0], b_map.box[1] // config.cluster, 1))
-    return a_map, b_map, output_map(c_address, tokens, N // config.out_columns_divisor, config.out)
+    return a_map, b_map, output_map(c_address, tokens, config.out_columns(N), config.out)
 
 
 def arguments(config: K6Config, a_address: int, b_address: int, c_address: int, ends_address: int, tokens: int,
               experts: int, K: int, N: int, units_address: int = 0, units: int = 0,
-              b_strides: BStrides = None) -> tuple[Any, ...]:
+              b_strides: BStrides = None, preact_address: int = 0, act_address: int = 0) -> tuple[Any, ...]:
     """The kernel's arguments in K6_PARAMS order: the three tensor maps (not yet encoded: that needs the
     driver), C, the host walk's unit list and its length (0 and 0 for the device walk), the expert
-    ends, M_tot (the device walk clamps every end to it), E, the raster group, K and N. (The descriptor
-    plans are compile-time constants: kernels/descriptor_steps.cuh, K_MAJOR_PLAN and MN_MAJOR_PLAN.)"""
+    ends, M_tot (the device walk clamps every end to it), E, the raster group, K and N; then, for the
+    SwiGLU's backward (epilogue "dswiglu"), the saved pre-activation and the activation it writes. (The
+    descriptor plans are compile-time constants: kernels/descriptor_steps.cuh, K_MAJOR_PLAN and MN_MAJOR_PLAN.)"""
+    if (config.epilogue == "dswiglu") != bool(preact_address and act_address):
+        raise ValueError("the dswiglu epilogue, and it alone, takes the addresses of the pre-activation and the "
+                         "activation")
+    extra = (preact_address, act_address) if config.epilogue == "dswiglu" else ()
     return (*tensor_maps(config, a_address, b_address, c_address, tokens, experts, K, N, b_strides), c_address,
             units_address, np.int32(units), ends_address, np.int32(tokens), np.int32(experts), np.int32(config.group),
-            np.int32(K), np.int32(N))
+            np.int32(K), np.int32(N), *extra)
 
 
 @functools.lru_cache(maxsize=256)
 def packed_arguments(config: K6Config, a_address: int, b_address: int, c_address: int, ends_address: int,
                      tokens: int, experts: int, K: int, N: int, units_address: int, units: int,
-                     b_strides: BStrides = None) -> PackedArguments:
+                     b_strides: BStrides = None, preact_address: int = 0, act_address: int = 0) -> PackedArguments:
     """:func:`arguments` with the maps encoded, packed for cuLaunchKernel. Encoding the three TMA
     descriptors and packing the parameter array is tens of microseconds of host time, more than a small
     launch takes on the GPU, so the same configuration, pointers and shape (torch's caching allocator
     hands the same blocks out again) reuse them."""
     args = arguments(config, a_address, b_address, c_address, ends_address, tokens, experts, K, N, units_address,
-                     units, b_strides)
+                     units, b_strides, preact_address, act_address)
     return PackedArguments(tuple(TensorMapArg(arg.encode()) if isinstance(arg, TiledMap) else arg for arg in args))
 
 
@@ -111,11 +116,13 @@ class Launch:
 
 def launcher(kernel: CompiledKernel, config: K6Config, slots: int, a_address: int, b_address: int, c_address: int,
              ends_address: int, tokens: int, experts: int, K: int, N: int, *, stream: int | None = None,
-             units_address: int = 0, units: int = 0, b_strides: BStrides = None, device: int | None = None) -> Launch:
+             units_address: int = 0, units: int = 0, b_strides: BStrides = None, device: int | None = None,
+             preact_address: int = 0, act_address: int = 0) -> Launch:
     """k6 built as ``config`` (``kernel``) on these operands: ``slots`` is how many blocks (clusters)
     the device holds at once (:func:`resident_slots`), ``ends_address`` the expert ends (torch's offs),
     ``units_address`` and ``units`` the host walk's unit list (the -host rungs), ``b_strides`` B's row
-    and expert strides when they are not the dense ones."""
+    and expert strides when they are not the dense ones, ``preact_address`` and ``act_address`` the SwiGLU
+    backward's saved pre-activation and its activation output (epilogue "dswiglu" only)."""
     args = packed_arguments(config, a_address, b_address, c_address, ends_address, tokens, experts, K, N,
-                            units_address, units, b_strides)
+                            units_address, units, b_strides, preact_address, act_address)
     return Launch(kernel, grid(config, slots, units), config.dynamic_smem_bytes, args, stream, device)

@@ -1,0 +1,83 @@
+"""SwiGLU's backward fused into the dA GEMM (k6's "dswiglu" epilogue, moe_gemm.torch.fused_backward), without
+a GPU: the kernel as compiled for sm_90a, its launch arguments, the rules and the validation record. The op's
+fallback, which runs until the kernel passes its GPU tests (tests/test_dswiglu_gpu.py), is tested with the
+experts' training function (tests/test_experts.py)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from moe_gemm.core.paths import KERNEL_DIR
+from moe_gemm.cuda.sass import opcode_counts
+from moe_gemm.cuda.tensormap import TiledMap
+from moe_gemm.measure import validation
+from moe_gemm.torch import rules
+from moe_gemm.torch.kernels import NOT_YET_RUN
+from moe_gemm.variants.k6 import K6Persistent
+from moe_gemm.variants.k6.config import FUSED_BACKWARD
+from moe_gemm.variants.k6.launch import arguments
+
+CONFIG = FUSED_BACKWARD["k6/dswiglu-bn128"]
+
+
+@pytest.mark.parametrize("element", ["bf16", "fp16"])
+def test_the_fused_backward_builds_with_its_register_epilogue(element):
+    """No spills and no serialized wgmma; the epilogue as designed: per thread, 2 m64 slices x 32 accumulator
+    pairs, each pair one exponential per element, two 4-byte loads (gate, up) and three 4-byte stores (dgate,
+    dup, act), nothing through shared memory or TMA on the way out."""
+    compiled = K6Persistent("k6/dswiglu-bn128", CONFIG.replace(element=element, out=element)).compile("sm_90a")
+    assert compiled.report.spill_store_bytes == 0 and "C7520" not in compiled.log
+    counts = opcode_counts(compiled.sass(), ("HGMMA", "MUFU.EX2", "LDG", "STG", "STSM", "UTMASTG"))
+    pairs = 2 * 32
+    assert counts["HGMMA"] == 12  # as k6/swiglu-bn128: the main loop's wgmmas for one and for two m64 slices
+    assert counts["MUFU.EX2"] == 2 * pairs
+    assert counts["STG"] == 3 * pairs
+    assert counts["LDG"] == 2 * pairs + 1  # and the device walk's load of the expert ends
+    assert counts["STSM"] == counts["UTMASTG"] == 0
+
+
+def test_the_entry_takes_k6_params_then_the_pre_activation_and_the_activation():
+    source = (KERNEL_DIR / "k6_persistent.cu").read_text()
+    entry = re.search(r"k6_persistent_dswiglu\(K6_PARAMS,(.*?)\)\s*\{", source, re.S).group(1)
+    assert [p.split()[-1] for p in entry.split(",")] == ["preact", "act"]
+    args = arguments(CONFIG, 0x10000, 0x20000, 0x30000, 0x40004, 1000, 8, 1024, 768, preact_address=0x50000,
+                     act_address=0x60000)
+    assert args[-2:] == (0x50000, 0x60000) and isinstance(args[-3], np.int32) and int(args[-3]) == 768
+    assert isinstance(args[2], TiledMap) and args[2].dims[0] == 2 * 768  # C is dh [M_tot, 2I]
+
+
+def test_only_the_fused_backward_takes_the_extra_addresses():
+    with pytest.raises(ValueError, match="dswiglu"):
+        arguments(CONFIG, 0x10000, 0x20000, 0x30000, 0x40004, 1000, 8, 1024, 768)
+    with pytest.raises(ValueError, match="dswiglu"):
+        arguments(CONFIG.replace(epilogue="none"), 0x10000, 0x20000, 0x30000, 0x40004, 1000, 8, 1024, 768,
+                  preact_address=0x50000, act_address=0x60000)
+
+
+def operands(b_strides: tuple[int, int, int], out_dtype: str = "bfloat16") -> rules.Operands:
+    """dY [4096, 1024] and W_down [8, 768, 1024] seen as b = w_down.transpose(1, 2) [8, 1024, 768]."""
+    return rules.Operands(a_shape=(4096, 1024), a_strides=(1024, 1), a_dtype="bfloat16", b_shape=(8, 1024, 768),
+                          b_strides=b_strides, b_dtype="bfloat16", offs_shape=(8,), offs_dtype="int32",
+                          out_dtype=out_dtype)
+
+
+def test_the_rules_admit_w_down_as_stored_only():
+    admitted = rules.route(operands((768 * 1024, 1, 1024)), epilogue="dswiglu")
+    assert admitted.kernel == "k6" and admitted.b_layout == "nk"
+    row_major = rules.route(operands((1024 * 768, 768, 1)), epilogue="dswiglu")
+    assert row_major.kernel == "torch" and "as stored" in row_major.reason
+    fp32_out = rules.route(operands((768 * 1024, 1, 1024), "float32"), epilogue="dswiglu")
+    assert fp32_out.kernel == "torch" and "operands' dtype" in fp32_out.reason
+
+
+def test_a_kernel_not_yet_run_is_left_out_of_the_record_and_named_by_status(capsys):
+    assert "torch/dswiglu" in NOT_YET_RUN
+    configurations = validation.kernel_configurations()
+    assert not any(name.startswith("torch/dswiglu") for name in configurations)
+    assert {"torch/dswiglu-bf16", "torch/dswiglu-fp16"} <= set(validation.OTHER_KERNELS)
+    assert all(any(name == p or name.startswith(f"{p}-") for name in validation.OTHER_KERNELS) for p in NOT_YET_RUN)
+    validation.main(["status"])
+    assert "not yet run on a GPU" in capsys.readouterr().out

@@ -1,0 +1,109 @@
+"""SwiGLU's backward fused into the dA GEMM on an sm_90a GPU (k6's "dswiglu" epilogue, launched directly by
+moe_gemm.torch.fused_backward.fused): dh and the activation against the same formulas in fp32 on the fp32
+product, on random data and on the forward's edge cases, graph replays with changing routings, and
+compute-sanitizer memcheck. These are the tests that admit the kernel to the op (moe_gemm.torch.kernels.
+NOT_YET_RUN). Skipped without torch or the GPU; the CPU side is tests/test_dswiglu.py."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+from moe_gemm.torch.fused_backward import fused  # noqa: E402
+
+
+def reference(dy: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor,
+              preact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """dh and act in fp32: dact expert by expert in fp32, then the SwiGLU's derivative, for rows up to offs[-1]."""
+    rows = int(offs[-1])
+    dact, start = torch.empty(rows, w_down.shape[1], device=dy.device), 0
+    for e, end in enumerate(offs.tolist()):
+        dact[start:end] = dy[start:end].float() @ w_down[e].float().t()
+        start = end
+    gate, up = preact[:rows].float().chunk(2, dim=-1)
+    s = torch.sigmoid(gate)
+    dh = torch.cat([dact * up * s * (1 + gate * (1 - s)), dact * gate * s], dim=-1)
+    return dh, gate * s * up
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+# The forward's edge cases that matter to this epilogue: experts with no rows, ends in the middle of an m64
+# slice and of a 128-row tile, one expert holding every row, a single expert, rows past offs[-1], I not a
+# multiple of the 128-column tile (the column guard), the smallest H (one k-step).
+CASES = {
+    "ragged, empty experts": ((0, 70, 1, 129, 300, 0), 256, 384),
+    "one expert holds every row": ((0, 0, 1000, 0), 512, 256),
+    "E = 1": ((777,), 128, 128),
+    "rows past the last end": ((64, 64, 100), 256, 256),
+    "I not a multiple of 128": ((200, 56, 333), 256, 200),
+    "one k-step": ((130, 7), 64, 128),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+def test_dh_and_the_activation_match_fp32(cuda, case, dtype):
+    counts, hidden, inter = CASES[case]
+    extra = 19 if case == "rows past the last end" else 0
+    torch.manual_seed(len(case))
+    rows = sum(counts) + extra
+    dy = torch.randn(rows, hidden, device=cuda).to(dtype)
+    w_down = (torch.randn(len(counts), inter, hidden, device=cuda) * hidden**-0.5).to(dtype)
+    preact = (3 * torch.randn(rows, 2 * inter, device=cuda)).to(dtype)
+    offs = torch.tensor(counts, device=cuda).cumsum(0).to(torch.int32)
+    dh, act = fused(dy, w_down, offs, preact)
+    want_dh, want_act = reference(dy, w_down, offs, preact)
+    ends = int(offs[-1])
+    assert dh.dtype == act.dtype == dtype and torch.isfinite(dh[:ends]).all() and torch.isfinite(act[:ends]).all()
+    assert relative(dh[:ends], want_dh) < 1e-2  # one 16-bit rounding of each output from fp32
+    assert relative(act[:ends], want_act) < 1e-2
+
+
+def test_one_graph_replayed_with_changing_routings(cuda):
+    """Captured once, replayed after writing other expert ends into the same offs: the device walk reads them
+    on every replay."""
+    torch.manual_seed(3)
+    dy = torch.randn(900, 256, device=cuda).to(torch.bfloat16)
+    w_down = (torch.randn(4, 256, 256, device=cuda) / 16).to(torch.bfloat16)
+    preact = torch.randn(900, 512, device=cuda).to(torch.bfloat16)
+    offs = torch.tensor([200, 400, 600, 900], dtype=torch.int32, device=cuda)
+    fused(dy, w_down, offs, preact)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dh, act = fused(dy, w_down, offs, preact)
+    for ends in ([0, 500, 501, 900], [900, 900, 900, 900], [64, 128, 700, 900]):
+        offs.copy_(torch.tensor(ends, dtype=torch.int32))
+        graph.replay()
+        want_dh, want_act = reference(dy, w_down, offs, preact)
+        assert relative(dh, want_dh) < 1e-2 and relative(act, want_act) < 1e-2, ends
+
+
+def test_the_fused_backward_is_clean_under_memcheck(cuda, tmp_path):
+    """compute-sanitizer memcheck on the fused kernel alone, with ragged experts, rows past the last end and
+    I not a multiple of the tile: no access may leave dy, W_down, h, dh or the activation."""
+    import subprocess
+    import sys
+
+    from moe_gemm.measure.sanitize_target import find_compute_sanitizer
+
+    tool = find_compute_sanitizer()
+    if tool is None:
+        pytest.skip("compute-sanitizer not found")
+    script = ("import torch\nfrom moe_gemm.torch.fused_backward import fused\n"
+              "dy = torch.randn(700, 256, device='cuda').to(torch.bfloat16)\n"
+              "w = torch.randn(5, 200, 256, device='cuda').to(torch.bfloat16)\n"
+              "h = torch.randn(700, 400, device='cuda').to(torch.bfloat16)\n"
+              "offs = torch.tensor([0, 70, 71, 200, 650], dtype=torch.int32, device='cuda')\n"
+              "fused(dy, w, offs, h); torch.cuda.synchronize(); print('fused')\n")
+    proc = subprocess.run([tool, "--tool", "memcheck", "--report-api-errors", "no",
+                           "--kernel-name", "kns=k6_persistent_dswiglu", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "fused" in output, output[-3000:]
+    assert "ERROR SUMMARY: 0 errors" in output, output[-3000:]
