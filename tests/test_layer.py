@@ -209,7 +209,7 @@ def test_the_training_step_of_every_way_gives_our_gradients():
     x.requires_grad_()
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
     found = {}
-    for name in TRAIN_WAYS:
+    for name in TRAIN_WAYS[:3]:  # quack's way needs quack on a GPU: tests/test_layer_gpu.py
         way = trainable(layer, name)
         step = training_step(way, x, dy)
         step()
@@ -219,9 +219,11 @@ def test_the_training_step_of_every_way_gives_our_gradients():
         assert all(torch.equal(a, b) for a, b in zip(first, found[name][0])), name
     ours, ours_dx = found["train/ours"]
     assert [g.shape for g in ours] == [p.shape for p in layer.parameters()]
-    for name in TRAIN_WAYS[1:]:
+    for name in TRAIN_WAYS[1:3]:
         gradients, dx = found[name]
         assert max(relative(g, o) for g, o in zip(gradients, ours)) < 2e-2, name
         assert relative(dx, ours_dx) < 2e-2, name
+    with pytest.raises(ValueError, match="needs quack"):
+        trainable(layer, "train/quack")  # quack is not installed with the CPU tests
     with pytest.raises(ValueError, match="train/ours"):
-        trainable(layer, "train/quack")
+        trainable(layer, "train/jax")

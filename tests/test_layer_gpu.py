@@ -71,8 +71,9 @@ def test_the_training_step_captures_and_replays_to_the_eager_gradients(cuda):
 
 
 def test_the_fp16_layer_trains_on_our_kernels_fused(cuda):
-    """fp16 parameters: GEMM 1 with the fused SwiGLU epilogue, GEMM 2 and dA on k6 built for fp16 (no
-    fallback warning), forward and backward as the fp32 layer gives them, within fp16's rounding."""
+    """fp16 parameters (a layer built fused: in training GEMM 1 runs unfused, since the backward needs its
+    product): the GEMMs and dA on k6 and dW on k7 built for fp16 (no fallback warning), forward and backward
+    as the fp32 layer gives them, within fp16's rounding."""
     import warnings
 
     torch.manual_seed(4)
@@ -105,3 +106,27 @@ def test_the_fp32_layer_runs_on_the_gpu_through_torchs_grouped_gemm(cuda):
     with torch.no_grad():
         assert relative(bf16(x.to(torch.bfloat16)), out) < 2e-2
     assert out.shape == x.shape and layer.w_down.grad.dtype == torch.float32
+
+
+def test_the_quack_training_way_gives_our_gradients(cuda):
+    """Chapter 08's training step on quack's kernels (moe_gemm.torch.peer_layers.quack_training: gemm_act,
+    gemm_dact, the varlen-K gemm), its gradients mapped back to our layout, against our layer's: 2e-2, as the
+    CPU test holds the torch layer and transformers' block. Skipped where quack is not installed."""
+    from moe_gemm.measure.layer import trainable, training_step
+    from moe_gemm.variants.peer.quack import quack_available
+
+    if quack_available() is not None:
+        pytest.skip(quack_available())
+    torch.manual_seed(5)
+    layer = MoELayer(512, 256, 16, 4, device=cuda)
+    x = torch.randn(1000, 512, device=cuda).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(1000, 512, device=cuda).to(torch.bfloat16)
+    found = {}
+    for name in ("train/ours", "train/quack"):
+        way = trainable(layer, name)
+        training_step(way, x, dy)()
+        found[name] = ([g.clone() for g in way.gradients()], x.grad.clone())
+    (ours, ours_dx), (theirs, theirs_dx) = found["train/ours"], found["train/quack"]
+    for name, got, want in zip(["gate", "w_gate_up", "w_down"], theirs, ours):
+        assert got.shape == want.shape and relative(got, want) < 2e-2, name
+    assert relative(theirs_dx, ours_dx) < 2e-2

@@ -25,8 +25,10 @@ routing back to the host, so it does not: the record says why). It then splits o
 router, permutation, GEMM 1 + SwiGLU, GEMM 2 and combine (moe_gemm.measure.layer). The fused part times
 GEMM 1 with the SwiGLU epilogue against GEMM 1 alone and the SwiGLU pass alone, in interleaved rounds.
 The train part times a training step without the optimizer (forward, then the backward of a fixed output
-gradient into the weights and the input) of our layer, the same code on torch._grouped_mm and
-transformers' grouped_mm block, at --train-tokens (4,096 and 32,768), eagerly and as graph replays, with
+gradient into the weights and the input) of our layer, the same code on torch._grouped_mm,
+transformers' grouped_mm block and, where quack is installed, the experts on quack's kernels (its fused
+SwiGLU forward and backward, its varlen-K weight gradients), at --train-tokens (4,096 and 32,768), eagerly
+and as graph replays, with
 its peak memory over the weights, inputs and gradients. The scoreboard then times our op as a model
 calls it (op/grouped_mm: moe_gemm.torch.grouped_mm on torch tensors) beside torch._grouped_mm and quack
 over chapter 06's grid (M_tot 512 .. 65,536 x s 0 .. 1.6) and the model projections chapter 07 times,
@@ -96,7 +98,7 @@ SECTIONS = frozenset({"provenance", "records", "steps", "fused_epilogue", "train
 SHORT = {"layer/ours": "ours", "layer/torch_grouped_mm": "torch", "layer/quack": "quack",
          "layer/transformers": "hf", "layer/transformers-eager": "hf eager",
          "layer/transformers-batched_mm": "hf batched", "train/ours": "ours",
-         "train/torch_grouped_mm": "torch", "train/transformers": "hf"}  # table headers
+         "train/torch_grouped_mm": "torch", "train/transformers": "hf", "train/quack": "quack"}  # table headers
 
 
 def fused_extra(row: dict[str, Any]) -> float:
@@ -209,7 +211,7 @@ def train_table(train: Sequence[dict[str, Any]]) -> Table:
     return ways_table(train, TRAIN_WAYS, "A training step (forward + backward, no optimizer)",
                       "median ms of forward and the backward of a fixed output gradient into the weights and the input "
                       "(graph replays where the step captures, else eager); peak GiB: the step's peak allocation over "
-                      "the weights, inputs and the gradients it leaves, ours / torch / hf",
+                      "the weights, inputs and the gradients it leaves, ours / torch / hf / quack",
                       (("peak GiB", memory), ("eager only", not_captured)))
 
 

@@ -20,8 +20,9 @@ Row = dict[str, Any]
 WAYS = ("layer/ours", "layer/torch_grouped_mm", "layer/quack", "layer/transformers", "layer/transformers-eager",
         "layer/transformers-batched_mm")  # the transformers rows: moe_gemm.torch.peer_layers.TRANSFORMERS_WAYS
 # The training step (forward, then backward of a fixed output gradient; no optimizer): our layer, the same
-# code on torch._grouped_mm (torch's autograd), transformers' block on its default grouped_mm experts.
-TRAIN_WAYS = ("train/ours", "train/torch_grouped_mm", "train/transformers")
+# code on torch._grouped_mm (torch's autograd), transformers' block on its default grouped_mm experts, and
+# the experts on quack's kernels (moe_gemm.torch.peer_layers.quack_training) where quack is installed.
+TRAIN_WAYS = ("train/ours", "train/torch_grouped_mm", "train/transformers", "train/quack")
 TRAIN_TOKENS = (4096, 32768)
 # The gradients compared with ours: the router's whole, the first 8 experts' weights. Keeping a copy of
 # all of ours would be DeepSeek-V3-like's 22.5 GB of bf16 weights again, beside transformers' copy of
@@ -162,9 +163,10 @@ class Trainable(NamedTuple):
 
 def trainable(layer: Any, way: str) -> Trainable:
     """``way`` (one of TRAIN_WAYS) over ``layer``'s weights: our layer and the torch layer share them;
-    transformers' block holds a copy, built here, so its weights and gradients exist only for its turn."""
+    transformers' block and quack's interleaved W_gate_up are copies, built here, so their weights and
+    gradients exist only for their turn. A ValueError for quack where it is not installed."""
     from moe_gemm.torch.layer import torch_grouped_mm, transformers_forward
-    from moe_gemm.torch.peer_layers import transformers_block_of
+    from moe_gemm.torch.peer_layers import quack_training, transformers_block_of
 
     ours = list(layer.parameters())
     if way == "train/ours":
@@ -177,6 +179,11 @@ def trainable(layer: Any, way: str) -> Trainable:
         return Trainable(lambda x: transformers_forward(block, x), list(block.parameters()),
                          lambda: [block.gate.weight.grad, experts.gate_up_proj.grad.transpose(1, 2),
                                   experts.down_proj.grad.transpose(1, 2)])
+    if way == "train/quack":
+        found = quack_training(layer)
+        if found is None:
+            raise ValueError("train/quack needs quack (the peers extra) on an sm_90a GPU")
+        return Trainable(*found)
     raise ValueError(f"way must be one of {TRAIN_WAYS}, got {way!r}")
 
 
@@ -219,6 +226,15 @@ def peak_memory(step: Callable[[], None], tensors: Sequence[Any]) -> int:
     return torch.cuda.max_memory_allocated() - before - gradients
 
 
+def train_ways(with_transformers: bool) -> tuple[str, ...]:
+    """The ways measure_train times: TRAIN_WAYS, less transformers' unless asked, less quack's where it is
+    not installed."""
+    from moe_gemm.variants.peer.quack import quack_available
+
+    return tuple(w for w in TRAIN_WAYS if (w != "train/transformers" or with_transformers)
+                 and (w != "train/quack" or quack_available() is None))
+
+
 def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool) -> list[Row]:
     """Each of TRAIN_WAYS' training steps over one seeded_layer at each token count, on the same tokens
     and output gradient: its peak memory, its time eagerly and as CUDA-graph replays (eager_and_graph),
@@ -233,7 +249,7 @@ def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transforme
         x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16).requires_grad_()
         dy = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
         reference = None
-        for name in TRAIN_WAYS if with_transformers else TRAIN_WAYS[:2]:
+        for name in train_ways(with_transformers):
             progress(f"[{shape.label}, {tokens:,} tokens] {name}: forward + backward")
             way = trainable(layer, name)
             step, tensors = training_step(way, x, dy), [*way.parameters, x]
@@ -245,8 +261,13 @@ def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transforme
                     error = max(relative_error(g, r) for g, r in zip(gradients, reference))
                     del gradients
                     timed = eager_and_graph(step, release=lambda tensors=tensors: drop_gradients(tensors))
-            except torch.cuda.OutOfMemoryError:  # a way that cannot hold this size is left out; the others run
-                progress(f"  {name} runs out of GPU memory at {tokens:,} tokens: not timed")
+            except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as error:
+                # a way that cannot hold this size is left out, and so is quack's where its kernels fail (a peer's
+                # failure, reported); any other failure is ours or torch's, and stops the run
+                if not isinstance(error, torch.cuda.OutOfMemoryError) and name != "train/quack":
+                    raise
+                progress(f"  {name} is not timed at {tokens:,} tokens: {type(error).__name__}: "
+                         f"{(str(error).splitlines() or [''])[0]}")
                 drop_gradients(tensors)
                 del way, step, tensors
                 torch.cuda.empty_cache()
