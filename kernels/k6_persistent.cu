@@ -223,13 +223,16 @@ __device__ __forceinline__ void swiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TIL
 // and the epilogue writes dh = [dgate | dup] [M_tot, 2N] and act [M_tot, N] (what dW_down = act^T dY reads),
 // so dact [M_tot, N] is never written nor read back. From registers, as k1's epilogue: the thread's
 // accumulator pair D[r][c .. c + 1] (ptx.cuh, wgmma_16bit) meets gate and up as one 4-byte load each and
-// leaves as three 4-byte stores; rows past the expert's end and columns past N are skipped. A first
-// version: the loads of h wait in the epilogue, not fetched by TMA while the main loop runs.
+// leaves as three 4-byte stores; rows past the expert's end and columns past N are skipped.
+// Each row's loads are all issued before its first store: the compiler cannot move a load above a store it
+// cannot prove independent, so with loads and stores interleaved pair by pair (a first version) every pair
+// waited out a whole load latency, and the kernel was neither compute- nor memory-bound.
 template <class Cfg, int IN, int OUT>
 __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], int row0, int rows,
                                         int col0, int N, const unsigned* __restrict__ preact, void* __restrict__ dh,
                                         void* __restrict__ act) {
     static_assert(IN == OUT, "h, dh and the activation share the operands' 16-bit type");
+    constexpr int PAIRS = Cfg::TILE_N / 8;  // accumulator pairs per thread per row
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % sm90::WARPGROUP) / 32;
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -239,14 +242,21 @@ __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TI
             const int r = 64 * i + 16 * warp + 8 * half + g;
             if (r >= rows) continue;
             const long long h_row = static_cast<long long>(row0 + r) * 2 * N, act_row = h_row / 2;
+            unsigned gates[PAIRS], ups[PAIRS];
 #pragma unroll
-            for (int j = 0; j < Cfg::TILE_N / 8; ++j) {
-                const int col = col0 + 8 * j + 2 * t;  // even, and N % 8 == 0: a pair is in or out whole
+            for (int j = 0; j < PAIRS; ++j) {  // col is even and N % 8 == 0: a pair is in or out whole
+                const int col = col0 + 8 * j + 2 * t;
+                gates[j] = col < N ? __ldg(preact + (h_row + col) / 2) : 0u;
+                ups[j] = col < N ? __ldg(preact + (h_row + N + col) / 2) : 0u;
+            }
+#pragma unroll
+            for (int j = 0; j < PAIRS; ++j) {
+                const int col = col0 + 8 * j + 2 * t;
                 if (col >= N) continue;
                 float gate[2], up[2], d[2] = {acc[i][4 * j + 2 * half], acc[i][4 * j + 2 * half + 1]};
                 float dgate[2], dup[2], a[2];
-                sm90::unpack_pair<IN>(__ldg(preact + (h_row + col) / 2), gate[0], gate[1]);
-                sm90::unpack_pair<IN>(__ldg(preact + (h_row + N + col) / 2), up[0], up[1]);
+                sm90::unpack_pair<IN>(gates[j], gate[0], gate[1]);
+                sm90::unpack_pair<IN>(ups[j], up[0], up[1]);
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     const float s = 1.0f / (1.0f + __expf(-gate[c]));

@@ -73,11 +73,27 @@ def test_the_rules_admit_w_down_as_stored_only():
     assert fp32_out.kernel == "torch" and "operands' dtype" in fp32_out.reason
 
 
-def test_a_kernel_not_yet_run_is_left_out_of_the_record_and_named_by_status(capsys):
-    assert "torch/dswiglu" in NOT_YET_RUN
+def test_a_kernel_not_yet_run_is_left_out_of_the_record_and_named_by_status(capsys, monkeypatch):
+    monkeypatch.setattr(validation, "NOT_YET_RUN", frozenset({"torch/dswiglu"}))
     configurations = validation.kernel_configurations()
     assert not any(name.startswith("torch/dswiglu") for name in configurations)
     assert {"torch/dswiglu-bf16", "torch/dswiglu-fp16"} <= set(validation.OTHER_KERNELS)
-    assert all(any(name == p or name.startswith(f"{p}-") for name in validation.OTHER_KERNELS) for p in NOT_YET_RUN)
     validation.main(["status"])
     assert "not yet run on a GPU" in capsys.readouterr().out
+    monkeypatch.setattr(validation, "NOT_YET_RUN", NOT_YET_RUN)  # as it stands: both passed on a GPU
+    assert {"torch/dswiglu-bf16", "torch/dswiglu-fp16"} <= set(validation.kernel_configurations())
+    assert all(any(name == p or name.startswith(f"{p}-") for name in validation.OTHER_KERNELS) for p in NOT_YET_RUN)
+
+
+def test_the_op_launches_the_fused_kernel_only_where_it_was_measured_faster():
+    """LAUNCH_FUSED against chapter 09's measurement of it (the H100 run): the fused launch beats the dA GEMM then
+    the separate pass only where it costs less than one pass over the GEMM alone."""
+    from moe_gemm.measure.layer import fused_backward_extra
+    from moe_gemm.measure.results import recorded
+
+    pytest.importorskip("torch")
+    from moe_gemm.torch.fused_backward import LAUNCH_FUSED
+
+    rows = (recorded("09", "h100") or {}).get("fused_backward")
+    assert rows, "chapter 09 has no measurement of the fused backward"
+    assert LAUNCH_FUSED == all(fused_backward_extra(r) < 1 for r in rows)

@@ -195,6 +195,21 @@ def test_a_kernel_not_yet_run_is_not_launched(monkeypatch):
     assert dh.shape == (12, 96) and act.shape == (12, 48)
 
 
+@pytest.mark.parametrize("launch", [False, True])
+def test_the_op_launches_the_fused_kernel_only_when_told(monkeypatch, launch):
+    """Admitted (NOT_YET_RUN empty) and given inputs it takes, the op launches the fused kernel only with
+    LAUNCH_FUSED set (chapter 09 measured it slower than the unfused path)."""
+    from moe_gemm.torch import fused_backward
+
+    sentinel = (torch.zeros(12, 96, dtype=torch.bfloat16), torch.zeros(12, 48, dtype=torch.bfloat16))
+    monkeypatch.setattr(fused_backward, "NOT_YET_RUN", frozenset())
+    monkeypatch.setattr(fused_backward, "LAUNCH_FUSED", launch)
+    monkeypatch.setattr(fused_backward, "refusal", lambda *inputs: None)
+    monkeypatch.setattr(fused_backward, "fused", lambda *inputs: sentinel)
+    dh, _ = fused_backward.grouped_mm_dswiglu(*inputs((5, 7)))
+    assert (dh is sentinel[0]) == launch
+
+
 @pytest.mark.parametrize(("change", "match"), [
     (lambda dy, w, offs, h: (dy, w, offs, h[:, :-2]), r"preact must be \[M_tot, 2I\]"),
     (lambda dy, w, offs, h: (dy, w, offs, h.float()), "dtype and device"),

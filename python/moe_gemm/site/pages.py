@@ -47,7 +47,9 @@ command as a reader types it, is a filter: ``{{ run.command | command }}``), wit
     ``(tokens, skew)`` pair or a dict of workload keywords.
 ``section(ch, name)``
     Any other top-level part of the file, wrapped like a record: ``{{ section("01", "k0_sass").FFMA }}``
-    gives ``256``. ``has_section(ch, name)``: whether the file holds it (a part a later run adds).
+    gives ``256``. ``has_section(ch, name)``: whether the file holds it (a part a later run adds). Both, and
+    ``provenance``, take ``gpu="h100"`` for a part measured on another GPU than the recorded one (its own
+    results file; the page says which GPU).
 ``entry(ch, name, variant, field=None, fmt=None)``
     The item of a list section (``profile``, ``compile_report``, ``checks``, ``stages``) whose
     ``variant`` is ``variant``, or one field of it: ``{{ entry("02", "profile", "k1/bm64", "cycles_per_issue") }}``
@@ -137,12 +139,13 @@ class Pages:
 
     # ---- the results file
 
-    def path(self, ch: str) -> Path:
-        return self.root / "chapters" / ch / "results" / f"{self.gpu}.json"
+    def path(self, ch: str, gpu: str | None = None) -> Path:
+        return self.root / "chapters" / ch / "results" / f"{gpu or self.gpu}.json"
 
-    def data(self, ch: str) -> dict[str, Any]:
-        """Chapter ``ch``'s results file, read again only when it changes (mkdocs serve)."""
-        path = self.path(ch)
+    def data(self, ch: str, gpu: str | None = None) -> dict[str, Any]:
+        """Chapter ``ch``'s results file (the recorded GPU's, or ``gpu``'s), read again only when it changes
+        (mkdocs serve)."""
+        path = self.path(ch, gpu)
         if not path.is_file():
             raise PageDataError(f"{path.relative_to(self.root)} does not exist: chapter {ch} has no recorded results")
         stamp = path.stat().st_mtime_ns
@@ -150,8 +153,8 @@ class Pages:
             self._cache[path] = (stamp, json.loads(path.read_text()))
         return self._cache[path][1]
 
-    def _name(self, ch: str) -> str:
-        return f"chapters/{ch}/results/{self.gpu}.json"
+    def _name(self, ch: str, gpu: str | None = None) -> str:
+        return f"chapters/{ch}/results/{gpu or self.gpu}.json"
 
     # ---- records
 
@@ -229,15 +232,15 @@ class Pages:
 
     # ---- the other sections
 
-    def has_section(self, ch: str, name: str) -> bool:
-        """Whether the chapter's results hold ``name``: for a page part that a later run adds."""
-        return name in self.data(ch)
+    def has_section(self, ch: str, name: str, gpu: str | None = None) -> bool:
+        """Whether the chapter's results (``gpu``'s, if named) hold ``name``: for a part a later run adds."""
+        return self.path(ch, gpu).is_file() and name in self.data(ch, gpu)
 
-    def section(self, ch: str, name: str) -> Any:
-        data = self.data(ch)
+    def section(self, ch: str, name: str, gpu: str | None = None) -> Any:
+        data = self.data(ch, gpu)
         if name not in data:
-            raise PageDataError(f"{self._name(ch)} has no section {name!r} (it has {', '.join(data)})")
-        return wrap(data[name], name, f"{self._name(ch)}: {name}")
+            raise PageDataError(f"{self._name(ch, gpu)} has no section {name!r} (it has {', '.join(data)})")
+        return wrap(data[name], name, f"{self._name(ch, gpu)}: {name}")
 
     def entry(self, ch: str, name: str, variant: str, field: str | None = None, fmt: str | None = None) -> Any:
         items = self.section(ch, name)
@@ -278,8 +281,8 @@ class Pages:
         b = self.basis()
         return f"{b.tensor_tflops:.0f} TFLOP/s (wgmma) and {b.copy_tbps:.2f} TB/s (copy), {b.source}"
 
-    def provenance(self, ch: str, parts: bool = False) -> str:
-        data = self.data(ch)
+    def provenance(self, ch: str, parts: bool = False, gpu: str | None = None) -> str:
+        data = self.data(ch, gpu)
         p = data["provenance"]
         packages = p.get("packages") or {}
         clocks = p.get("clocks") or {}
@@ -299,7 +302,7 @@ class Pages:
                                       f"`{display_command(run['command'])}`")
                      for part, run in (data.get("part_runs") or {}).items()]
         body = "\n".join(f"    | {what} | {value} |" for what, value in rows)
-        return (f'??? info "Provenance: {self._name(ch)}"\n\n    | recorded | |\n    |:---|:---|\n{body}\n')
+        return (f'??? info "Provenance: {self._name(ch, gpu)}"\n\n    | recorded | |\n    |:---|:---|\n{body}\n')
 
     # ---- the harness's models, for numbers derived on the page
 

@@ -14,8 +14,8 @@ H + 2I against 2H + 4I: half (moe_gemm.model.workloads.LayerShape.saved_elements
 The forward runs GEMM 1 without the fused SwiGLU epilogue, because the backward needs h and the fused
 kernel never writes it (the inference forward, MoELayer under no_grad, keeps the fused launch). The
 backward: dact = dY W_down^T with SwiGLU's backward after it (moe_gemm.torch.fused_backward: dh and the
-activation again; one k6 launch with the backward in its epilogue once that kernel has passed its GPU tests,
-until then the GEMM on k6 and moe_gemm.torch.swiglu.dswiglu as torch operations), dW_down = act^T dY (k7), dX_rows = dh
+activation again: the GEMM on k6, then moe_gemm.torch.swiglu.dswiglu as torch operations, since the fused
+kernel measured slower at some sizes), dW_down = act^T dY (k7), dX_rows = dh
 W_gate_up^T (k6), each token's rows summed back into dx by the combine kernel with unit weights (one owner
 per output row: no atomics), and dW_gate_up = rows^T dh (k7).
 """

@@ -8,10 +8,11 @@ row ends), ``w_down`` [E, I, H] GEMM 2's weights as stored, ``preact`` = [gate |
 input that the forward saved. With dact = dy[rows of e] w_down[e]^T, it returns dh = [dact up silu'(gate) |
 dact silu(gate)] [M_tot, 2I] and act = silu(gate) up [M_tot, I] (what dW_down reads), in dy's dtype.
 
-One launch of k6 with the "dswiglu" epilogue (kernels/k6_persistent.cu): the accumulators meet gate and up in
-registers and dact [M_tot, I] is never written. Where that kernel cannot run (a CPU tensor, another GPU, inputs
-k6 does not take) and while it has not passed its GPU tests (moe_gemm.torch.kernels.NOT_YET_RUN), the op runs
-the GEMM on moe_gemm.torch.grouped_mm and then moe_gemm.torch.swiglu.dswiglu, warning once per reason.
+The fused form is one launch of k6 with the "dswiglu" epilogue (kernels/k6_persistent.cu): the accumulators
+meet gate and up in registers and dact [M_tot, I] is never written. It passed its GPU tests, but measured slower
+than the unfused path (:data:`LAUNCH_FUSED`), so the op runs the GEMM on moe_gemm.torch.grouped_mm and then
+moe_gemm.torch.swiglu.dswiglu; so it does where the kernel cannot run (a CPU tensor, another GPU, inputs k6 does
+not take: a warning once per reason) or has not passed (moe_gemm.torch.kernels.NOT_YET_RUN).
 Malformed inputs raise a ValueError before any launch. Rows past ``offs[-1]`` belong to no expert: the kernel
 leaves them as torch.empty left them.
 """
@@ -32,6 +33,12 @@ from moe_gemm.torch.ops import grouped_mm, operands
 from moe_gemm.torch.swiglu import dswiglu
 
 CONFIG = "k6/dswiglu-bn128"
+# Whether the op launches the fused kernel where it can: not while it is slower than the GEMM then the separate
+# pass somewhere. Chapter 09 measured it on an H100 (chapters/09/results/h100.json) at 0.57-2.21 separate passes
+# over the dA GEMM alone: faster than the unfused path (which costs one pass) at the Qwen3-like size, slower at
+# the DeepSeek-V3-like one. One switch for every shape stays off until the op chooses per shape;
+# tests/test_dswiglu.py holds it to the recorded measurement.
+LAUNCH_FUSED = False
 _warned: set[str] = set()
 
 
@@ -109,9 +116,9 @@ def fused(dy: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor,
 def _grouped_mm_dswiglu(dy: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor,
                         preact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     reason = refusal(dy, w_down, offs, preact)
-    if reason is None and "torch/dswiglu" not in NOT_YET_RUN:
+    if reason is None and LAUNCH_FUSED and "torch/dswiglu" not in NOT_YET_RUN:
         return fused(dy, w_down, offs, preact)
-    # A kernel not yet run is the project's state, not the caller's input: that fallback is silent, as the CPU's is.
+    # A kernel not yet run or slower is the project's state, not the caller's input: that fallback is silent.
     if reason is not None and reason not in _warned and dy.is_cuda:
         _warned.add(reason)
         warnings.warn(f"grouped_mm_dswiglu runs the GEMM, then SwiGLU's backward as torch operations: {reason}",
