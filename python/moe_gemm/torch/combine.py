@@ -39,6 +39,14 @@ def _runs_the_kernel(y: torch.Tensor) -> bool:
     return y.is_cuda and y.dtype == torch.bfloat16 and y.shape[1] % PIECE == 0
 
 
+def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
+    """row_of for the op: where each (token, choice) pair's row is in expert order, from the sort ``order``
+    (``inverse[order[i]] = i``), as a scatter on the device (no host sync)."""
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device, dtype=order.dtype)
+    return inverse
+
+
 def combine_reference(y: torch.Tensor, row_of: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
     """The same sum as torch operations (a gather, then an fp32 weighted sum over each token's rows)."""
     rows = y[row_of].view(-1, top_k, y.shape[1]).float()

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-import moe_gemm.torch.combine  # noqa: F401 - registers torch.ops.moe_gemm.combine
+from moe_gemm.torch.combine import inverse_permutation  # the module registers torch.ops.moe_gemm.combine
 from moe_gemm.torch.fused_backward import grouped_mm_dswiglu
 from moe_gemm.torch.ops import grouped_mm
 from moe_gemm.torch.swiglu import swiglu
@@ -36,10 +36,8 @@ from moe_gemm.torch.weight_gradient import weight_grad
 def token_sums(rows: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
     """dx[t] = the sum of the rows of token t's top_k (token, choice) pairs: the combine with unit weights
     (each token's rows read once, its sum written once in fp32-summed bf16: no atomics)."""
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device, dtype=order.dtype)
     ones = torch.ones((order.numel() // top_k, top_k), dtype=torch.float32, device=rows.device)
-    return torch.ops.moe_gemm.combine(rows, inverse, ones, top_k)
+    return torch.ops.moe_gemm.combine(rows, inverse_permutation(order), ones, top_k)
 
 
 # --8<-- [start:experts]

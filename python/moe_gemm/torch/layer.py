@@ -23,8 +23,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-import moe_gemm.torch.combine  # noqa: F401 - registers torch.ops.moe_gemm.combine
 from moe_gemm.model.reference import SWIGLU_BLOCK
+from moe_gemm.torch.combine import inverse_permutation  # the module registers torch.ops.moe_gemm.combine
 from moe_gemm.torch.experts import experts
 from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
 from moe_gemm.torch.swiglu import swiglu
@@ -80,9 +80,7 @@ def combine(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, top_k: 
     reads them, weights and sums them in fp32 and writes the token's row once: y read once, out
     written once. (The first version added fp32 rows into out with index_add_ atomics; the second
     gathered y into token order and summed with a batched GEMM, two passes over [M, H].)"""
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device, dtype=order.dtype)
-    return torch.ops.moe_gemm.combine(y, inverse, weights, top_k)
+    return torch.ops.moe_gemm.combine(y, inverse_permutation(order), weights, top_k)
 # --8<-- [end:steps]
 
 

@@ -27,6 +27,17 @@ TRANSFORMERS_WAYS = {"layer/transformers": "grouped_mm", "layer/transformers-eag
                      "layer/transformers-batched_mm": "batched_mm"}
 
 
+def cu_seqlens(offs: torch.Tensor) -> torch.Tensor:
+    """quack's offsets, [E + 1] from 0, from torch's: the E cumulative row ends."""
+    return torch.cat([offs.new_zeros(1), offs])
+
+
+def interleaved(w_gate_up: torch.Tensor) -> torch.Tensor:
+    """[E, H, 2I] as stored ([gate | up]) in quack's gated layout: g0, u0, g1, u1, ... along the last dim."""
+    gate, up = w_gate_up.chunk(2, dim=2)
+    return torch.stack([gate, up], dim=3).flatten(2).contiguous()
+
+
 def quack_forward(layer: MoELayer) -> tuple[Forward, dict[str, str]] | None:
     """The same layer on quack, and how GEMM 1 ran (fields for its records): quack's gemm_act with its
     fused SwiGLU (gate and up columns interleaved one by one, quack's layout) where that works, else
@@ -38,14 +49,10 @@ def quack_forward(layer: MoELayer) -> tuple[Forward, dict[str, str]] | None:
         return None
     from quack.gemm_interface import gemm, gemm_act
 
-    def cu_seqlens(offs: torch.Tensor) -> torch.Tensor:  # quack's offsets: [E + 1] from 0, torch's the E row ends
-        return torch.cat([offs.new_zeros(1), offs])
-
     def quack_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         return gemm(a, b, cu_seqlens_m=cu_seqlens(offs), tuned=True)
 
-    gate, up = layer.w_gate_up.detach().chunk(2, dim=2)
-    w_interleaved = torch.stack([gate, up], dim=3).flatten(2).contiguous()  # g0, u0, g1, u1, ...
+    w_interleaved = interleaved(layer.w_gate_up.detach())
 
     def fused(x: torch.Tensor) -> torch.Tensor:
         weights, order, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)
@@ -106,14 +113,12 @@ def quack_training(layer: MoELayer) -> tuple[Forward, list[torch.Tensor], Callab
 
     if quack_available() is not None:
         return None
-    gate, up = layer.w_gate_up.detach().chunk(2, dim=2)
-    w_interleaved = torch.nn.Parameter(torch.stack([gate, up], dim=3).flatten(2).contiguous())
+    w_interleaved = torch.nn.Parameter(interleaved(layer.w_gate_up.detach()))
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         weights, chosen = route(x, layer.gate, layer.top_k, layer.normalize)
         order, offs = permute(chosen, layer.gate.shape[0])
-        cu_seqlens = torch.cat([offs.new_zeros(1), offs])
-        y = _QuackExperts.apply(x, order, cu_seqlens, w_interleaved, layer.w_down, layer.top_k)
+        y = _QuackExperts.apply(x, order, cu_seqlens(offs), w_interleaved, layer.w_down, layer.top_k)
         return combine(y, order, weights, layer.top_k).to(x.dtype)
 
     def gradients() -> list[torch.Tensor]:

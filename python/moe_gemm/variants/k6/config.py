@@ -83,14 +83,13 @@ class K6Config:
     @property
     def kernel_name(self) -> str:
         types = f"{ELEMENT_CODES[self.element]}, {ELEMENT_CODES[self.out]}"
+        mode = 0 if self.mode == "pingpong" else 1
         if self.epilogue == "dswiglu":
-            mode = 0 if self.mode == "pingpong" else 1
             return f"{KERNEL_FUNCTION}_dswiglu<{mode}, {self.stages}, {ELEMENT_CODES[self.element]}>"
         if self.epilogue == "swiglu":
             entry = f"{KERNEL_FUNCTION}_swiglu" + ("" if self.cluster == 1 else "_cluster2")
-            return f"{entry}<{0 if self.mode == 'pingpong' else 1}, {self.stages}, {self.staging_boxes}, {types}>"
+            return f"{entry}<{mode}, {self.stages}, {self.staging_boxes}, {types}>"
         entry = KERNEL_FUNCTION if self.cluster == 1 else f"{KERNEL_FUNCTION}_cluster2"
-        mode = 0 if self.mode == "pingpong" else 1
         flag = "true" if self.b_layout == "nk" else "false"
         device = "true" if self.schedule == "device" else "false"
         along = (", true" if self.cluster_along == "m" else ", false") if self.cluster > 1 else ""
