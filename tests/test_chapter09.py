@@ -4,6 +4,8 @@ run changes what the page says)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from moe_gemm.chapter import Workload, best_of, best_ratio, chapter_module, recorded
@@ -152,3 +154,45 @@ def test_the_fused_backward_misses_its_target_and_beats_the_unfused_path_where_t
     assert extra[2048, 4096] < 1 and extra[2048, 32768] < 1 and extra[4096, 4096] < 1
     assert extra[7168, 4096] > 1 and extra[7168, 32768] > 1
     assert all(r["fused_error_vs_unfused"] < 1e-2 for r in rows)
+
+
+def test_sonicmoes_flops_are_the_sum_of_our_layers_gemms():
+    """SonicMoE's 6 T n d K forward and 12 T n d K backward are the experts' GEMMs as our layer runs them: GEMM 1
+    (d -> 2n) and GEMM 2 (n -> d) over T K routed rows forward, a dA and a dW GEMM of each size backward."""
+    from moe_gemm.model.workloads import SONICMOE
+
+    for config in SONICMOE.values():
+        rows = config.tokens * config.layer.top_k
+        gemms = sum(2 * w.tokens * w.K * w.N for w in (config.layer.gate_up(rows, 0.0), config.layer.down(rows, 0.0)))
+        assert config.flops() == {"forward": gemms, "backward": 2 * gemms, "step": 3 * gemms}, config.name
+        # every GEMM of the step (forward, dA with K and N swapped, dW ragged along K) is one our kernels take
+        for K, N in ((config.layer.hidden, 2 * config.layer.intermediate),
+                     (config.layer.intermediate, config.layer.hidden)):
+            assert K % 64 == 0 and N % 64 == 0, config.name
+
+
+def test_a_training_step_splits_into_forward_and_backward_as_sonicmoe_splits_it():
+    from moe_gemm.measure.layer import training_split
+    from moe_gemm.model.workloads import SONICMOE
+
+    config = SONICMOE["7b"]
+    row = {"eager_ms": 3.0, "forward_eager_ms": 1.0, "variant": "train/ours", "config": config.name,
+           "peak_extra_bytes": 2**31, "grad_rel_error_vs_ours": 0.0}
+    split = training_split(row, config)
+    flops = config.flops()
+    assert split["backward_ms"] == 2.0
+    assert split["forward_tflops"] == pytest.approx(flops["forward"] / 1e9)
+    assert split["backward_tflops"] == pytest.approx(flops["backward"] / 2e9)
+    assert split["step_tflops"] == pytest.approx(flops["step"] / 3e9)
+    table = RUN.sonicmoe_table([{**row, **split}])
+    assert table.rows[0][:3] == ("SonicMoE 7B", "ours", "1.00") and table.rows[0][7] == "2.0"
+    # a step timed faster than its own forward (noise at a tiny size) gives no backward throughput, not a negative one
+    assert math.isnan(training_split({**row, "eager_ms": 0.9}, config)["backward_tflops"])
+
+
+def test_the_sonicmoe_part_takes_its_configurations_by_name_and_refuses_others(capsys):
+    args = RUN.parse_args(["--parts", "sonicmoe", "--configs", "7b", "30b"])
+    assert args.parts == ["sonicmoe"] and args.configs == ["7b", "30b"]
+    with pytest.raises(SystemExit):
+        RUN.parse_args(["--parts", "sonicmoe", "--configs", "70b"])
+    assert "invalid choice: '70b'" in capsys.readouterr().err

@@ -130,3 +130,19 @@ def test_the_quack_training_way_gives_our_gradients(cuda):
     for name, got, want in zip(["gate", "w_gate_up", "w_down"], theirs, ours):
         assert got.shape == want.shape and relative(got, want) < 2e-2, name
     assert relative(theirs_dx, ours_dx) < 2e-2
+
+
+def test_a_sonicmoe_style_measurement_splits_each_ways_step(cuda):
+    """Chapter 09's sonicmoe part at a small size: each way's step, its forward alone, their difference as the
+    backward, the throughputs positive and the gradients of the torch way within bf16 rounding of ours."""
+    from moe_gemm.measure.layer import measure_training_config
+    from moe_gemm.model.workloads import LayerShape, TrainingConfig
+
+    config = TrainingConfig("tiny", LayerShape("tiny", 512, 256, 16, 4), 1024, "a test")
+    rows = {r["variant"]: r for r in measure_training_config(config)}
+    assert {"train/ours", "train/torch_grouped_mm"} <= set(rows)
+    for name, row in rows.items():
+        assert 0 < row["forward_eager_ms"] < row["eager_ms"], name
+        assert row["backward_ms"] == pytest.approx(row["eager_ms"] - row["forward_eager_ms"]), name
+        assert row["forward_tflops"] > 0 and row["step_tflops"] > 0 and row["config"] == "tiny", name
+        assert row["grad_rel_error_vs_ours"] < 1e-2, name

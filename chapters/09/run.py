@@ -2,7 +2,7 @@
 fused into the dA GEMM (k6's dswiglu epilogue).
 
     python chapters/09/run.py                   # checks, then the grid, the model projections, the fused backward
-    python chapters/09/run.py --parts grid      # only some parts: grid, models, dswiglu
+    python chapters/09/run.py --parts grid      # only some parts: grid, models, dswiglu, sonicmoe
     python chapters/09/run.py --quick           # fewer timed launches per round
     python chapters/09/run.py --tokens 4096 16384   # a part of the grid
     python chapters/09/run.py --parts models --models qwen3   # some of the model projections
@@ -17,7 +17,9 @@ pick and its three fastest configurations):
   models  the up (gate and up together) and down projections of three real MoE models, 32,768 routed rows;
   dswiglu SwiGLU's backward fused into the dA GEMM (k6's dswiglu epilogue) against the dA GEMM alone and the
           separate pass, at chapter 08's three layer sizes, 4,096 and 32,768 tokens (needs torch; the fused
-          result is checked against the unfused one before anything is timed).
+          result is checked against the unfused one before anything is timed);
+  sonicmoe the layer's training step at SonicMoE's configurations (--configs), ours, on torch._grouped_mm and on
+          quack's kernels, split into forward and backward as SonicMoE's benchmark splits it (needs torch).
 It prints each table and the targets and writes chapters/09/results/<gpu>.json after each part, keeping the
 records of the parts it did not run (so the parts can run as separate processes). quack is optional.
 
@@ -53,7 +55,7 @@ from moe_gemm.chapter import (
     start_parts_run,
     targets_table,
 )
-from moe_gemm.model.workloads import MODEL_ROWS, MODEL_SKEW
+from moe_gemm.model.workloads import MODEL_ROWS, MODEL_SKEW, SONICMOE
 from moe_gemm.model.workloads import grid as seed_grid
 from moe_gemm.variants.k7.config import LADDER
 from moe_gemm.variants.peer.quack import QUACK_WGRAD_PEERS
@@ -65,7 +67,7 @@ ARCH = "sm_90a"
 K7 = tuple(LADDER)  # our rungs: the fastest at each workload counts, as quack's best of three does
 TORCH = PEER_GROUPED_MM_WGRAD
 QUACK = QUACK_WGRAD_PEERS
-PARTS = ("grid", "models", "dswiglu")
+PARTS = ("grid", "models", "dswiglu", "sonicmoe")
 FUSED_TOKENS = (4096, 32768)  # the dswiglu part's token counts, at each of chapter 08's layer sizes
 FUSED_TARGET = 0.4  # the fused kernel's time over the dA GEMM alone, in separate passes, at most
 GRID_ROWS = (2048, 4096, 16384, 65536)
@@ -96,7 +98,7 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 PROFILED = {Workload(2048, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad"),
             Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad")}
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
-                      "profile", "fused_backward"})
+                      "profile", "fused_backward", "sonicmoe"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; ours and quack's each at their best"
 
 
@@ -107,7 +109,11 @@ def parse_args(argv: Sequence[str] | None):
     parser.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS),
                         help="which measurements to make (default all; none, with --profile, to profile only): grid "
                              f"(the --tokens rows x 5 skews at the seed's shape), models (the {len(MODELS)} model "
-                             "projections), dswiglu (the fused SwiGLU backward at three layer sizes)")
+                             "projections), dswiglu (the fused SwiGLU backward at three layer sizes), sonicmoe (the "
+                             "layer's training step at SonicMoE's configurations)")
+    parser.add_argument("--configs", nargs="+", choices=list(SONICMOE), default=list(SONICMOE),
+                        help="the sonicmoe part's configurations (default all): "
+                             + "; ".join(f"{key}: {c.label}" for key, c in SONICMOE.items()))
     add_grid_arguments(parser, GRID_ROWS)
     add_models_argument(parser, "qwen3 deepseek")
     parser.add_argument("--profile", action="store_true",
@@ -208,6 +214,19 @@ def fused_backward_table(rows: Sequence[dict[str, Any]]) -> Table:
                         f"{FUSED_TARGET}); vs unfused: relative difference of the outputs; graph replays, interleaved")
 
 
+def sonicmoe_table(rows: Sequence[dict[str, Any]]) -> Table:
+    body = tuple((r["config"], r["variant"].removeprefix("train/"), f"{r['forward_eager_ms']:.2f}",
+                  f"{r['backward_ms']:.2f}", f"{r['forward_tflops']:.0f}", f"{r['backward_tflops']:.0f}",
+                  f"{r['step_tflops']:.0f}", f"{r['peak_extra_bytes'] / 2**30:.1f}",
+                  f"{r['grad_rel_error_vs_ours']:.1e}") for r in rows)
+    return Table(("configuration", "way", "fwd ms", "bwd ms", "fwd TFLOP/s", "bwd TFLOP/s", "step TFLOP/s", "peak GiB",
+                  "grads vs ours"), body, title="The layer's training step at SonicMoE's configurations",
+                 legend="eager launches, as SonicMoE's benchmark times them: fwd, the forward with autograd recording; "
+                        "bwd, the forward and backward step less fwd; TFLOP/s over the experts' GEMM FLOPs, 6 T n d K "
+                        "forward and twice that backward; peak GiB: the step's allocations at their peak less the "
+                        "gradients it leaves; grads vs ours: relative error of the router's and 8 experts' gradients")
+
+
 def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
     def number(row: dict[str, Any], key: str, scale: float = 1.0, fmt: str = ".1f") -> str:
         value = row.get(key)
@@ -255,7 +274,8 @@ def compile_report_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def run_without_gpu(args, reason: str) -> int:
-    return compile_only(args, CHAPTER, "k7", reason, ("--quick", "--no-peers", "--rounds", "--parts", "--tokens"),
+    return compile_only(args, CHAPTER, "k7", reason,
+                        ("--quick", "--no-peers", "--rounds", "--parts", "--tokens", "--configs"),
                         compile_report_table(compile_report(ARCH)))
 
 
@@ -324,6 +344,16 @@ def run_on_gpu(args, gpu) -> int:
             results.ran(f"dswiglu-{key}", f"the fused SwiGLU backward, the dA GEMM and the pass at the {shape.label} "
                                           f"layer's shapes, {', '.join(f'{t:,}' for t in FUSED_TOKENS)} tokens")
             path = save()
+    if "sonicmoe" in args.parts and not torch_available():
+        print("the sonicmoe part is not measured: torch is not installed\n")
+    elif "sonicmoe" in args.parts:
+        from moe_gemm.measure.layer import measure_training_config
+
+        for key in args.configs:  # a stopped run keeps every configuration it finished
+            config = SONICMOE[key]
+            results.replace("sonicmoe", measure_training_config(config), lambda r: r["config"])
+            results.ran(f"sonicmoe-{key}", f"the layer's training step at {config.label}")
+            path = save()
     if args.profile:  # a later run of the parts keeps the profile, and this entry says which run took it
         results.put(profile=profile_rows())
         results.ran("profile", "Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows")
@@ -335,6 +365,8 @@ def run_on_gpu(args, gpu) -> int:
     show(models_table(records))
     if results.rows("fused_backward"):
         show(fused_backward_table(results.rows("fused_backward")))
+    if results.rows("sonicmoe"):
+        show(sonicmoe_table(results.rows("sonicmoe")))
     show(targets_table(target_rows(records, results.rows("fused_backward")), TARGETS_LEGEND))
     print(f"results written to {path}")
     return 0

@@ -2,7 +2,8 @@
 pass every way on the same tokens, eagerly and as CUDA-graph replays; a training step (forward and
 backward) three ways with its peak memory; our layer split into its steps, GEMM 1's fused SwiGLU
 epilogue against its unfused parts, the op's host time per call, and torch.compile's graph of the layer.
-For chapter 09: SwiGLU's backward fused into the dA GEMM against its unfused parts.
+For chapter 09: SwiGLU's backward fused into the dA GEMM against its unfused parts, and the training step at
+SonicMoE's configurations split into its forward and its backward.
 
 Every measurement runs on the GPU and imports torch when called, so this module loads where torch
 is not installed (chapter 08 then shows the recorded results).
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from moe_gemm.measure.check import progress
-from moe_gemm.model.workloads import LAYERS, SEED_EXPERTS, SEED_K, SEED_N, LayerShape
+from moe_gemm.model.workloads import LAYERS, SEED_EXPERTS, SEED_K, SEED_N, LayerShape, TrainingConfig
 
 Row = dict[str, Any]
 WAYS = ("layer/ours", "layer/torch_grouped_mm", "layer/quack", "layer/transformers", "layer/transformers-eager",
@@ -235,12 +236,16 @@ def train_ways(with_transformers: bool) -> tuple[str, ...]:
                  and (w != "train/quack" or quack_available() is None))
 
 
-def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool) -> list[Row]:
+def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool,
+                  forward_too: bool = False) -> list[Row]:
     """Each of TRAIN_WAYS' training steps over one seeded_layer at each token count, on the same tokens
     and output gradient: its peak memory, its time eagerly and as CUDA-graph replays (eager_and_graph),
-    and its gradients' error against ours (the worst of gate, w_gate_up, w_down; checked())."""
+    and its gradients' error against ours (the worst of gate, w_gate_up, w_down; checked()). ``forward_too``:
+    also the forward pass alone with autograd recording (``forward_eager_ms``), eagerly, as SonicMoE times it
+    to split a step into its forward and its backward."""
     import torch
 
+    from moe_gemm.torch.bench import time_call
     from moe_gemm.torch.ops import offsets_unchecked
 
     layer = seeded_layer(shape)
@@ -261,6 +266,8 @@ def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transforme
                     error = max(relative_error(g, r) for g, r in zip(gradients, reference))
                     del gradients
                     timed = eager_and_graph(step, release=lambda tensors=tensors: drop_gradients(tensors))
+                    if forward_too:
+                        timed["forward_eager_ms"] = time_call(lambda way=way: way.forward(x), graph=False).median_ms
             except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as error:
                 # a way that cannot hold this size is left out, and so is quack's where its kernels fail (a peer's
                 # failure, reported); any other failure is ours or torch's, and stops the run
@@ -280,6 +287,26 @@ def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transforme
             del way, step, tensors
             torch.cuda.empty_cache()  # transformers' copy of the weights and the graphs' pools go before the next way
     return rows
+
+
+def measure_training_config(config: TrainingConfig) -> list[Row]:
+    """A training step of each way but transformers' (its block holds a second copy of the weights) at one of
+    SonicMoE's configurations, its forward timed alone too; each row carries the configuration's name and
+    training_split's throughputs."""
+    rows = measure_train(config.layer, [config.tokens], with_transformers=False, forward_too=True)
+    return [{**row, "config": config.name, **training_split(row, config)} for row in rows]
+
+
+def training_split(row: Row, config: TrainingConfig) -> dict[str, float]:
+    """SonicMoE's accounting of one eager training step (its benchmarks/moe-cute.py): the forward with autograd
+    recording, the backward as the step's time less the forward's, each over its GEMM FLOPs
+    (TrainingConfig.flops), in TFLOP/s; backward_ms as well."""
+    flops = config.flops()
+    backward_ms = row["eager_ms"] - row["forward_eager_ms"]
+    return {"backward_ms": backward_ms,
+            "forward_tflops": flops["forward"] / (row["forward_eager_ms"] * 1e9),
+            "backward_tflops": flops["backward"] / (backward_ms * 1e9) if backward_ms > 0 else float("nan"),
+            "step_tflops": flops["step"] / (row["eager_ms"] * 1e9)}
 
 
 def step_times(layer: Any, x: Any) -> dict[str, float]:

@@ -202,3 +202,45 @@ MORE_MODEL_PROJECTIONS = {
         (MORE_LAYERS["dbrx"], "w2", MORE_LAYERS["dbrx"].down(MODEL_ROWS, MODEL_SKEW)),  # and its down projection
     )
 }
+
+
+# --------------------------------------------------------------------------- SonicMoE's training configurations
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """A layer trained over ``tokens`` tokens, as SonicMoE (Guo, Mishra, Cheng, Stoica and Dao, 2025; arXiv
+    2512.14080, on quack's kernels) benchmarks its layer: T tokens, hidden d, expert width n, E experts, top-K."""
+
+    name: str
+    layer: LayerShape
+    tokens: int
+    source: str
+
+    @property
+    def label(self) -> str:
+        """'SonicMoE default (T=32k, d=4096, n=1024, E=128, K=8)'."""
+        s = self.layer
+        return (f"{self.name} (T={short_count(self.tokens)}, d={s.hidden}, n={s.intermediate}, E={s.experts}, "
+                f"K={s.top_k})")
+
+    def flops(self) -> dict[str, int]:
+        """The FLOPs SonicMoE's benchmark divides its times by (benchmarks/moe-cute.py in its repository): the
+        three GEMMs of a SwiGLU expert over T K routed rows, 6 T n d K forward (GEMM 1 is [d, 2n], GEMM 2 [n, d]),
+        twice that backward (a dA and a dW GEMM for each), the router's left out."""
+        s = self.layer
+        forward = 6 * self.tokens * s.intermediate * s.hidden * s.top_k
+        return {"forward": forward, "backward": 2 * forward, "step": 3 * forward}
+
+
+# SonicMoE's benchmark default (the T, H, I, E, K of its README's command and of benchmarks/moe-cute.py), and two
+# sizes its paper evaluates on H100, a fine-grained 7B (n = 256 under d = 1,536) and a 30B with half the experts
+# of the default; the latter two are transcribed from the paper's configurations and not re-read from its
+# repository, which names only the default.
+SONICMOE = {
+    "default": TrainingConfig("SonicMoE default", LayerShape("SonicMoE default", 4096, 1024, 128, 8), 32768,
+                              "SonicMoE's README and benchmarks/moe-cute.py"),
+    "7b": TrainingConfig("SonicMoE 7B", LayerShape("SonicMoE 7B", 1536, 256, 128, 8), 24576,
+                         "SonicMoE's paper, its 7B configuration"),
+    "30b": TrainingConfig("SonicMoE 30B", LayerShape("SonicMoE 30B", 4096, 1024, 64, 4), 32768,
+                          "SonicMoE's paper, its 30B configuration"),
+}

@@ -75,6 +75,9 @@ command as a reader types it, is a filter: ``{{ run.command | command }}``), wit
 ``layers``
     Chapter 08's MoE layer sizes (moe_gemm.model.workloads.LAYERS: "mixtral", "qwen3", "deepseek"), for
     what a page computes from them: ``{{ layers.qwen3.saved_elements_per_row("ours") }}``.
+``sonicmoe``
+    SonicMoE's training configurations (moe_gemm.model.workloads.SONICMOE: "default", "7b", "30b"), with their
+    sizes, source and FLOPs per step: ``{{ sonicmoe["7b"].flops().step }}``.
 ``fmt(x, spec=None)``, ``pct(x, digits=1)``, ``change(new, old, digits=1)``
     ``fmt(0.0581, ".3f")`` is ``0.058``; ``pct(0.473)`` is ``47.3%``; ``change(388.8, 374.5)`` is ``+3.8%``.
 
@@ -104,7 +107,7 @@ from moe_gemm.model.roofline import RooflineBasis
 from moe_gemm.model.roofline import compulsory_bytes as _compulsory_bytes
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta as _eta
-from moe_gemm.model.workloads import LAYERS, SEED, Workload
+from moe_gemm.model.workloads import LAYERS, SEED, SONICMOE, Workload
 from moe_gemm.site.numbers import FIELD_FORMATS, Number, PageDataError, Record, change, fmt, pct, wrap
 from moe_gemm.site.records import DEFAULT_COLUMNS, records_table
 
@@ -330,7 +333,8 @@ class Pages:
                  "entry", "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance",
                  "compulsory_bytes", "eta", "residency", "accumulation_model")
         return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change,
-                "command": display_command, "layers": LAYERS}
+                "command": display_command, "layers": LAYERS,
+                "sonicmoe": SONICMOE}
 
 
 @functools.cache
