@@ -294,3 +294,31 @@ def test_the_documented_examples_hold_on_the_recorded_files():
     env.globals.update(Pages(REPO).macros())
     for template, expected in examples:
         assert env.from_string(" ".join(template.split())).render() == expected, template
+
+
+# ---- a chapter measured on another GPU, and a run's own tables on its page ---------------------------
+
+SONICMOE_ROW = {"config": "SonicMoE 7B", "variant": "train/quack", "forward_eager_ms": 1.5, "backward_ms": 2.5,
+                "forward_tflops": 309.2, "backward_tflops": 371.1, "step_tflops": 347.9, "peak_extra_bytes": 3 * 2**30,
+                "grad_rel_error_vs_ours": 2e-3}
+
+
+def test_a_chapter_measured_only_on_another_gpu_is_read_from_that_gpus_file(pages, tmp_path):
+    assert pages.measured_on("99") == "h200" and pages.measured_on("99", "profile") == "h200"
+    assert pages.measured_on("99", "sonicmoe") == "" and pages.measured_on("42") == ""
+    other = tmp_path / "chapters" / "99" / "results" / "h100.json"
+    other.write_text(json.dumps({**SYNTHETIC, "sonicmoe": [SONICMOE_ROW]}))
+    assert pages.measured_on("99", "sonicmoe") == "h100"  # only the H100's file has it
+    assert pages.measured_on("99", "records") == "h200"  # both have it: the recorded GPU's first
+
+
+def test_a_chapter_table_on_a_page_is_the_runs_own_from_the_recorded_section(tmp_path):
+    path = tmp_path / "chapters" / "09" / "results" / "h100.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"provenance": SYNTHETIC["provenance"], "sonicmoe": [SONICMOE_ROW]}))
+    pages = Pages(tmp_path)
+    table = pages.chapter_table("09", "sonicmoe_table", "sonicmoe", gpu="h100")
+    assert "| SonicMoE 7B | quack | 1.50 | 2.50 | 309 | 371 | 348 | 3.0 |" in table
+    assert "SonicMoE's benchmark times them" in table  # the legend comes along
+    with pytest.raises(PageDataError, match="no section 'layer'"):
+        pages.chapter_table("09", "sonicmoe_table", "layer", gpu="h100")

@@ -78,6 +78,12 @@ command as a reader types it, is a filter: ``{{ run.command | command }}``), wit
 ``sonicmoe``
     SonicMoE's training configurations (moe_gemm.model.workloads.SONICMOE: "default", "7b", "30b"), with their
     sizes, source and FLOPs per step: ``{{ sonicmoe["7b"].flops().step }}``.
+``measured_on(ch, name=None)``
+    The GPU (a results file's name: "h200", "h100") whose chapter ``ch`` results hold section ``name``: the
+    recorded GPU's first, else another's, else '' — for a chapter measured so far on another GPU.
+``chapter_table(ch, function, *sections, extra=(), gpu=None)``
+    A table of the chapter's run.py (``{{ chapter_table("10", "cell_table", "records", extra=["grid"]) }}``)
+    drawn from the named sections of its results file, as the run prints it, legend included.
 ``fmt(x, spec=None)``, ``pct(x, digits=1)``, ``change(new, old, digits=1)``
     ``fmt(0.0581, ".3f")`` is ``0.058``; ``pct(0.473)`` is ``47.3%``; ``change(388.8, 374.5)`` is ``+3.8%``.
 
@@ -158,6 +164,30 @@ class Pages:
 
     def _name(self, ch: str, gpu: str | None = None) -> str:
         return f"chapters/{ch}/results/{gpu or self.gpu}.json"
+
+    def measured_on(self, ch: str, name: str | None = None) -> str:
+        """The GPU whose results file of chapter ``ch`` a page reads (holding section ``name``, if named): the
+        recorded GPU's where it has one, else another GPU's (the first by name), else '' (nothing measured)."""
+        folder = self.root / "chapters" / ch / "results"
+        others = sorted(p.stem for p in folder.glob("*.json") if p.stem != self.gpu) if folder.is_dir() else []
+        for gpu in (self.gpu, *others):
+            if self.path(ch, gpu).is_file() and (name is None or name in self.data(ch, gpu)):
+                return gpu
+        return ""
+
+    def chapter_table(self, ch: str, function: str, *sections: str, extra: Sequence[Any] = (),
+                      gpu: str | None = None) -> str:
+        """A table of chapter ``ch``'s run.py as its run prints it (``function``, one of its ``*_table``
+        functions, called with each named section of the results file as recorded, then ``extra``), in
+        markdown with its legend: one source for the terminal's table and the page's."""
+        from moe_gemm.core.chapters import chapter_module
+
+        data = self.data(ch, gpu)
+        missing = [name for name in sections if name not in data]
+        if missing:
+            raise PageDataError(f"{self._name(ch, gpu)} has no section {', '.join(map(repr, missing))}")
+        table = getattr(chapter_module(ch), function)(*(data[name] for name in sections), *extra)
+        return table.markdown()
 
     # ---- records
 
@@ -331,7 +361,7 @@ class Pages:
         names = ("record", "measured", "best", "value", "tflops", "ms", "spread", "ratio", "results_table", "section",
                  "has_section",
                  "entry", "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance",
-                 "compulsory_bytes", "eta", "residency", "accumulation_model")
+                 "compulsory_bytes", "eta", "residency", "accumulation_model", "measured_on", "chapter_table")
         return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change,
                 "command": display_command, "layers": LAYERS,
                 "sonicmoe": SONICMOE}
