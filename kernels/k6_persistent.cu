@@ -18,6 +18,8 @@
 //                           once per 256 rows instead of per 128.
 //   group (run time)    (d) the persistent walk in raster groups (tile_walk.cuh).
 //   DEVICE_SCHEDULE     (f) the walk is found from the expert ends on the device: no host list.
+//   PDL                 (h) programmatic dependent launch: a launch starts while the one before it on the
+//                           stream finishes, its barriers set up before it waits for that one's results.
 //   IN, OUT                 the element types: bf16 or fp16 operands (wgmma's .bf16 or .f16, one
 //                           rate), a bf16, fp16 or fp32 C (an fp32 C is stored from registers).
 //   EPILOGUE                C as it is, or an MoE layer's SwiGLU fused in: its forward after GEMM 1
@@ -275,9 +277,13 @@ __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TI
 
 // --8<-- [start:body]
 // IN: the operands' element type (BF16 or F16), OUT: C's (BF16, F16 or F32). DACT_SWIGLU reads the saved
-// pre-activation at preact and writes the activation at act besides C (dh).
+// pre-activation at preact and writes the activation at act besides C (dh). PDL: launched with programmatic
+// stream serialization (rung h), the block initialises its barriers while the kernel before it may still run,
+// then waits for that kernel (griddepcontrol.wait) before its first read of the expert ends, A or B and its
+// first write of C; once its consumers have taken their last unit it lets the next kernel's blocks be
+// scheduled (they start as this kernel's blocks leave their SMs).
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
-          bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT>
+          bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT, bool PDL = false>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C, const int4* units_list,
                                         int num_units, const int* ends, int tokens, int experts, int group, int K,
@@ -297,7 +303,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     const int warpgroup = threadIdx.x / sm90::WARPGROUP;
     const int k_steps = K / sm90::BK;  // the host checked K % 64 == 0 and K > 0
 
-    if constexpr (DEVICE_SCHEDULE) {
+    if constexpr (DEVICE_SCHEDULE && !PDL) {
         order.build(ends, experts, tokens, N, group);
         num_units = order.total();
     }
@@ -307,6 +313,15 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             mbarrier_init(smem_u32(&empty[s]), Cfg::EMPTY_ARRIVALS);
         }
         fence_barrier_init();
+    }
+    if constexpr (PDL) {
+        // Everything above touched shared memory only; every thread waits here before it reads or
+        // writes global memory (the expert ends and the host list included: the kernel before may write them).
+        griddepcontrol_wait();
+        if constexpr (DEVICE_SCHEDULE) {
+            order.build(ends, experts, tokens, N, group);
+            num_units = order.total();
+        }
     }
     if constexpr (CLUSTER == 2) cluster_sync(); else __syncthreads();
 
@@ -392,6 +407,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
                     named_barrier_arrive(EPILOGUE_ORDER_BARRIER + (warpgroup ^ 1), 2 * sm90::WARPGROUP);
             }
         }
+        if constexpr (PDL) griddepcontrol_launch_dependents();  // this block takes no more units
         if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait<0>();  // the staged boxes are read before exit
     }
     // No block may leave while its peer can still multicast into its ring or arrive on its barriers.
@@ -414,19 +430,21 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     int tokens,                                  /* M_tot: the rows of A and C; every end is clamped to it  */ \
     int experts, int group, int K, int N
 
-template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, int IN, int OUT>
+// PDL (rung h), a trailing parameter with a default: the other rungs' instances keep their names and code.
+template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, int IN, int OUT,
+          bool PDL = false>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAMS) {
-    k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, k6::STORE_C, IN, OUT>(
+    k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, k6::STORE_C, IN, OUT, PDL>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 
 // ALONG_M: the cluster's two blocks take two M tiles of one N column (B shared), else two N tiles
 // of one M tile (A shared).
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M,
-          int IN, int OUT>
+          int IN, int OUT, bool PDL = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_cluster2(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE,
-                k6::STORE_C, IN, OUT>(
+                k6::STORE_C, IN, OUT, PDL>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 

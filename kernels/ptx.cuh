@@ -434,6 +434,23 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 }
 // --8<-- [end:setmaxnreg]
 
+// --8<-- [start:griddepcontrol]
+// Programmatic dependent launch (a launch made with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION):
+// the next kernel on the stream may start while this one is still running. wait blocks the thread until
+// every prerequisite grid has completed and its memory operations are visible; a thread must execute it
+// before it reads what the previous kernel wrote or writes what that kernel may still read. In a launch
+// without the attribute there is no prerequisite grid, and it returns at once. launch_dependents lets the
+// dependent grid be scheduled once every block of this one has issued it or exited (one thread per block
+// suffices; repeats have no further effect); it promises nothing about memory, which wait covers.
+// PTX ISA "Parallel Synchronization and Communication Instructions: griddepcontrol"
+//   #parallel-synchronization-and-communication-instructions-griddepcontrol
+__device__ __forceinline__ void griddepcontrol_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+__device__ __forceinline__ void griddepcontrol_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+// --8<-- [end:griddepcontrol]
+
 // --8<-- [start:cluster]
 // Thread block clusters: the blocks of a cluster run at the same time on one GPC and can reach
 // each other's shared memory (the shared::cluster window).

@@ -275,7 +275,8 @@ def test_a_run_of_one_part_keeps_the_other_parts_and_writes_only_its_sections(tm
     assert set(written) == RUN.SECTIONS
     for part in RUN.PARTS:
         assert RUN.of_part(written["records"], part) == RUN.of_part(data["records"], part), part
-    assert written["checks"] == data["checks"] and written["parts"] == list(RUN.PARTS)
+    assert written["checks"] == data["checks"]
+    assert written["parts"] == [part for part in RUN.PARTS if RUN.of_part(data["records"], part)]  # those with records
     assert {part: run for part, run in written["part_runs"].items() if part not in ("models", "profile")} == \
            {part: run for part, run in data["part_runs"].items() if part not in ("models", "profile")}
     assert written["part_runs"]["profile"]["command"] != data["part_runs"]["profile"]["command"]  # this run's
@@ -433,3 +434,41 @@ def test_pieces_of_a_part_merge_by_cell_and_name_their_run(tmp_path, monkeypatch
     assert all((r["useful_tflops"] == 1.0) == (RUN.Workload.of(r) in qwen3) for r in models)
     assert RUN.of_part(written["records"], "grid") == RUN.of_part(data["records"], "grid")
     assert set(written["part_runs"]) == {"ladder", "grid", "models", "models-1-2", "profile"}
+
+
+def _chain_record(name: str, tokens: int, ms: float) -> dict:
+    return {"variant": name, "tokens": tokens, "skew": 0.0, "experts": 64, "K": 1024, "N": 2688, "median_ms": ms,
+            "useful_tflops": 1.0, "part": "chain"}
+
+
+def test_the_chain_table_sets_each_contender_alone_beside_its_chain_per_launch():
+    records = [_chain_record("k6/pingpong-bn192+graph", 512, 0.020),
+               _chain_record("k6/pingpong-bn192+graphx8", 512, 0.017),
+               _chain_record("peer/quack+graph", 512, 0.019), _chain_record("peer/quack+graphx8", 512, 0.0152),
+               _chain_record("k6/auto", 512, 0.001)]  # an eager record of another name: not a chain contender's
+    table = RUN.chain_table(records)
+    assert table.headers == ("variant", "512 s=0 alone", "in 8", "ratio")
+    assert table.rows == (("k6/pingpong-bn192", "20.0", "17.0", "0.85"), ("peer/quack", "19.0", "15.2", "0.80"))
+    assert RUN.piece("chain", RUN.parse_args(["--parts", "chain"]))[0] == "chain"
+
+
+def test_a_chain_of_launches_is_one_graph_named_for_its_length_and_timed_per_launch():
+    from moe_gemm.measure.graph_replay import GraphReplay, graph_name
+    from moe_gemm.variants.registry import get
+
+    assert GraphReplay(get("k6/auto"), 8).name == "k6/auto+graphx8" == graph_name("k6/auto", 8)
+    assert GraphReplay(get("k6/auto")).name == "k6/auto+graph"
+    with pytest.raises(ValueError, match="at least 1"):
+        GraphReplay(get("k6/auto"), 0)
+    # the rungs not yet run on a GPU are left out of the chain part as of every other
+    assert set(RUN.CHAINED) - set(RUN.ladder_names()) - {"k6/auto", "peer/quack", "peer/torch_grouped_mm"} \
+        == {name for name in RUN.CHAINED if name.endswith("-pdl")}
+
+
+def test_the_page_says_how_long_the_chain_is_and_predicts_before_it_is_timed():
+    from moe_gemm.core.paths import REPO_ROOT
+
+    page = (REPO_ROOT / "site_docs" / "07-last-mile.md").read_text()
+    assert RUN.CHAIN == 8 and "once as eight launches back to back" in page
+    prediction = page.index("**Prediction**, written before any chain was timed")
+    assert prediction < page.index('chapter_table("07", "chain_table"')

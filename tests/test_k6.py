@@ -175,10 +175,17 @@ def test_k6_auto_tunes_through_the_shared_loop(monkeypatch, tmp_path):
 
 # ---- what the kernel and the Python share -------------------------------------------------------
 
-def entry_points() -> dict[str, tuple[list[tuple[str, str]], str]]:
-    """The __global__ templates of kernels/k6_persistent.cu: name -> ([(kind, parameter)], attributes)."""
+def entry_points() -> dict[str, tuple[list[tuple[str, str, str | None]], str]]:
+    """The __global__ templates of kernels/k6_persistent.cu: name -> ([(kind, parameter, default)], attributes);
+    default is None for a parameter without one."""
     found = re.findall(r"template <([^>]*)>\s*__global__ void (.*?)(\w+)\(K6_PARAMS[,)]", SOURCE, re.S)
-    return {name: ([tuple(p.split()) for p in params.split(",")], attributes) for params, attributes, name in found}
+
+    def parameter(text: str) -> tuple[str, str, str | None]:
+        declaration, _, default = text.partition("=")
+        kind, name = declaration.split()
+        return kind, name, default.strip() or None
+
+    return {name: ([parameter(p) for p in params.split(",")], attributes) for params, attributes, name in found}
 
 
 def test_the_shared_memory_budget_is_the_kernels():
@@ -215,12 +222,14 @@ def test_every_kernel_name_fills_its_template_in_order():
         entry, values = re.fullmatch(r"(\w+)<(.*)>", config.kernel_name).groups()
         parameters, _ = entries[entry]
         values = [v.strip() for v in values.split(",")]
-        assert len(values) == len(parameters), name
+        # the name may leave out trailing parameters that have defaults (PDL), which then hold them
+        assert len(values) <= len(parameters) and all(d is not None for _, _, d in parameters[len(values):]), name
+        values += [d for _, _, d in parameters[len(values):]]
         wanted = {"MODE": 0 if config.mode == "pingpong" else 1, "BN": config.bn, "STAGES": config.stages,
                   "B_K_MAJOR": config.b_layout == "nk", "STAGING_BOXES": config.staging_boxes,
                   "DEVICE_SCHEDULE": config.schedule == "device", "ALONG_M": config.cluster_along == "m",
-                  "IN": ELEMENT_CODES[config.element], "OUT": ELEMENT_CODES[config.out]}
-        for (kind, parameter), value in zip(parameters, values):
+                  "IN": ELEMENT_CODES[config.element], "OUT": ELEMENT_CODES[config.out], "PDL": config.pdl}
+        for (kind, parameter, _), value in zip(parameters, values):
             given = {"true": True, "false": False}[value] if kind == "bool" else int(value)
             assert given == wanted[parameter] and type(given) is type(wanted[parameter]), (name, parameter, value)
         used.add(entry)
@@ -327,3 +336,65 @@ def test_the_device_walk_clamps_in_the_kernel_as_its_mirror_does():
     walk = (KERNELS / "tile_walk.cuh").read_text()
     assert "min(max(ends[e], 0), tokens)" in walk
     assert "max(offsets[e + 1], high)" in walk and "end = max(end, up)" in walk
+
+
+# ---- (h) programmatic dependent launch --------------------------------------------------------------------------
+
+GLOBAL_MEMORY_OPCODES = ("LDG", "STG", "UTMALDG", "UTMASTG")
+
+
+def _first_offsets(sass: str) -> dict[str, list[int]]:
+    """Each opcode's offsets in the listing (its first word: LDG.E.64 counts as LDG)."""
+    found: dict[str, list[int]] = {}
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            found.setdefault(m.group(2), []).append(int(m.group(1), 16))
+    return found
+
+
+@pytest.mark.parametrize("name", [n for n, c in LADDER.items() if c.pdl])
+def test_a_pdl_rung_waits_once_after_its_barriers_and_before_any_global_memory(name):
+    """griddepcontrol.wait is ACQBULK in SASS and launch_dependents PREEXIT: one of each; the wait after the
+    mbarrier inits (SYNCS), which overlap the launch before, and ahead of every load and store of global memory
+    (the expert ends' LDG, A's and B's TMA loads, C's stores) in the listing; its twin without PDL has neither."""
+    offsets = _first_offsets(K6Persistent(name).compile("sm_90a").sass())
+    assert len(offsets["ACQBULK"]) == 1 and len(offsets["PREEXIT"]) == 1
+    wait = offsets["ACQBULK"][0]
+    assert min(offsets["SYNCS"]) < wait
+    assert all(min(offsets[op]) > wait for op in GLOBAL_MEMORY_OPCODES if op in offsets)
+    twin = name.removesuffix("-pdl")
+    assert LADDER[twin] == LADDER[name].replace(pdl=False)
+    plain = _first_offsets(K6Persistent(twin).compile("sm_90a").sass())
+    assert "ACQBULK" not in plain and "PREEXIT" not in plain
+
+
+def test_a_pdl_rung_is_the_same_instance_with_one_more_template_argument():
+    config = LADDER["k6/pingpong-mcluster-bn192-pdl"]
+    assert config.kernel_name == LADDER["k6/pingpong-mcluster-bn192"].kernel_name[:-1] + ", true>"
+    assert config.label.endswith(" pdl")
+    with pytest.raises(ValueError, match="plain GEMM"):
+        FUSED["k6/swiglu-bn128"].replace(pdl=True)
+
+
+def test_a_programmatic_launch_carries_the_stream_serialization_attribute():
+    from cuda.bindings import driver
+
+    from moe_gemm.cuda.launch import programmatic_launch_config
+
+    config = programmatic_launch_config((132, 1, 1), (384, 1, 1), 204_800, 0)
+    assert config.numAttrs == 1 and (config.gridDimX, config.blockDimX, config.sharedMemBytes) == (132, 384, 204_800)
+    attribute = config.attrs[0]
+    assert attribute.id == driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attribute.value.programmaticStreamSerializationAllowed == 1
+
+
+def test_rungs_not_yet_run_are_compiled_but_neither_run_nor_recorded():
+    from moe_gemm.core.chapters import chapter_module
+    from moe_gemm.measure import validation
+    from moe_gemm.variants.k6.config import NOT_YET_RUN
+
+    assert NOT_YET_RUN <= set(LADDER) and {r.name for r in ladder()} >= NOT_YET_RUN  # compiled, in the report
+    assert not NOT_YET_RUN & set(chapter_module("07").ladder_names())  # not checked or timed by the chapter
+    assert not NOT_YET_RUN & set(validation.kernel_configurations())  # not in the validation record's scope
+    assert not NOT_YET_RUN & set(AUTO_CANDIDATES)  # nor among what k6/auto (and so the op) launches

@@ -2,7 +2,7 @@
 
     python chapters/07/run.py                 # checks, the ladder, the grid, the model shapes
     python chapters/07/run.py --quick         # fewer timed launches per round
-    python chapters/07/run.py --parts ladder  # only some parts: ladder, grid, models
+    python chapters/07/run.py --parts ladder  # only some parts: ladder, grid, models, chain
     python chapters/07/run.py --parts grid --tokens 512 2048   # some of the grid's rows
     python chapters/07/run.py --parts models --models gpt-oss dbrx   # some of the model shapes
     python chapters/07/run.py --profile       # also Nsight Compute on k6/auto, a rung per ladder step, k3 and quack
@@ -17,7 +17,10 @@ random data (with the ladder part), then checks and times, in interleaved rounds
           2,048 rows and fewer also as CUDA-graph replays;
   models  k6/auto and the peers at eight MoE expert projections of five real models, 32,768 routed rows
           at s=0.4: chapter 08's four (Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3) and the up and down
-          projections of gpt-oss-20b and DBRX (E 8 .. 256, K 768 .. 10,752, N 1,536 .. 21,504).
+          projections of gpt-oss-20b and DBRX (E 8 .. 256, K 768 .. 10,752, N 1,536 .. 21,504);
+  chain   two rungs, each with its programmatic-dependent-launch twin, k6/auto, quack's pick and
+          torch._grouped_mm at 512, 2,048 and 16,384 balanced rows as CUDA-graph replays of one launch
+          and of eight back to back, timed per launch: what a launch's set-up costs between launches.
 It prints each table, the targets, and writes chapters/07/results/<gpu>.json after each part, keeping
 the records of the parts, grid rows and model shapes it did not measure from the file it finds (so the
 parts, and pieces of a part, can run as separate processes; a ratio still compares one process's
@@ -78,7 +81,13 @@ EARLIER = ("k3/tmastore-bn192", "k5/host", "k5/device")  # chapters 04 and 06 at
 TORCH = PEERS  # torch._grouped_mm in both B layouts: the faster one counts
 QUACK = QUACK_PEERS  # quack's autotuned pick and its three fastest configurations: the fastest counts
 GRAPH_MAX_TOKENS = 2048  # cells this small are also timed as CUDA-graph replays, and judged on them
-PARTS = ("ladder", "grid", "models")
+PARTS = ("ladder", "grid", "models", "chain")
+# The chain part: each contender replayed alone and CHAIN launches back to back in one CUDA graph, at these cells;
+# the rungs with their PDL twins (rung h), so that the twin's saving is the difference in the same run.
+CHAIN = 8
+CHAIN_CELLS = (Workload(512, 0.0), Workload(2048, 0.0), Workload(16384, 0.0))
+CHAINED = ("k6/pingpong-bn192", "k6/pingpong-bn192-pdl", "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-pdl",
+           "k6/auto", "peer/quack", "peer/torch_grouped_mm")
 # The model shapes the models part times: chapter 08's four projections and two more models' up and down
 # projections (moe_gemm.model.workloads says which and why), label -> workload.
 MODELS = {**MODEL_PROJECTIONS, **MORE_MODEL_PROJECTIONS}
@@ -114,9 +123,10 @@ def parse_args(argv: Sequence[str] | None):
     add_timing_arguments(parser, peers="torch._grouped_mm and quack")
     add_rounds_argument(parser)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="which measurements to make (default: all three): ladder (every rung and the peers "
+                        help="which measurements to make (default: all four): ladder (every rung and the peers "
                              "at the seed five), grid (k6/auto and the peers at the --tokens rows x 5 skews), "
-                             f"models (k6/auto and the peers at the {len(MODELS)} model projections)")
+                             f"models (k6/auto and the peers at the {len(MODELS)} model projections), chain (graph "
+                             f"replays of one launch and of {CHAIN} back to back at three cells)")
     add_grid_arguments(parser, GRID_TOKENS)
     add_models_argument(parser, "gpt-oss dbrx")
     parser.add_argument("--profile", action="store_true",
@@ -138,6 +148,8 @@ def piece(part: str, args) -> tuple[str, str]:
     both keep their entry, and a later run of the whole part replaces both)."""
     if part == "ladder":
         return part, "every rung and the peers at the seed five"
+    if part == "chain":
+        return part, f"graph replays of one launch and of {CHAIN} back to back at 512, 2,048 and 16,384 rows"
     if part == "grid":
         rows = ", ".join(f"{t:,}" for t in args.tokens)
         whole = sorted(args.tokens) == sorted(GRID_TOKENS)
@@ -149,9 +161,11 @@ def piece(part: str, args) -> tuple[str, str]:
 
 
 def ladder_names() -> list[str]:
-    from moe_gemm.variants.k6.config import LADDER
+    """The rungs a run on the GPU checks and times: the ladder less those not yet run on a GPU (which the
+    compile report shows all the same)."""
+    from moe_gemm.variants.k6.config import LADDER, NOT_YET_RUN
 
-    return list(LADDER)
+    return [name for name in LADDER if name not in NOT_YET_RUN]
 
 
 # --------------------------------------------------------------------------- lookups
@@ -239,6 +253,29 @@ def models_table(records: Sequence[dict[str, Any]]) -> Table:
                         "B layout of torch._grouped_mm")
 
 
+def chain_table(records: Sequence[dict[str, Any]]) -> Table:
+    """Microseconds per launch of each CHAINED contender, replayed alone and in a chain of CHAIN, per cell."""
+    from moe_gemm.measure.graph_replay import graph_name
+
+    records = of_part(records, "chain")
+    cells = [c for c in CHAIN_CELLS if any(Workload.of(r) == c for r in records)]
+    rows = []
+    for name in CHAINED:
+        timed = [(find(records, graph_name(name), c), find(records, graph_name(name, CHAIN), c)) for c in cells]
+        if not any(alone or chained for alone, chained in timed):
+            continue
+        row = [name]
+        for alone, chained in timed:
+            row += ["-" if r is None else f"{1e3 * r['median_ms']:.1f}" for r in (alone, chained)]
+            row.append("-" if alone is None or chained is None else f"{chained['median_ms'] / alone['median_ms']:.2f}")
+        rows.append(tuple(row))
+    headers = [h for c in cells for h in (f"{c.short_label} alone", f"in {CHAIN}", "ratio")]
+    return Table(("variant", *headers), tuple(rows), title=f"One launch, and {CHAIN} back to back: us per launch",
+                 legend=f"CUDA-graph replays of one launch (alone) and of {CHAIN} launches back to back (in {CHAIN}: "
+                        "the replay's time over the launches), same inputs, same run; ratio: in a chain over alone "
+                        "(below 1: launches overlap or lose their gaps); -pdl: programmatic dependent launch (rung h)")
+
+
 # --------------------------------------------------------------------------- targets
 
 def target_rows(records: Sequence[dict[str, Any]], profile: Sequence[dict[str, Any]] = (),
@@ -311,6 +348,8 @@ def show_tables(records: Sequence[dict[str, Any]], basis) -> None:
     show(grid_table(records, QUACK, "quack"))
     show(grid_table(records, TORCH, "torch._grouped_mm"))
     show(models_table(records))
+    if of_part(records, "chain"):
+        show(chain_table(records))
 
 
 def run_without_gpu(args, reason: str) -> int:
@@ -359,15 +398,18 @@ def _measure(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
 
     auto = get(AUTO)
     if part == "ladder":
-        from moe_gemm.variants.k6.config import LADDER
-
-        ours = [get(n) for n in (*LADDER, AUTO, AUTO_HOST, *EARLIER)] + [GraphReplay(auto)]
+        ours = [get(n) for n in (*ladder_names(), AUTO, AUTO_HOST, *EARLIER)] + [GraphReplay(auto)]
         return run_variants(ours + peers(args, graphs=True), SEED_FIVE, rounds=args.rounds, **timing)
     if part == "grid":
         small = [w for w in grid(args.tokens) if w.tokens <= GRAPH_MAX_TOKENS]
         large = [w for w in grid(args.tokens) if w.tokens > GRAPH_MAX_TOKENS]
         return (run_variants([auto, GraphReplay(auto), *peers(args, graphs=True)], small, rounds=args.rounds, **timing)
                 + run_variants([auto, *peers(args, graphs=False)], large, rounds=args.rounds, **timing))
+    if part == "chain":  # the rungs not yet run on a GPU stay out (ladder_names), and peers without quack
+        ran = {*ladder_names(), AUTO}
+        found = [get(n) for n in CHAINED if n in ran] + [p for p in peers(args, graphs=False) if p.name in CHAINED]
+        return run_variants([GraphReplay(v, chain) for v in found for chain in (1, CHAIN)], list(CHAIN_CELLS),
+                            rounds=args.rounds, **timing)
     return run_variants([auto, *peers(args, graphs=False)], list(chosen_models(args.models).values()),
                         rounds=args.rounds, **timing)
 
@@ -405,7 +447,7 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.ceilings import basis_for
-    from moe_gemm.variants.k6 import ladder
+    from moe_gemm.variants.k6.config import NOT_YET_RUN
     from moe_gemm.variants.registry import get
 
     # The parts can be run in separate processes (each is minutes): a run keeps the records of the
@@ -413,8 +455,11 @@ def run_on_gpu(args, gpu) -> int:
     # run with the ladder (every timed measurement is also checked against the reference first).
     timing, report, results = start_parts_run(args, gpu, CHAPTER, SECTIONS, compile_report,
                                               compile_report_table)
+    if NOT_YET_RUN:
+        print("built and compiled, not yet run on a GPU, so neither checked nor timed here: "
+              f"{', '.join(sorted(NOT_YET_RUN))} (moe_gemm.variants.k6.config.NOT_YET_RUN)\n")
     if "ladder" in args.parts:
-        checks = run_checks([*ladder(), get(AUTO)])
+        checks = run_checks([*map(get, ladder_names()), get(AUTO)])
         if not checks_passed(checks):
             return 1
         results.put(checks=checks)

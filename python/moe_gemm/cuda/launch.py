@@ -119,33 +119,59 @@ class PackedArguments:
 
 
 def _driver_launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
-                   args: PackedArguments, stream: int | None = None) -> None:
+                   args: PackedArguments, stream: int | None = None, programmatic: bool = False) -> None:
     """cuLaunchKernel with the packed ``kernelParams``, on ``stream`` (a CUstream handle; the
-    harness stream by default)."""
+    harness stream by default); ``programmatic``: cuLaunchKernelEx with programmatic_launch_config's
+    attribute instead."""
     from cuda.bindings import driver
 
     from moe_gemm.cuda.device import check_driver, stream_handle
 
+    handle = stream_handle() if stream is None else stream
+    if programmatic:
+        check_driver(driver.cuLaunchKernelEx(programmatic_launch_config(grid, block, smem, handle),
+                                             driver.CUfunction(int(kernel.handle)), args.address, 0))
+        return
     check_driver(driver.cuLaunchKernel(driver.CUfunction(int(kernel.handle)), *grid, *block, smem,
-                                       driver.CUstream(stream_handle() if stream is None else stream),
-                                       args.address, 0))
+                                       driver.CUstream(handle), args.address, 0))
+
+
+def programmatic_launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int):
+    """cuLaunchKernelEx's configuration for a programmatic dependent launch: the attribute
+    PROGRAMMATIC_STREAM_SERIALIZATION lets this launch begin before the one before it on the stream has
+    finished (the kernel's griddepcontrol.wait then orders its reads after that one's writes); a stream
+    capture records it as a programmatic edge of the graph. Built without the driver: a CPU test reads it."""
+    from cuda.bindings import driver
+
+    attribute = driver.CUlaunchAttribute()
+    attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attribute.value.programmaticStreamSerializationAllowed = 1
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes = smem
+    config.hStream = driver.CUstream(stream)
+    config.attrs = [attribute]
+    config.numAttrs = 1
+    return config
 
 
 def launch(compiled: CompiledKernel, grid: int | tuple[int, ...], block: int | tuple[int, ...], smem_bytes: int,
-           *args: Any, stream: int | None = None, device: int | None = None) -> None:
+           *args: Any, stream: int | None = None, device: int | None = None, programmatic: bool = False) -> None:
     """Enqueue ``compiled`` on the harness stream, or on ``stream`` (a CUstream handle, e.g. torch's
     ``torch.cuda.current_stream().cuda_stream``, of GPU ``device``, whose context the caller made
     current). Pointers as int, scalars as numpy scalars, or one :class:`PackedArguments` made once for
-    launches that repeat."""
+    launches that repeat. ``programmatic``: a programmatic dependent launch (programmatic_launch_config), for
+    a kernel that executes griddepcontrol.wait before it touches what the launch before it may write."""
     kernel = _loaded(compiled.cubin, compiled.symbol)
     if smem_bytes > DEFAULT_SMEM_LIMIT:
         _allow_dynamic_smem(kernel, smem_bytes, device)
     grid3 = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
     block3 = tuple(block) + (1,) * (3 - len(block)) if isinstance(block, tuple) else (block, 1, 1)
     if len(args) == 1 and isinstance(args[0], PackedArguments):
-        _driver_launch(kernel, grid3, block3, smem_bytes, args[0], stream)
-    elif stream is not None or any(isinstance(arg, TensorMapArg) for arg in args):
-        _driver_launch(kernel, grid3, block3, smem_bytes, PackedArguments(args), stream)
+        _driver_launch(kernel, grid3, block3, smem_bytes, args[0], stream, programmatic)
+    elif programmatic or stream is not None or any(isinstance(arg, TensorMapArg) for arg in args):
+        _driver_launch(kernel, grid3, block3, smem_bytes, PackedArguments(args), stream, programmatic)
     else:  # (imported here, not above: three imports cost a repeated launch ~3.5 us of host time)
         from cuda.core import LaunchConfig
         from cuda.core import launch as core_launch

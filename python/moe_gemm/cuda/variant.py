@@ -41,6 +41,7 @@ class Prepared:
     resources: Resources | None = None
     keep_alive: list[Any] = field(default_factory=list)  # device buffers the launch reads
     launch_info: dict[str, Any] = field(default_factory=dict)  # e.g. the grid a persistent kernel chose; recorded
+    runs: int = 1  # the kernel's runs one launch() enqueues, back to back (measure reports the time per run)
 
 
 class Variant(Protocol):

@@ -70,10 +70,13 @@ def measure(variant: Variant, sets: list[DeviceProblem], *, check: Check | None 
     prepared = [variant.prepare(dev) for dev in sets]
     result: Timing = time_launches(lambda i: prepared[i % len(prepared)].launch(), **timing)
     first = prepared[0]
-    record = {"variant": variant.name, **workload_fields(problem), "median_ms": result.median_ms,
-              "min_ms": result.min_ms, "max_ms": result.max_ms,
-              "useful_tflops": result.tflops(problem.useful_flops), "rel_error": check.rel_error,
+    runs = first.runs  # a launch() of several runs back to back (a chain of launches in one graph): per run
+    record = {"variant": variant.name, **workload_fields(problem), "median_ms": result.median_ms / runs,
+              "min_ms": result.min_ms / runs, "max_ms": result.max_ms / runs,
+              "useful_tflops": result.tflops(problem.useful_flops * runs), "rel_error": check.rel_error,
               "input_sets": len(sets)}
+    if runs > 1:
+        record["runs_per_launch"] = runs
     if first.bm is not None and first.bn is not None and problem.ragged == "M":  # eta and tiles count M tiles
         record.update({
             "bm": first.bm, "bn": first.bn, "eta": eta(problem.counts, first.bm),

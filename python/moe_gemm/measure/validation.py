@@ -17,8 +17,9 @@ kernel and the command that makes the record:
 memcheck, racecheck and synccheck (tests/test_sanitizer_gpu.py), in parallel subprocesses, and
 records every configuration of each family whose runs all passed. A family that fails keeps its
 old record, which no longer matches: the CPU test keeps failing until it passes on the GPU. A kernel the
-torch op would launch that is built but has not yet run on a GPU (moe_gemm.torch.kernels.NOT_YET_RUN) is left
-out of the record, and ``status`` names it: remove it there, then ``run`` its family.
+torch op would launch that is built but has not yet run on a GPU (moe_gemm.torch.kernels.NOT_YET_RUN), and a
+chapter 07 rung in the same state (moe_gemm.variants.k6.config.NOT_YET_RUN), is left out of the record, and
+``status`` names it: remove it there, then ``run`` its family.
 
 ``carry`` needs no GPU. A shared header edited for one kernel (a function added for k7 to ptx.cuh, say)
 changes the hash of every kernel that includes it, though most of them compile to the same machine code.
@@ -52,6 +53,7 @@ from moe_gemm.measure.provenance import git_commit
 from moe_gemm.torch.kernels import COMBINE, NOT_YET_RUN, QUANTIZE, QUANTIZE_WEIGHTS, SWIGLU_QUANTIZE
 from moe_gemm.variants import registry
 from moe_gemm.variants.k6.config import FUSED_BACKWARD
+from moe_gemm.variants.k6.config import NOT_YET_RUN as K6_NOT_YET_RUN
 from moe_gemm.variants.k6.config import SOURCE as K6_SOURCE
 
 RECORD_PATH = KERNEL_DIR / "validated.json"
@@ -72,8 +74,9 @@ OTHER_KERNELS = {"torch/combine": COMBINE, "k8/quantize-1x128": QUANTIZE, "k8/qu
 
 
 def not_yet_run(name: str) -> bool:
-    """A kernel of moe_gemm.torch.kernels.NOT_YET_RUN (``torch/dswiglu`` covers ``torch/dswiglu-bf16``)."""
-    return any(name == pending or name.startswith(f"{pending}-") for pending in NOT_YET_RUN)
+    """A kernel of moe_gemm.torch.kernels.NOT_YET_RUN (``torch/dswiglu`` covers ``torch/dswiglu-bf16``) or a
+    rung of moe_gemm.variants.k6.config.NOT_YET_RUN: built and compiled, not yet run on a GPU."""
+    return name in K6_NOT_YET_RUN or any(name == pending or name.startswith(f"{pending}-") for pending in NOT_YET_RUN)
 # The CUDA C++ families; k0 is numba and the ceilings touch no memory.
 SANITIZED = tuple(c.family for c in CHAPTERS if c.sanitized and c.passed_on_gpu)
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
@@ -92,7 +95,7 @@ def kernel_configurations() -> dict[str, tuple[str, str]]:
     for family in GPU_TESTS:
         if family not in ("ceiling", "torch"):
             found.update((name, identity) for name in registry.names(family)
-                         if (identity := kernel_identity(name)) is not None)
+                         if not not_yet_run(name) and (identity := kernel_identity(name)) is not None)
     return found
 
 
@@ -317,10 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         names = stale()
         print(stale_message(names) if names else "every kernel configuration has a passing GPU run on record")
-        pending = sorted(name for name in OTHER_KERNELS if not_yet_run(name))
+        pending = sorted(name for name in (*OTHER_KERNELS, *K6_NOT_YET_RUN) if not_yet_run(name))
         if pending:
-            print(f"built and compiled, not yet run on a GPU (moe_gemm.torch.kernels.NOT_YET_RUN, left out of the "
-                  f"record): {', '.join(pending)}")
+            print(f"built and compiled, not yet run on a GPU (moe_gemm.torch.kernels.NOT_YET_RUN and "
+                  f"moe_gemm.variants.k6.config.NOT_YET_RUN, left out of the record): {', '.join(pending)}")
         return 1 if names else 0
     unknown = [f for f in args.families if f not in GPU_TESTS]
     if unknown:

@@ -110,8 +110,11 @@ class Launch:
     stream: int | None = None
     device: int | None = None
 
+    programmatic: bool = False  # the configuration's pdl: a programmatic dependent launch
+
     def __call__(self) -> None:
-        launch(self.kernel, self.grid, THREADS, self.smem, self.args, stream=self.stream, device=self.device)
+        launch(self.kernel, self.grid, THREADS, self.smem, self.args, stream=self.stream, device=self.device,
+               programmatic=self.programmatic)
 
 
 def launcher(kernel: CompiledKernel, config: K6Config, slots: int, a_address: int, b_address: int, c_address: int,
@@ -125,4 +128,4 @@ def launcher(kernel: CompiledKernel, config: K6Config, slots: int, a_address: in
     backward's saved pre-activation and its activation output (epilogue "dswiglu" only)."""
     args = packed_arguments(config, a_address, b_address, c_address, ends_address, tokens, experts, K, N,
                             units_address, units, b_strides, preact_address, act_address)
-    return Launch(kernel, grid(config, slots, units), config.dynamic_smem_bytes, args, stream, device)
+    return Launch(kernel, grid(config, slots, units), config.dynamic_smem_bytes, args, stream, device, config.pdl)
