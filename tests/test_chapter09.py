@@ -39,8 +39,9 @@ def test_the_fused_backwards_target_is_its_worst_extra_time_in_separate_passes()
     (row,) = [r for r in RUN.target_rows([], FUSED_ROWS) if "fused SwiGLU backward" in r["target"]]
     assert row["value"] == pytest.approx(0.45) and row["goal"] == 0.4 and not row["met"] and row["at_most"]
     assert "H=7168, 32,768 tokens" in row["target"]
-    table = RUN.fused_backward_table(FUSED_ROWS)
-    assert [r[5] for r in table.rows] == ["0.30", "0.45"]
+    table = RUN.fused_backward_table([FUSED_ROWS[0], {**FUSED_ROWS[1], "dgemm_tile_ms": 9.6}])
+    assert [r[6] for r in table.rows] == ["0.30", "0.45"]
+    assert [r[3] for r in table.rows] == ["-", "9.600"]  # the tile's own dA: only in rows measured with it
     assert RUN.parse_args(["--parts", "dswiglu"]).parts == ["dswiglu"]
 
 
@@ -196,3 +197,12 @@ def test_the_sonicmoe_part_takes_its_configurations_by_name_and_refuses_others(c
     with pytest.raises(SystemExit):
         RUN.parse_args(["--parts", "sonicmoe", "--configs", "70b"])
     assert "invalid choice: '70b'" in capsys.readouterr().err
+
+
+def test_the_tile_timed_as_a_plain_gemm_is_the_fused_kernels_own():
+    """The dswiglu part's 'dA tile' is the fused kernel's tile, stages, cluster and walk as a validated plain rung."""
+    from moe_gemm.measure.layer import FUSED_TILE
+    from moe_gemm.variants.k6.config import FUSED_BACKWARD, LADDER
+
+    plain, fused = LADDER[FUSED_TILE], FUSED_BACKWARD["k6/dswiglu-bn128"]
+    assert plain == fused.replace(epilogue="none", b_layout="kn", staging_boxes=plain.staging_boxes)

@@ -413,12 +413,38 @@ def fused_backward(layer: Any, x: Any) -> dict[str, float]:
     if error > FUSED_BACKWARD_CHECK:
         raise RuntimeError(f"the fused SwiGLU backward is {error:.2e} from the unfused one (allowed "
                            f"{FUSED_BACKWARD_CHECK}): not timed")
+    tile, tile_error = fused_tile_gemm(dy, w_down_t, offs, dact)
     timed = time_interleaved({"fused": lambda: fused(dy, layer.w_down, offs, h),
                               "dgemm": lambda: grouped_mm(dy, w_down_t, offs),
+                              "dgemm_tile": tile,
                               "dswiglu": lambda: dswiglu(dact, h)})
     m, inter = dact.shape
     return {**{f"{name}_ms": t.median_ms for name, t in timed.items()}, "fused_error_vs_unfused": error,
+            "dgemm_tile_error": tile_error,
             "dswiglu_pass_bytes": m * inter * 2 * 6, "fused_adds_bytes": m * inter * 2 * 4}
+
+
+FUSED_TILE = "k6/pingpong-bn128"  # the fused kernel's tile, stages and walk (k6/dswiglu-bn128) as a plain GEMM
+
+
+def fused_tile_gemm(dy: Any, w_down_t: Any, offs: Any, dact: Any) -> tuple[Callable[[], None], float]:
+    """The dA GEMM on the fused kernel's own tile (128 x 128 ping-pong, six stages, no cluster: FUSED_TILE) instead
+    of the configuration the op tuned for the shape, and its output's relative error against the op's ``dact``
+    (a RuntimeError beyond FUSED_BACKWARD_CHECK): what the fused kernel's extra time owes to its tile. The rung
+    validated on the GPU reads B as [E, K, N], so W_down^T is copied to that layout once (the wgmma reads either
+    layout at one rate)."""
+    import torch
+
+    from moe_gemm.torch.ops import _launcher
+
+    element = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dy.dtype]
+    out = torch.empty_like(dact)
+    launch = _launcher(FUSED_TILE, "kn", (element, element), dy, w_down_t.contiguous(), offs, out)  # holds them
+    launch()
+    error = relative_error(out, dact)
+    if error > FUSED_BACKWARD_CHECK:
+        raise RuntimeError(f"{FUSED_TILE} on the dA GEMM is {error:.2e} from the op's (allowed {FUSED_BACKWARD_CHECK})")
+    return launch, error
 
 
 def fused_backward_extra(row: Row) -> float:
