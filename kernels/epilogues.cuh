@@ -113,7 +113,7 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[Cfg::M_ITERS][
             const unsigned fragment[4] = {
                 pack_bf16x2(acc[i][8 * jj + 0], acc[i][8 * jj + 1]), pack_bf16x2(acc[i][8 * jj + 2], acc[i][8 * jj + 3]),
                 pack_bf16x2(acc[i][8 * jj + 4], acc[i][8 * jj + 5]), pack_bf16x2(acc[i][8 * jj + 6], acc[i][8 * jj + 7])};
-            stmatrix_x4(box + row * 128 + ((chunk ^ (row % 8)) << 4), fragment);
+            stmatrix_x4(swizzled_128b(box, row, chunk), fragment);
         }
     }
     fence_proxy_async_shared();  // the generic-proxy writes above, before TMA (async proxy) reads them
@@ -187,7 +187,7 @@ __device__ __forceinline__ void store_slices(const float (&acc)[Cfg::M_ITERS][CO
                         pack_pair<OUT>(acc[i][8 * jj + 2], acc[i][8 * jj + 3]),
                         pack_pair<OUT>(acc[i][8 * jj + 4], acc[i][8 * jj + 5]),
                         pack_pair<OUT>(acc[i][8 * jj + 6], acc[i][8 * jj + 7])};
-                    stmatrix_x4(box + r * 128 + ((chunk ^ (r % 8)) << 4), fragment);
+                    stmatrix_x4(swizzled_128b(box, r, chunk), fragment);
                 }
                 fence_proxy_async_shared();  // stmatrix's writes, before TMA (the async proxy) reads them
                 named_barrier_sync(STAGING_BARRIER + warpgroup, WARPGROUP);

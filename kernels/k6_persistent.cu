@@ -100,11 +100,11 @@ struct Config {
 // [E, K, N] as a transformers checkpoint stores it, and the tile at columns col0 .. col0 + 127 of
 // the fused walk loads gate columns col0 / 2 .. + 63 and the up columns N / 2 further: the pair
 // the epilogue multiplies, with no interleaved copy of the weights.
-template <class Cfg, int STAGES, int CLUSTER, bool B_K_MAJOR, bool SWIGLU, class UnitAt>
+template <class Cfg, int STAGES, int CLUSTER, bool B_K_MAJOR, bool SWIGLU, class UnitAt, class AfterUnit>
 __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, UnitAt&& unit_at,
                                         int units, int first, int stride, unsigned rank, int k_steps, int N,
                                         unsigned ring, sm90::Slots<STAGES>& slots, unsigned long long* full,
-                                        unsigned long long* empty) {
+                                        unsigned long long* empty, AfterUnit&& after_unit) {
     tma_prefetch_descriptor(tmap_a);
     tma_prefetch_descriptor(tmap_b);
     int stage = 0;
@@ -144,9 +144,44 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
                 phase ^= 1;
             }
         }
+        after_unit(tile);  // the SwiGLU backward's h for this tile (prefetch_h), once its k-steps are issued
     }
 }
 // --8<-- [end:producer]
+
+// --8<-- [start:prefetch_h]
+// The SwiGLU backward's saved pre-activation by TMA (PREFETCH_H), one tile at a time into one buffer of
+// BOXES boxes of 128 rows x 64 columns (128-byte swizzle, 16 KB each): the tile's BN gate columns, then its
+// BN up columns N further. The producer loads tile k's once it has issued tile k's k-steps, after the epilogue
+// of tile k - 1 (the other warpgroup's, which ran beside tile k's main loop) has read the buffer: `empty`
+// counts that warpgroup's 128 threads, `full` the bytes, and both complete once per tile, so a tile's
+// ordinal in this block gives the parity to wait for. The epilogue then finds h in shared memory instead of
+// waiting on its global loads. Rows past M_tot and columns past 2N arrive as zeros and are never used.
+template <int BN>
+struct PrefetchH {
+    static constexpr int BOXES = 2 * BN / sm90::BOX;
+    static constexpr unsigned BOX_BYTES = 128 * 128;  // 128 rows (a ping-pong warpgroup's tile) of 128 bytes
+    static constexpr unsigned BYTES = BOXES * BOX_BYTES;
+    unsigned buffer, full, empty;  // shared-memory addresses: the buffer, 1 KB-aligned, then its two barriers
+
+    __device__ void load(const CUtensorMap* tmap_h, int4 tile, int N, unsigned& phase) const {
+        mbarrier_wait_parity(empty, phase ^ 1);
+        mbarrier_arrive_expect_tx(full, BYTES);
+#pragma unroll
+        for (int box = 0; box < BOXES; ++box) {
+            const int col = (box < BOXES / 2 ? 0 : N) + tile.w + (box % (BOXES / 2)) * sm90::BOX;
+            tma_load_2d(buffer + box * BOX_BYTES, tmap_h, col, tile.y, full);
+        }
+        phase ^= 1;
+    }
+
+    // The packed pair (col, col + 1) of row r of the tile, col = 8j + 2t < BN: gate (up = false) or up.
+    __device__ unsigned pair(int r, int j, int t, bool up) const {
+        const int box = j / 8 + (up ? BOXES / 2 : 0);
+        return load_shared_u32(sm90::swizzled_128b(buffer + box * BOX_BYTES, r, j % 8) + 4 * t);
+    }
+};
+// --8<-- [end:prefetch_h]
 
 // --8<-- [start:consumer]
 // A warpgroup's 128 x BN share of a tile, SLICES m64 slices of it (1 or 2: only those with rows; 0
@@ -229,9 +264,11 @@ __device__ __forceinline__ void swiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TIL
 // Each row's loads are all issued before its first store: the compiler cannot move a load above a store it
 // cannot prove independent, so with loads and stores interleaved pair by pair (a first version) every pair
 // waited out a whole load latency, and the kernel was neither compute- nor memory-bound.
-template <class Cfg, int IN, int OUT>
+// LoadPairs(r, j, t, h_row, col, gate, up): the packed gate and up pairs of the thread's column pair j (column
+// col = col0 + 8j + 2t) in row r of the tile, from global memory (preact) or from shared memory (PREFETCH_H).
+template <class Cfg, int IN, int OUT, class LoadPairs>
 __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], int row0, int rows,
-                                        int col0, int N, const unsigned* __restrict__ preact, void* __restrict__ dh,
+                                        int col0, int N, LoadPairs&& load_pairs, void* __restrict__ dh,
                                         void* __restrict__ act) {
     static_assert(IN == OUT, "h, dh and the activation share the operands' 16-bit type");
     constexpr int PAIRS = Cfg::TILE_N / 8;  // accumulator pairs per thread per row
@@ -246,11 +283,8 @@ __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TI
             const long long h_row = static_cast<long long>(row0 + r) * 2 * N, act_row = h_row / 2;
             unsigned gates[PAIRS], ups[PAIRS];
 #pragma unroll
-            for (int j = 0; j < PAIRS; ++j) {  // col is even and N % 8 == 0: a pair is in or out whole
-                const int col = col0 + 8 * j + 2 * t;
-                gates[j] = col < N ? __ldg(preact + (h_row + col) / 2) : 0u;
-                ups[j] = col < N ? __ldg(preact + (h_row + N + col) / 2) : 0u;
-            }
+            for (int j = 0; j < PAIRS; ++j)  // col is even and N % 8 == 0: a pair is in or out whole
+                load_pairs(r, j, t, h_row, col0 + 8 * j + 2 * t, gates[j], ups[j]);
 #pragma unroll
             for (int j = 0; j < PAIRS; ++j) {
                 const int col = col0 + 8 * j + 2 * t;
@@ -283,11 +317,12 @@ __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TI
 // first write of C; once its consumers have taken their last unit it lets the next kernel's blocks be
 // scheduled (they start as this kernel's blocks leave their SMs).
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
-          bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT, bool PDL = false>
+          bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT, bool PDL = false, bool PREFETCH_H = false>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C, const int4* units_list,
                                         int num_units, const int* ends, int tokens, int experts, int group, int K,
-                                        int N, const void* preact = nullptr, void* act = nullptr) {
+                                        int N, const void* preact = nullptr, void* act = nullptr,
+                                        const CUtensorMap* tmap_h = nullptr) {
     static_assert((IN == sm90::BF16 || IN == sm90::F16) && OUT >= sm90::BF16 && OUT <= sm90::F32,
                   "bf16 or fp16 operands; a bf16, fp16 or fp32 output");
     using Cfg = Config<MODE, BN, STAGES, CLUSTER_M, CLUSTER_N, B_K_MAJOR, STAGING_BOXES>;
@@ -302,6 +337,15 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     const unsigned staging = ring + STAGES * Cfg::STAGE_BYTES;
     const int warpgroup = threadIdx.x / sm90::WARPGROUP;
     const int k_steps = K / sm90::BK;  // the host checked K % 64 == 0 and K > 0
+    // PREFETCH_H: h's buffer after the staging ring (1 KB-aligned: the ring's stages and boxes are multiples)
+    using H = PrefetchH<BN>;
+    const unsigned h_buffer = staging + Cfg::STAGING_BYTES;
+    const H h{h_buffer, h_buffer + H::BYTES, h_buffer + H::BYTES + 8};
+    static_assert(!PREFETCH_H || (EPILOGUE == DACT_SWIGLU && MODE == PINGPONG && CLUSTER_M * CLUSTER_N == 1),
+                  "h is prefetched for the SwiGLU backward's ping-pong tiles (one warpgroup's 128 rows at a time)");
+    static_assert(!PREFETCH_H ||
+                      STAGES * Cfg::STAGE_BYTES + Cfg::STAGING_BYTES + H::BYTES + 16 + sm90::SWIZZLE_ALIGN <= 232448 - 2304,
+                  "the ring, the C staging and h's buffer fit the shared memory of one block");
 
     if constexpr (DEVICE_SCHEDULE && !PDL) {
         order.build(ends, experts, tokens, N, group);
@@ -311,6 +355,10 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(smem_u32(&full[s]), 1);
             mbarrier_init(smem_u32(&empty[s]), Cfg::EMPTY_ARRIVALS);
+        }
+        if constexpr (PREFETCH_H) {
+            mbarrier_init(h.full, 1);
+            mbarrier_init(h.empty, sm90::WARPGROUP);  // every thread of the epilogue's warpgroup, once it has read
         }
         fence_barrier_init();
     }
@@ -336,9 +384,13 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
                 if constexpr (DEVICE_SCHEDULE) return order.unit(unit);
                 else return units_list[unit];
             };
+            unsigned h_phase = 0;
+            auto after_unit = [&](int4 tile) {
+                if constexpr (PREFETCH_H) h.load(tmap_h, tile, N, h_phase);
+            };
             produce<Cfg, STAGES, CLUSTER, B_K_MAJOR, EPILOGUE == ACT_SWIGLU>(tmap_a, tmap_b, unit_at, num_units, first,
                                                                              stride, rank, k_steps, N, ring, slots,
-                                                                             full, empty);
+                                                                             full, empty, after_unit);
         }
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
@@ -393,10 +445,25 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
                     sm90::store_slices<Cfg, STAGING_BOXES, BN / 2, OUT>(act, tile.y + row_offset, rows, tile.w / 2, warpgroup,
                                                       my_staging, stored, tmap_c, C, N / 2);
                 }
-            } else if constexpr (EPILOGUE == DACT_SWIGLU) {
+            } else if constexpr (EPILOGUE == DACT_SWIGLU && PREFETCH_H) {
+                // every tile's h arrives and is handed back, with rows or without: the phases count tiles
+                mbarrier_wait_parity(h.full, ordinal & 1);
                 if (slices > 0)
                     dswiglu<Cfg, IN, OUT>(acc, tile.y + row_offset, rows, tile.w, N,
-                                          static_cast<const unsigned*>(preact), C, act);
+                                          [&](int r, int j, int t, long long, int, unsigned& gate, unsigned& up) {
+                                              gate = h.pair(r, j, t, false);
+                                              up = h.pair(r, j, t, true);
+                                          }, C, act);
+                mbarrier_arrive(h.empty);
+            } else if constexpr (EPILOGUE == DACT_SWIGLU) {
+                if (slices > 0) {
+                    const unsigned* __restrict__ h_words = static_cast<const unsigned*>(preact);
+                    dswiglu<Cfg, IN, OUT>(acc, tile.y + row_offset, rows, tile.w, N,
+                                          [&](int, int, int, long long h_row, int col, unsigned& gate, unsigned& up) {
+                                              gate = col < N ? __ldg(h_words + (h_row + col) / 2) : 0u;
+                                              up = col < N ? __ldg(h_words + (h_row + N + col) / 2) : 0u;
+                                          }, C, act);
+                }
             } else if (slices > 0) {
                 sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT>(acc, tile.y + row_offset, rows, tile.w, warpgroup, my_staging, stored,
                                               tmap_c, C, N);
@@ -474,5 +541,15 @@ __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_dswiglu(
                                                                                 void* __restrict__ act) {
     k6::k6_body<MODE, 128, STAGES, 1, 1, true, 1, true, k6::DACT_SWIGLU, IN, IN>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, preact, act);
+}
+
+// The same with h prefetched by TMA during the tile's main loop (k6::PrefetchH): tmap_h maps h [M_tot, 2N] in
+// boxes of 128 rows x 64 columns; 64 KB of h's buffer leave room for four stages of the ring, not six.
+template <int MODE, int STAGES, int IN>
+__global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_dswiglu_prefetch(K6_PARAMS,
+                                                                                         const __grid_constant__ CUtensorMap tmap_h,
+                                                                                         void* __restrict__ act) {
+    k6::k6_body<MODE, 128, STAGES, 1, 1, true, 1, true, k6::DACT_SWIGLU, IN, IN, false, true>(
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, nullptr, act, &tmap_h);
 }
 // --8<-- [end:kernels]

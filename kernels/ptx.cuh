@@ -546,6 +546,15 @@ __device__ __forceinline__ void store_shared_zero_16(unsigned addr) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" :: "r"(addr), "r"(0) : "memory");
 }
 
+// Four bytes from shared memory at `addr` (4-byte aligned): k6's SwiGLU backward reads the saved
+// pre-activation where TMA left it (SASS: LDS).
+// PTX ISA "Data Movement and Conversion Instructions: ld"   #data-movement-and-conversion-instructions-ld
+__device__ __forceinline__ unsigned load_shared_u32(unsigned addr) {
+    unsigned value;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(value) : "r"(addr) : "memory");
+    return value;
+}
+
 // Shared memory written by ordinary stores (stmatrix included) is read next by TMA, which is the
 // async proxy: each writing thread fences before the barrier that lets the copy be issued.
 // PTX ISA "Parallel Synchronization and Communication Instructions: membar / fence" (.proxy.async)

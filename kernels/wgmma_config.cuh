@@ -14,6 +14,13 @@ constexpr unsigned BOX_BYTES = BOX * BK * 2;   // 8,192
 constexpr unsigned SWIZZLE_ALIGN = 1024;       // the 128-byte swizzle repeats every 8 x 128 B
 constexpr int WARPGROUP = 128;
 
+// The shared-memory address of 16-byte chunk `chunk` (0..7) of row `row` of a box 128 bytes wide that TMA
+// wrote (or reads) under the 128-byte swizzle, the box 1 KB-aligned: the chunk moves to slot chunk XOR
+// (row mod 8) (python/moe_gemm/cuda/descriptors.py, swizzle, is the same map; tests/test_k6.py holds them equal).
+__device__ __forceinline__ unsigned swizzled_128b(unsigned box, int row, unsigned chunk) {
+    return box + row * 128 + ((chunk ^ (row % 8)) << 4);
+}
+
 // The descriptors' constant fields come from the host as an OperandPlan (ptx.cuh): LBO, SBO and
 // the swizzle of A and of B, and the address steps between their 64-blocks and k16 steps.
 

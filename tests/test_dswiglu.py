@@ -97,3 +97,61 @@ def test_the_op_launches_the_fused_kernel_only_where_it_was_measured_faster():
     rows = (recorded("09", "h100") or {}).get("fused_backward")
     assert rows, "chapter 09 has no measurement of the fused backward"
     assert LAUNCH_FUSED == all(fused_backward_extra(r) < 1 for r in rows)
+
+
+PREFETCH = FUSED_BACKWARD["k6/dswiglu-prefetch-bn128"]
+
+
+@pytest.mark.parametrize("element", ["bf16", "fp16"])
+def test_the_prefetching_twin_reads_h_from_shared_memory_that_tma_filled(element):
+    """The same epilogue with h prefetched (k6::PrefetchH): its 128 loads per thread come from shared memory (LDS)
+    instead of global memory (only the device walk's LDG is left), four more TMA loads per tile (h's boxes), no
+    spills or serialized wgmma, and a ring of four stages beside h's 64 KB within the block's shared memory."""
+    plain = K6Persistent("k6/dswiglu-bn128", CONFIG.replace(element=element, out=element)).compile("sm_90a")
+    compiled = K6Persistent("k6/dswiglu-prefetch-bn128", PREFETCH.replace(element=element, out=element)).compile(
+        "sm_90a")
+    assert compiled.report.spill_store_bytes == 0 and "C7520" not in compiled.log
+    names = ("LDG", "LDS", "UTMALDG", "STG", "MUFU.EX2")
+    mine, theirs = opcode_counts(compiled.sass(), names), opcode_counts(plain.sass(), names)
+    pairs = 2 * 32
+    assert mine["LDG"] == 1 and mine["LDS"] - theirs["LDS"] == 2 * pairs  # gate and up of every pair
+    assert mine["UTMALDG"] - theirs["UTMALDG"] == 4  # h's two gate and two up boxes, one call site each
+    assert mine["STG"] == theirs["STG"] == 3 * pairs and mine["MUFU.EX2"] == theirs["MUFU.EX2"]
+    assert PREFETCH.h_buffer_bytes == 128 * 256 * 2 + 16
+    assert compiled.report.static_smem_bytes + PREFETCH.dynamic_smem_bytes <= 232448
+    assert PREFETCH.stages == 4 and CONFIG.replace(stages=4, prefetch_h=True) == PREFETCH
+
+
+def test_the_prefetching_twin_takes_a_tensor_map_of_h_in_boxes_of_128_rows_by_64_columns():
+    args = arguments(PREFETCH, 0x10000, 0x20000, 0x30000, 0x40004, 1000, 8, 1024, 768, preact_address=0x50000,
+                     act_address=0x60000)
+    h_map = args[-2]
+    assert isinstance(h_map, TiledMap) and h_map.address == 0x50000 and args[-1] == 0x60000
+    assert h_map.dims == (2 * 768, 1000) and h_map.box == (64, 128) and h_map.swizzle_bytes == 128
+    with pytest.raises(ValueError, match="ping-pong tiles without a cluster"):
+        CONFIG.replace(mode="cooperative", prefetch_h=True)
+    with pytest.raises(ValueError, match="ping-pong tiles without a cluster"):
+        FUSED_BACKWARD["k6/dswiglu-bn128"].replace(epilogue="none", prefetch_h=True)
+
+
+def test_the_epilogue_reads_h_where_tma_wrote_it():
+    """kernels/wgmma_config.cuh's swizzled_128b, as written there, is TMA's 128-byte swizzle
+    (moe_gemm.cuda.descriptors.swizzle): chunk c of row r of a 1 KB-aligned box 128 bytes wide."""
+    from moe_gemm.cuda.descriptors import swizzle
+
+    header = (KERNEL_DIR / "wgmma_config.cuh").read_text()
+    assert "return box + row * 128 + ((chunk ^ (row % 8)) << 4);" in header
+    for row in range(128):
+        for chunk in range(8):
+            assert swizzle(row * 128 + 16 * chunk, 128) == row * 128 + ((chunk ^ (row % 8)) << 4)
+
+
+def test_each_fused_configuration_has_its_record_name_and_the_prefetching_one_waits_for_a_gpu():
+    pytest.importorskip("torch")
+    from moe_gemm.torch.fused_backward import CONFIG as OP_CONFIG
+    from moe_gemm.torch.fused_backward import has_run, record_name
+
+    assert record_name(OP_CONFIG) == "torch/dswiglu" and has_run(OP_CONFIG)
+    assert record_name("k6/dswiglu-prefetch-bn128") == "torch/dswiglu-prefetch"
+    assert not has_run("k6/dswiglu-prefetch-bn128")
+    assert not any(n.startswith("torch/dswiglu-prefetch") for n in validation.kernel_configurations())

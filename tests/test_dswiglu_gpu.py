@@ -11,7 +11,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
-from moe_gemm.torch.fused_backward import fused  # noqa: E402
+from moe_gemm.torch.fused_backward import fused, has_run  # noqa: E402
+from moe_gemm.variants.k6.config import FUSED_BACKWARD  # noqa: E402
+
+
+@pytest.fixture(params=list(FUSED_BACKWARD))
+def config(request) -> str:
+    """Each fused configuration: h loaded by the epilogue, or prefetched by TMA; one not yet admitted skips."""
+    if not has_run(request.param):
+        pytest.skip(f"{request.param} is built, not yet run on a GPU (moe_gemm.torch.kernels.NOT_YET_RUN)")
+    return request.param
 
 
 def reference(dy: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor,
@@ -47,7 +56,7 @@ CASES = {
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", CASES)
-def test_dh_and_the_activation_match_fp32(cuda, case, dtype):
+def test_dh_and_the_activation_match_fp32(cuda, config, case, dtype):
     counts, hidden, inter = CASES[case]
     extra = 19 if case == "rows past the last end" else 0
     torch.manual_seed(len(case))
@@ -56,7 +65,7 @@ def test_dh_and_the_activation_match_fp32(cuda, case, dtype):
     w_down = (torch.randn(len(counts), inter, hidden, device=cuda) * hidden**-0.5).to(dtype)
     preact = (3 * torch.randn(rows, 2 * inter, device=cuda)).to(dtype)
     offs = torch.tensor(counts, device=cuda).cumsum(0).to(torch.int32)
-    dh, act = fused(dy, w_down, offs, preact)
+    dh, act = fused(dy, w_down, offs, preact, config)
     want_dh, want_act = reference(dy, w_down, offs, preact)
     ends = int(offs[-1])
     assert dh.dtype == act.dtype == dtype and torch.isfinite(dh[:ends]).all() and torch.isfinite(act[:ends]).all()
@@ -64,7 +73,7 @@ def test_dh_and_the_activation_match_fp32(cuda, case, dtype):
     assert relative(act[:ends], want_act) < 1e-2
 
 
-def test_one_graph_replayed_with_changing_routings(cuda):
+def test_one_graph_replayed_with_changing_routings(cuda, config):
     """Captured once, replayed after writing other expert ends into the same offs: the device walk reads them
     on every replay."""
     torch.manual_seed(3)
@@ -72,11 +81,11 @@ def test_one_graph_replayed_with_changing_routings(cuda):
     w_down = (torch.randn(4, 256, 256, device=cuda) / 16).to(torch.bfloat16)
     preact = torch.randn(900, 512, device=cuda).to(torch.bfloat16)
     offs = torch.tensor([200, 400, 600, 900], dtype=torch.int32, device=cuda)
-    fused(dy, w_down, offs, preact)
+    fused(dy, w_down, offs, preact, config)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        dh, act = fused(dy, w_down, offs, preact)
+        dh, act = fused(dy, w_down, offs, preact, config)
     for ends in ([0, 500, 501, 900], [900, 900, 900, 900], [64, 128, 700, 900]):
         offs.copy_(torch.tensor(ends, dtype=torch.int32))
         graph.replay()
@@ -84,7 +93,7 @@ def test_one_graph_replayed_with_changing_routings(cuda):
         assert relative(dh, want_dh) < 1e-2 and relative(act, want_act) < 1e-2, ends
 
 
-def test_the_fused_backward_is_clean_under_memcheck(cuda, tmp_path):
+def test_the_fused_backward_is_clean_under_memcheck(cuda, config, tmp_path):
     """compute-sanitizer memcheck on the fused kernel alone, with ragged experts, rows past the last end and
     I not a multiple of the tile: no access may leave dy, W_down, h, dh or the activation."""
     import subprocess
@@ -100,7 +109,7 @@ def test_the_fused_backward_is_clean_under_memcheck(cuda, tmp_path):
               "w = torch.randn(5, 200, 256, device='cuda').to(torch.bfloat16)\n"
               "h = torch.randn(700, 400, device='cuda').to(torch.bfloat16)\n"
               "offs = torch.tensor([0, 70, 71, 200, 650], dtype=torch.int32, device='cuda')\n"
-              "fused(dy, w, offs, h); torch.cuda.synchronize(); print('fused')\n")
+              f"fused(dy, w, offs, h, {config!r}); torch.cuda.synchronize(); print('fused')\n")
     proc = subprocess.run([tool, "--tool", "memcheck", "--report-api-errors", "no",
                            "--kernel-name", "kns=k6_persistent_dswiglu", sys.executable, "-c", script],
                           capture_output=True, text=True, timeout=600)

@@ -203,18 +203,22 @@ def models_table(records: Sequence[dict[str, Any]]) -> Table:
 def fused_backward_table(rows: Sequence[dict[str, Any]]) -> Table:
     from moe_gemm.measure.layer import fused_backward_extra
 
-    body = tuple((f"H={r['hidden']} I={r['intermediate']} E={r['experts']}", f"{r['tokens']:,}", f"{r['dgemm_ms']:.3f}",
-                  f"{r['dgemm_tile_ms']:.3f}" if "dgemm_tile_ms" in r else "-",
-                  f"{r['dswiglu_ms']:.3f}", f"{r['fused_ms']:.3f}", f"{fused_backward_extra(r):.2f}",
-                  f"{r['fused_error_vs_unfused']:.1e}") for r in rows)
-    return Table(("layer", "tokens", "dA ms", "dA tile ms", "pass ms", "fused ms", "extra", "vs unfused"), body,
+    def ms(row: dict[str, Any], key: str) -> str:
+        return f"{row[key]:.3f}" if key in row else "-"
+
+    body = tuple((f"H={r['hidden']} I={r['intermediate']} E={r['experts']}", f"{r['tokens']:,}", ms(r, "dgemm_ms"),
+                  ms(r, "dgemm_tile_ms"), ms(r, "dswiglu_ms"), ms(r, "fused_ms"), ms(r, "fused_prefetch_ms"),
+                  f"{fused_backward_extra(r):.2f}", f"{r['fused_error_vs_unfused']:.1e}") for r in rows)
+    return Table(("layer", "tokens", "dA ms", "dA tile ms", "pass ms", "fused ms", "prefetch ms", "extra",
+                  "vs unfused"), body,
                  title="SwiGLU's backward fused into the dA GEMM",
                  legend="dA: dY W_down^T on our op (its configuration tuned for the shape), writing dact [M, I]; "
                         "dA tile: the same GEMM on the fused kernel's tile, 128 x 128 ping-pong, 6 stages, no "
                         "cluster (k6/pingpong-bn128, W_down^T copied to [E, H, I]); pass: SwiGLU's backward as torch "
                         "operations "
                         "(dh [M, 2I] and the activation from dact and the saved pre-activation); fused: one k6 launch "
-                        f"writing dh and the activation; extra: (fused - dA) / pass, the target's measure (goal <= "
+                        "writing dh and the activation; prefetch: the same with h fetched by TMA during the tile's "
+                        "main loop; extra: (the faster fused - dA) / pass, the target's measure (goal <= "
                         f"{FUSED_TARGET}); vs unfused: relative difference of the outputs; graph replays, interleaved")
 
 

@@ -65,12 +65,14 @@ GPU_TESTS = {**{c.family: c.gpu_tests for c in CHAPTERS if c.gpu_tests and c.pas
 # Kernels a chapter runs that are not variants, each in the family whose GPU tests run it (the part of its
 # name before '/'): the torch layer's combine (chapter 08) and chapter 10's two FP8 quantizers, whose GPU
 # tests include compute-sanitizer memcheck on them.
-# The op's fused SwiGLU backward (chapter 09) is k6 with the "dswiglu" epilogue, in both 16-bit types; it is left
-# out while moe_gemm.torch.kernels.NOT_YET_RUN names it (built and compiled, its GPU tests not yet passed).
+# The op's fused SwiGLU backward (chapter 09) is k6 with the "dswiglu" epilogue, in both 16-bit types, and its twin
+# that prefetches h; each is left out while moe_gemm.torch.kernels.NOT_YET_RUN names it (built and compiled, its
+# GPU tests not yet passed).
 OTHER_KERNELS = {"torch/combine": COMBINE, "k8/quantize-1x128": QUANTIZE, "k8/quantize-128x128": QUANTIZE_WEIGHTS,
                  "k8/swiglu-quantize-1x128": SWIGLU_QUANTIZE,
-                 **{f"torch/dswiglu-{element}": (K6_SOURCE, FUSED_BACKWARD["k6/dswiglu-bn128"].replace(
-                     element=element, out=element).kernel_name) for element in ("bf16", "fp16")}}
+                 **{f"torch/dswiglu-{kind}{element}": (K6_SOURCE, FUSED_BACKWARD[config].replace(
+                     element=element, out=element).kernel_name) for element in ("bf16", "fp16")
+                    for kind, config in (("", "k6/dswiglu-bn128"), ("prefetch-", "k6/dswiglu-prefetch-bn128"))}}
 
 
 def not_yet_run(name: str) -> bool:

@@ -32,7 +32,7 @@ from moe_gemm.torch.launches import PointerLaunches
 from moe_gemm.torch.ops import grouped_mm, operands
 from moe_gemm.torch.swiglu import dswiglu
 
-CONFIG = "k6/dswiglu-bn128"
+CONFIG = "k6/dswiglu-bn128"  # the configuration the op launches; chapter 09 also times the others of FUSED_BACKWARD
 # Whether the op launches the fused kernel where it can: not while it is slower than the GEMM then the separate
 # pass somewhere. Chapter 09 measured it on an H100 (chapters/09/results/h100.json) at 0.57-2.21 separate passes
 # over the dA GEMM alone: faster than the unfused path (which costs one pass) at the Qwen3-like size, slower at
@@ -40,6 +40,19 @@ CONFIG = "k6/dswiglu-bn128"
 # tests/test_dswiglu.py holds it to the recorded measurement.
 LAUNCH_FUSED = False
 _warned: set[str] = set()
+
+
+def record_name(config: str) -> str:
+    """The validation record's name of FUSED_BACKWARD's ``config`` (less its dtype), as moe_gemm.torch.kernels.
+    NOT_YET_RUN names it: 'torch/dswiglu', and 'torch/dswiglu-prefetch' for the twin that prefetches h."""
+    from moe_gemm.variants.k6.config import FUSED_BACKWARD
+
+    return "torch/dswiglu" + ("-prefetch" if FUSED_BACKWARD[config].prefetch_h else "")
+
+
+def has_run(config: str) -> bool:
+    """Whether FUSED_BACKWARD's ``config`` has passed its GPU tests (is not in moe_gemm.torch.kernels.NOT_YET_RUN)."""
+    return record_name(config) not in NOT_YET_RUN
 
 
 def check(dy: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor, preact: torch.Tensor) -> None:
@@ -67,21 +80,23 @@ def refusal(dy: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor, preact: 
 
 
 @functools.cache
-def _variant(element: str) -> Any:
+def _variant(config: str, element: str) -> Any:
     from moe_gemm.variants.k6 import K6Persistent
     from moe_gemm.variants.k6.config import FUSED_BACKWARD
 
-    return K6Persistent(CONFIG, FUSED_BACKWARD[CONFIG].replace(element=element, out=element))
+    return K6Persistent(config, FUSED_BACKWARD[config].replace(element=element, out=element))
 
 
 class _Runner(PointerLaunches):
-    """The fused kernel on one shape and GPU, launched on (dy, w_down, dh, offs, preact, act)."""
+    """The fused kernel (configuration ``config``) on one shape and GPU, launched on (dy, w_down, dh, offs, preact,
+    act)."""
 
-    def __init__(self, element: str, index: int, tokens: int, experts: int, hidden: int, inter: int) -> None:
+    def __init__(self, config: str, element: str, index: int, tokens: int, experts: int, hidden: int,
+                 inter: int) -> None:
         from moe_gemm.variants.k6.launch import resident_slots
 
         super().__init__(index)
-        variant = _variant(element)
+        variant = _variant(config, element)
         self.kernel, self.config, self.shape = variant.compile(), variant.config, (tokens, experts, hidden, inter)
         with torch.cuda.device(index):
             sms = torch.cuda.get_device_properties(index).multi_processor_count
@@ -96,27 +111,28 @@ class _Runner(PointerLaunches):
 
 
 @functools.lru_cache(maxsize=64)
-def _runner(element: str, index: int, tokens: int, experts: int, hidden: int, inter: int) -> _Runner:
-    return _Runner(element, index, tokens, experts, hidden, inter)
+def _runner(config: str, element: str, index: int, tokens: int, experts: int, hidden: int, inter: int) -> _Runner:
+    return _Runner(config, element, index, tokens, experts, hidden, inter)
 
 
-def fused(dy: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor,
-          preact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The one k6 launch, for inputs the rules admit (the op calls it; its GPU tests call it directly)."""
+def fused(dy: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor, preact: torch.Tensor,
+          config: str = CONFIG) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one k6 launch of ``config`` (one of FUSED_BACKWARD), for inputs the rules admit (the op calls it with
+    CONFIG; its GPU tests and chapter 09 call it directly)."""
     tokens, hidden = dy.shape
     experts, inter, _ = w_down.shape
     dh, act = torch.empty_like(preact), dy.new_empty((tokens, inter))
     if tokens:  # a tensor map cannot describe 0 rows
         element = rules.K6_ELEMENTS[str(dy.dtype).removeprefix("torch.")]
-        _runner(element, dy.device.index, tokens, experts, hidden, inter)(dy, w_down, dh, offs.contiguous(), preact,
-                                                                           act)
+        _runner(config, element, dy.device.index, tokens, experts, hidden, inter)(dy, w_down, dh, offs.contiguous(),
+                                                                                   preact, act)
     return dh, act
 
 
 def _grouped_mm_dswiglu(dy: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor,
                         preact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     reason = refusal(dy, w_down, offs, preact)
-    if reason is None and LAUNCH_FUSED and "torch/dswiglu" not in NOT_YET_RUN:
+    if reason is None and LAUNCH_FUSED and has_run(CONFIG):
         return fused(dy, w_down, offs, preact)
     # A kernel not yet run or slower is the project's state, not the caller's input: that fallback is silent.
     if reason is not None and reason not in _warned and dy.is_cuda:

@@ -49,6 +49,9 @@ class K6Config:
     # (h) programmatic dependent launch: launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, the
     # kernel sets up its barriers while the launch before it on the stream finishes (the template's PDL)
     pdl: bool = False
+    # dswiglu only: the saved pre-activation h fetched by TMA into shared memory while the tile's main loop runs
+    # (k6::PrefetchH), instead of loaded by the epilogue from global memory
+    prefetch_h: bool = False
 
     def __post_init__(self) -> None:
         if self.element not in ("bf16", "fp16") or self.out not in ("bf16", "fp16", "fp32"):
@@ -56,6 +59,9 @@ class K6Config:
                              f"operands and {self.out} out")
         if self.pdl and self.epilogue != "none":
             raise ValueError("programmatic dependent launch is a rung of the plain GEMM (epilogue 'none')")
+        if self.prefetch_h and (self.epilogue != "dswiglu" or self.mode != "pingpong" or self.cluster != 1):
+            raise ValueError("h is prefetched for the SwiGLU backward's ping-pong tiles without a cluster (epilogue "
+                             "'dswiglu')")
 
     @property
     def bm(self) -> int:
@@ -79,7 +85,13 @@ class K6Config:
     def dynamic_smem_bytes(self) -> int:
         rings = 1 if self.mode == "pingpong" else 2  # the ping-pong epilogues share one staging ring
         staging = rings * self.staging_boxes * BOX * BOX * 2
-        return self.stages * self.stage_bytes + staging + SWIZZLE_ALIGN
+        return self.stages * self.stage_bytes + staging + self.h_buffer_bytes + SWIZZLE_ALIGN
+
+    @property
+    def h_buffer_bytes(self) -> int:
+        """prefetch_h: one tile's h, 128 rows of BN gate and BN up columns in 16-bit, and its two 8-byte barriers
+        (k6::PrefetchH); else 0."""
+        return WG_ROWS * 2 * self.bn * 2 + 16 if self.prefetch_h else 0
 
     def out_columns(self, N: int) -> int:
         """C's width for a GEMM N columns wide: N / 2 after the SwiGLU, 2N (dh) after its backward."""
@@ -90,7 +102,8 @@ class K6Config:
         types = f"{ELEMENT_CODES[self.element]}, {ELEMENT_CODES[self.out]}"
         mode = 0 if self.mode == "pingpong" else 1
         if self.epilogue == "dswiglu":
-            return f"{KERNEL_FUNCTION}_dswiglu<{mode}, {self.stages}, {ELEMENT_CODES[self.element]}>"
+            entry = f"{KERNEL_FUNCTION}_dswiglu" + ("_prefetch" if self.prefetch_h else "")
+            return f"{entry}<{mode}, {self.stages}, {ELEMENT_CODES[self.element]}>"
         if self.epilogue == "swiglu":
             entry = f"{KERNEL_FUNCTION}_swiglu" + ("" if self.cluster == 1 else "_cluster2")
             return f"{entry}<{mode}, {self.stages}, {self.staging_boxes}, {types}>"
@@ -182,6 +195,9 @@ FUSED: dict[str, K6Config] = {
 # 6 stages as k6/swiglu-bn128; the register epilogue needs one staging box, unused.
 FUSED_BACKWARD: dict[str, K6Config] = {
     "k6/dswiglu-bn128": K6Config("pingpong", 128, stages=6, staging_boxes=1, b_layout="nk", epilogue="dswiglu"),
+    # h by TMA into a 64 KB buffer while the tile's main loop runs: four stages fit beside it
+    "k6/dswiglu-prefetch-bn128": K6Config("pingpong", 128, stages=4, staging_boxes=1, b_layout="nk",
+                                          epilogue="dswiglu", prefetch_h=True),
 }
 
 # What k6/auto chooses among (its chooser: moe_gemm.variants.k6.auto).

@@ -54,12 +54,18 @@ def arguments(config: K6Config, a_address: int, b_address: int, c_address: int, 
     """The kernel's arguments in K6_PARAMS order: the three tensor maps (not yet encoded: that needs the
     driver), C, the host walk's unit list and its length (0 and 0 for the device walk), the expert
     ends, M_tot (the device walk clamps every end to it), E, the raster group, K and N; then, for the
-    SwiGLU's backward (epilogue "dswiglu"), the saved pre-activation and the activation it writes. (The
-    descriptor plans are compile-time constants: kernels/descriptor_steps.cuh, K_MAJOR_PLAN and MN_MAJOR_PLAN.)"""
+    SwiGLU's backward (epilogue "dswiglu"), the saved pre-activation (its tensor map where the configuration
+    prefetches it) and the activation it writes. (The descriptor plans are compile-time constants:
+    kernels/descriptor_steps.cuh, K_MAJOR_PLAN and MN_MAJOR_PLAN.)"""
     if (config.epilogue == "dswiglu") != bool(preact_address and act_address):
         raise ValueError("the dswiglu epilogue, and it alone, takes the addresses of the pre-activation and the "
                          "activation")
-    extra = (preact_address, act_address) if config.epilogue == "dswiglu" else ()
+    extra: tuple[Any, ...] = ()
+    if config.prefetch_h:  # h [M_tot, 2N] by TMA, in boxes of a warpgroup's 128 rows x 64 columns (k6::PrefetchH)
+        extra = (matrix_map("H", preact_address, rows=tokens, cols=2 * N, box_rows=128, box_cols=BK,
+                            element=config.element), act_address)
+    elif config.epilogue == "dswiglu":
+        extra = (preact_address, act_address)
     return (*tensor_maps(config, a_address, b_address, c_address, tokens, experts, K, N, b_strides), c_address,
             units_address, np.int32(units), ends_address, np.int32(tokens), np.int32(experts), np.int32(config.group),
             np.int32(K), np.int32(N), *extra)
