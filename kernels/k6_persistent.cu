@@ -47,7 +47,8 @@ enum Mode : int { PINGPONG = 0, COOPERATIVE = 1 };
 // the SwiGLU's pre-activation, from the accumulators (dact) and the saved pre-activation.
 enum Epilogue : int { STORE_C = 0, ACT_SWIGLU = 1, DACT_SWIGLU = 2 };
 
-template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES>
+template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
+          bool PRIVATE_RINGS = false>
 struct Config {
     static_assert(MODE == PINGPONG || MODE == COOPERATIVE, "ping-pong or cooperative consumers");
     static_assert(BN % sm90::BOX == 0 && BN <= 256, "BN is 64, 128, 192 or 256 columns");
@@ -78,7 +79,10 @@ struct Config {
     // setmaxnreg: a 128 x 192 warpgroup tile holds 192 fp32 accumulators per thread, so the
     // consumers take 232 registers and the producer keeps 40: 2 x 128 x 232 + 128 x 40 = 64,512.
     static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
-    static constexpr int STAGING_RINGS = MODE == PINGPONG ? 1 : 2;  // shared by the ping-pong epilogues
+    // One staging ring that the ping-pong epilogues take turns on, or (PRIVATE_RINGS, and cooperative tiles,
+    // whose two epilogues store at once) a ring per consumer warpgroup.
+    static constexpr bool SHARED_RING = MODE == PINGPONG && !PRIVATE_RINGS;
+    static constexpr int STAGING_RINGS = SHARED_RING ? 1 : 2;
     static constexpr unsigned STAGING_BYTES = STAGING_RINGS * STAGING_BOXES * sm90::BOX_BYTES;  // per block
     // The host sizes the launch the same way (moe_gemm.variants.k6.config): ring, staging and the 1 KB
     // the ring's alignment may cost, within the 227 KB a block may have less the static part (barriers,
@@ -317,7 +321,8 @@ __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TI
 // first write of C; once its consumers have taken their last unit it lets the next kernel's blocks be
 // scheduled (they start as this kernel's blocks leave their SMs).
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
-          bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT, bool PDL = false, bool PREFETCH_H = false>
+          bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT, bool PDL = false, bool PREFETCH_H = false,
+          bool PRIVATE_RINGS = false>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C, const int4* units_list,
                                         int num_units, const int* ends, int tokens, int experts, int group, int K,
@@ -325,7 +330,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
                                         const CUtensorMap* tmap_h = nullptr) {
     static_assert((IN == sm90::BF16 || IN == sm90::F16) && OUT >= sm90::BF16 && OUT <= sm90::F32,
                   "bf16 or fp16 operands; a bf16, fp16 or fp32 output");
-    using Cfg = Config<MODE, BN, STAGES, CLUSTER_M, CLUSTER_N, B_K_MAJOR, STAGING_BOXES>;
+    using Cfg = Config<MODE, BN, STAGES, CLUSTER_M, CLUSTER_N, B_K_MAJOR, STAGING_BOXES, PRIVATE_RINGS>;
     constexpr int CLUSTER = Cfg::CLUSTER;
     constexpr bool F16 = IN == sm90::F16;
     __shared__ alignas(8) unsigned long long full[STAGES];
@@ -395,7 +400,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
         float acc[Cfg::M_ITERS][BN / 2];
-        const unsigned my_staging = staging + (MODE == PINGPONG ? 0 : warpgroup) * STAGING_BOXES * sm90::BOX_BYTES;
+        const unsigned my_staging = staging + (Cfg::SHARED_RING ? 0 : warpgroup) * STAGING_BOXES * sm90::BOX_BYTES;
         const int mine = first < num_units ? (num_units - first + stride - 1) / stride : 0;  // this block's units
         int stage = 0, stored = 0;
         unsigned phase = 0;
@@ -432,12 +437,12 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             else
                 multiply<Cfg, 0, STAGES, CLUSTER, B_K_MAJOR, F16>(acc, a_slice, k_steps, ring, full, empty,
                                                              stage, phase, hand_over);
-            // Ping-pong: the epilogues take turns on the one staging ring. Each starts at its first
+            // Ping-pong with one staging ring: the epilogues take turns on it. Each starts at its first
             // box and, before handing over, waits until TMA has read every box it filled (bulk
             // groups are tracked per thread: the other warpgroup's issuer cannot wait for them).
-            if (MODE == PINGPONG && ordinal > 0)
+            if (Cfg::SHARED_RING && ordinal > 0)
                 named_barrier_sync(EPILOGUE_ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
-            if (MODE == PINGPONG) stored = 0;
+            if (Cfg::SHARED_RING) stored = 0;
             if constexpr (EPILOGUE == ACT_SWIGLU) {
                 if (slices > 0) {
                     float act[Cfg::M_ITERS][BN / 4];
@@ -468,7 +473,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
                 sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT>(acc, tile.y + row_offset, rows, tile.w, warpgroup, my_staging, stored,
                                               tmap_c, C, N);
             }
-            if (MODE == PINGPONG) {
+            if (Cfg::SHARED_RING) {
                 if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait_read<0>();
                 if (ordinal + 1 < mine)
                     named_barrier_arrive(EPILOGUE_ORDER_BARRIER + (warpgroup ^ 1), 2 * sm90::WARPGROUP);
@@ -497,11 +502,13 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     int tokens,                                  /* M_tot: the rows of A and C; every end is clamped to it  */ \
     int experts, int group, int K, int N
 
-// PDL (rung h), a trailing parameter with a default: the other rungs' instances keep their names and code.
+// PDL (rung h) and PRIVATE_RINGS (a staging ring per ping-pong warpgroup), trailing parameters with defaults:
+// the other rungs' instances keep their names and code.
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, int IN, int OUT,
-          bool PDL = false>
+          bool PDL = false, bool PRIVATE_RINGS = false>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAMS) {
-    k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, k6::STORE_C, IN, OUT, PDL>(
+    k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, k6::STORE_C, IN, OUT, PDL, false,
+                PRIVATE_RINGS>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 

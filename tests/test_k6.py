@@ -229,7 +229,8 @@ def test_every_kernel_name_fills_its_template_in_order():
         wanted = {"MODE": 0 if config.mode == "pingpong" else 1, "BN": config.bn, "STAGES": config.stages,
                   "B_K_MAJOR": config.b_layout == "nk", "STAGING_BOXES": config.staging_boxes,
                   "DEVICE_SCHEDULE": config.schedule == "device", "ALONG_M": config.cluster_along == "m",
-                  "IN": ELEMENT_CODES[config.element], "OUT": ELEMENT_CODES[config.out], "PDL": config.pdl}
+                  "IN": ELEMENT_CODES[config.element], "OUT": ELEMENT_CODES[config.out], "PDL": config.pdl,
+                  "PRIVATE_RINGS": config.private_rings}
         for (kind, parameter, _), value in zip(parameters, values):
             given = {"true": True, "false": False}[value] if kind == "bool" else int(value)
             assert given == wanted[parameter] and type(given) is type(wanted[parameter]), (name, parameter, value)
@@ -399,3 +400,20 @@ def test_rungs_not_yet_run_are_compiled_but_neither_run_nor_recorded():
     assert not NOT_YET_RUN & set(chapter_module("07").ladder_names())  # not checked or timed by the chapter
     assert not NOT_YET_RUN & set(validation.kernel_configurations())  # not in the validation record's scope
     assert not NOT_YET_RUN & set(AUTO_CANDIDATES)  # nor among what k6/auto (and so the op) launches
+
+
+def test_private_staging_rings_drop_the_epilogues_turns_and_a_stage():
+    """k6/pingpong-bn192-rings: a ring of three staging boxes per ping-pong warpgroup (as cooperative tiles have),
+    so the epilogue-order barrier's sync and arrive leave the SASS and the ring of stages shrinks to four."""
+    from moe_gemm.cuda.sass import opcode_counts
+
+    rings, shared = LADDER["k6/pingpong-bn192-rings"], LADDER["k6/pingpong-bn192"]
+    assert rings == shared.replace(stages=4, staging_boxes=3, private_rings=True)
+    assert rings.dynamic_smem_bytes == 4 * (128 + 192) * 64 * 2 + 2 * 3 * 64 * 64 * 2 + 1024
+    counts = {name: opcode_counts(K6Persistent(name).compile("sm_90a").sass(), ("BAR", "UTMASTG", "STSM"))
+              for name in ("k6/pingpong-bn192-rings", "k6/pingpong-bn192")}
+    assert counts["k6/pingpong-bn192"]["BAR"] - counts["k6/pingpong-bn192-rings"]["BAR"] == 2
+    assert counts["k6/pingpong-bn192"]["STSM"] == counts["k6/pingpong-bn192-rings"]["STSM"]
+    for wrong in ({"mode": "cooperative"}, {"epilogue": "swiglu", "bn": 128}, {"cluster": 2}):
+        with pytest.raises(ValueError, match="private staging rings"):
+            rings.replace(**wrong)
