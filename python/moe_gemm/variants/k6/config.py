@@ -55,6 +55,9 @@ class K6Config:
     # ping-pong only: a staging ring per consumer warpgroup, as cooperative tiles have, so that the epilogues no
     # longer take turns, at the price of a stage of the operand ring (the template's PRIVATE_RINGS)
     private_rings: bool = False
+    # clusters only: the blocks end on the producer's wait for the ring to drain (CUTLASS's producer tail) instead
+    # of the closing cluster barrier, so the idle producer warps leave at once (the template's PRODUCER_TAIL)
+    producer_tail: bool = False
 
     def __post_init__(self) -> None:
         if self.element not in ("bf16", "fp16") or self.out not in ("bf16", "fp16", "fp32"):
@@ -62,6 +65,8 @@ class K6Config:
                              f"operands and {self.out} out")
         if self.pdl and self.epilogue != "none":
             raise ValueError("programmatic dependent launch is a rung of the plain GEMM (epilogue 'none')")
+        if self.producer_tail and (self.cluster != 2 or self.epilogue != "none"):
+            raise ValueError("the producer tail replaces the closing cluster barrier of the plain GEMM's clusters")
         if self.private_rings and (self.mode != "pingpong" or self.epilogue != "none" or self.cluster != 1):
             raise ValueError("private staging rings are a rung of the plain ping-pong GEMM without a cluster")
         if self.prefetch_h and (self.epilogue != "dswiglu" or self.mode != "pingpong" or self.cluster != 1):
@@ -116,10 +121,12 @@ class K6Config:
         flag = "true" if self.b_layout == "nk" else "false"
         device = "true" if self.schedule == "device" else "false"
         along = (", true" if self.cluster_along == "m" else ", false") if self.cluster > 1 else ""
-        # trailing template parameters, false by default: PDL, then PRIVATE_RINGS
-        trailing = ", true" if self.pdl else ""
-        if self.private_rings:
-            trailing = f"{trailing or ', false'}, true"
+        # the trailing template parameters, false by default, written up to the last one set: PDL, then
+        # PRODUCER_TAIL (clusters) or PRIVATE_RINGS
+        flags = [self.pdl, self.producer_tail if self.cluster > 1 else self.private_rings]
+        while flags and not flags[-1]:
+            flags.pop()
+        trailing = "".join(f", {str(f).lower()}" for f in flags)
         return (f"{entry}<{mode}, {self.bn}, {self.stages}, {flag}, {self.staging_boxes}, {device}{along}, {types}"
                 f"{trailing}>")
 
@@ -129,7 +136,8 @@ class K6Config:
         cluster = "" if self.cluster == 1 else " 1x2" if self.cluster_along == "n" else " 2x1"
         group = f" g{self.group}" if self.group > 1 else ""
         types = "" if (self.element, self.out) == ("bf16", "bf16") else f" {self.element}->{self.out}"
-        extra = (" pdl" if self.pdl else "") + (" rings" if self.private_rings else "")
+        extra = "".join(f" {word}" for word, on in (("pdl", self.pdl), ("rings", self.private_rings),
+                                                    ("tail", self.producer_tail)) if on)
         return f"{self.bm}x{self.bn} {self.mode}{cluster}{group} s{self.stages}{types}{extra}"
 
     def replace(self, **changes) -> K6Config:
@@ -176,6 +184,10 @@ LADDER: dict[str, K6Config] = {
     # a staging ring of three boxes per ping-pong warpgroup, so four stages, not five: the shared ring's question
     # (what its fifth stage is worth) asked of the same kernel
     "k6/pingpong-bn192-rings": K6Config("pingpong", 192, stages=4, staging_boxes=3, private_rings=True),
+    # the M pair ending on the producer's tail, not a cluster barrier: the profile's barrier stalls without the
+    # three idle producer warps that wait in that barrier for the whole launch
+    "k6/pingpong-mcluster-bn192-tail": K6Config("pingpong", 192, stages=5, cluster=2, cluster_along="m",
+                                                staging_boxes=2, producer_tail=True),
 }
 # --8<-- [end:ladder]
 
@@ -183,7 +195,7 @@ LADDER: dict[str, K6Config] = {
 # them out (and says so), their GPU tests skip, and the validation record does not cover them. To admit them:
 # remove them here, then `python -m moe_gemm.measure.validation run k6` on an sm_90a GPU.
 NOT_YET_RUN: frozenset[str] = frozenset({"k6/pingpong-bn192-pdl", "k6/pingpong-mcluster-bn192-pdl",
-                                         "k6/pingpong-bn192-rings"})
+                                         "k6/pingpong-bn192-rings", "k6/pingpong-mcluster-bn192-tail"})
 
 # The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B = [W_gate | W_up],
 # C = silu(gate) * up [M_tot, N / 2]. BN = 128 (64 gate columns and their 64 up columns per tile), the
