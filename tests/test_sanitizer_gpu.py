@@ -11,13 +11,13 @@ import pytest
 from moe_gemm.core.chapters import CHAPTERS
 from moe_gemm.cuda.gpu import detect_gpu
 from moe_gemm.measure.sanitize_target import find_compute_sanitizer, sanitizer_command
-from moe_gemm.variants.registry import sanitized
+from moe_gemm.measure.validation import sanitized
 
 pytestmark = pytest.mark.gpu
 
 # The CUDA C++ families and the compute capability each needs (k1 is mma.sync, sm_80; k2 adds TMA,
 # sm_90; k3 wgmma, k5 its mixed tiles and k6 chapter 07's ladder, sm_90a), each checked on its
-# module's SANITIZED variants.
+# module's SANITIZED variants (and, under `validation run --admit`, on those not yet run).
 FAMILIES = {c.family: c.capability for c in CHAPTERS if c.sanitized}
 CLEAN = ("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards")
 

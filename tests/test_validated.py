@@ -25,8 +25,9 @@ def test_every_kernel_the_chapters_run_passed_its_gpu_tests_in_its_current_form(
 
 
 def test_the_record_names_only_kernels_that_exist():
+    """Admitted ones, and kernels not yet run that a `run --admit` recorded before their names left NOT_YET_RUN."""
     record = validation.load_record()
-    assert set(record["kernels"]) <= set(validation.kernel_configurations())
+    assert set(record["kernels"]) <= set(validation.kernel_configurations(pending=True))
 
 
 def test_each_record_says_where_and_what_passed():
@@ -105,9 +106,10 @@ def test_the_record_can_be_read_where_numpy_breaks_numba_cuda(monkeypatch):
 
 def test_run_with_no_family_named_takes_them_all(monkeypatch):
     taken = []
-    monkeypatch.setattr(validation, "run", lambda families, jobs: taken.append((families, jobs)) or 0)
+    monkeypatch.setattr(validation, "run", lambda families, jobs, admit: taken.append((families, jobs, admit)) or 0)
     assert validation.main(["run"]) == 0 and validation.main(["run", "k3", "--jobs", "2"]) == 0
-    assert taken == [(list(validation.GPU_TESTS), 8), (["k3"], 2)]
+    assert validation.main(["run", "k6", "--admit"]) == 0
+    assert taken == [(list(validation.GPU_TESTS), 8, False), (["k3"], 2, False), (["k6"], 8, True)]
 
 
 def test_an_unknown_family_is_refused_in_one_line(capsys):
@@ -153,3 +155,19 @@ def test_machine_code_is_the_listing_without_its_function_headers():
     renamed = listing.replace("_Z3fooILi1EEvv", "_Z3fooILi1ELi1EEvv")
     assert validation.machine_code(listing) == validation.machine_code(renamed)
     assert validation.machine_code(listing) != validation.machine_code(listing.replace("R1", "R2"))
+
+
+def test_admitting_records_the_kernels_not_yet_run_and_their_tests_stop_skipping(monkeypatch):
+    """`run --admit`: its hashes cover the kernels of NOT_YET_RUN (the PDL rungs, the prefetching fused backward),
+    and its pytest runs carry the variable the GPU tests read to run them instead of skipping."""
+    pending = set(validation.kernel_configurations(pending=True)) - set(validation.kernel_configurations())
+    assert pending and all(validation.not_yet_run(name) for name in pending)
+    assert {"k6/pingpong-bn192-pdl", "torch/dswiglu-prefetch-bf16"} <= pending
+    assert set(validation.current_hashes(pending=True)) - set(validation.current_hashes()) == pending
+    monkeypatch.delenv(validation.ADMIT_ENV, raising=False)
+    assert not validation.admitting() and not set(validation.sanitized("k6")) & pending
+    monkeypatch.setenv(validation.ADMIT_ENV, "1")
+    assert validation.admitting()
+    assert {n for n in pending if n.startswith("k6/")} <= set(validation.sanitized("k6"))  # compute-sanitizer too
+    with pytest.raises(SystemExit):  # the flag is parsed with the rest: --jobs 0 is still refused
+        validation.main(["run", "k6", "--admit", "--jobs", "0"])

@@ -4,7 +4,8 @@
 #             ceilings/<gpu>.json: the roofline every chapter and page reads
 #   validate  each kernel family's GPU tests and compute-sanitizer (memcheck, racecheck,
 #             synccheck), in parallel; what passes is recorded in kernels/validated.json
-#             (FAMILIES="k3 k5" for some of them; JOBS processes at once, default 8)
+#             (FAMILIES="k3 k5" for some of them; JOBS processes at once, default 8; ADMIT=1 runs and
+#             records the kernels not yet run too: the run names those that passed, to take out of NOT_YET_RUN)
 #   tests     the whole GPU-marked pytest suite in one process
 #   01 .. 10  each chapter's run.py, which writes chapters/NN/results/<gpu>.json; the default
 #             list is moe_gemm.core.chapters' (01 02 03 04 06: 05 needs a compute capability 10.x
@@ -50,7 +51,7 @@ for stage in "${stages[@]}"; do
     case $stage in
         ceilings) run_stage ceilings 900 python3 -m moe_gemm.measure.ceilings ;;
         validate) run_stage validate ${VALIDATE_TIMEOUT:-1500} python3 -m moe_gemm.measure.validation run ${FAMILIES:-} \
-                      --jobs ${JOBS:-8} ;;
+                      --jobs ${JOBS:-8} ${ADMIT:+--admit} ;;
         tests) run_stage tests ${TESTS_TIMEOUT:-900} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests ;;
         [0-9][0-9]) flags=FLAGS_$stage
                 run_stage "ch$stage" ${CHAPTER_TIMEOUT:-900} python3 "chapters/$stage/run.py" ${!flags:-} ;;

@@ -10,6 +10,7 @@ kernel and the command that makes the record:
 
     python -m moe_gemm.measure.validation status          # any machine: which kernels are stale
     python -m moe_gemm.measure.validation run [FAMILY..]   # on the GPU: test, sanitize, record
+    python -m moe_gemm.measure.validation run k6 --admit   # the same, the kernels not yet run included
     python -m moe_gemm.measure.validation carry [--from REV]   # any machine: carry records over
                                                                # unchanged machine code
 
@@ -86,19 +87,40 @@ NOT_SANITIZED = {"torch": "memcheck inside its GPU tests (test_the_combine_kerne
                           "test_the_fused_backward_is_clean_under_memcheck)",
                  "": f"not run (compute-sanitizer is run on the CUDA C++ families {', '.join(SANITIZED)})"}
 TEST_TIMEOUT_S = 1200
+TEST_TIMEOUT_EACH_S = 240
 
 
-def kernel_configurations() -> dict[str, tuple[str, str]]:
-    """Every kernel configuration the chapters run on a GPU: name -> (source under kernels/, instance).
-    A variant that only chooses among others (k6/auto: ``chooses_among``) has no kernel of its own."""
+def kernel_configurations(pending: bool = False) -> dict[str, tuple[str, str]]:
+    """Every kernel configuration the chapters run on a GPU: name -> (source under kernels/, instance); with
+    ``pending``, those built but not yet run on a GPU (not_yet_run) as well. A variant that only chooses among
+    others (k6/auto: ``chooses_among``) has no kernel of its own."""
     found = {name: (kernel.source, kernel.name) for name, kernel in CEILING_KERNELS.items()}
     found.update((name, kernel) for name, kernel in OTHER_KERNELS.items()
-                 if registry.family_of(name) in GPU_TESTS and not not_yet_run(name))
+                 if registry.family_of(name) in GPU_TESTS and (pending or not not_yet_run(name)))
     for family in GPU_TESTS:
         if family not in ("ceiling", "torch"):
             found.update((name, identity) for name in registry.names(family)
-                         if not not_yet_run(name) and (identity := kernel_identity(name)) is not None)
+                         if (pending or not not_yet_run(name)) and (identity := kernel_identity(name)) is not None)
     return found
+
+
+# ``run --admit`` sets this for its pytest runs: the GPU tests then run the kernels not yet run instead of
+# skipping them, and what passes is recorded; admitting them is then removing their names from NOT_YET_RUN.
+ADMIT_ENV = "MOE_GEMM_ADMIT"
+
+
+def admitting() -> bool:
+    """Whether this process runs the GPU tests of kernels not yet run (``run --admit``)."""
+    return os.environ.get(ADMIT_ENV) == "1"
+
+
+def sanitized(family: str) -> list[str]:
+    """The variants compute-sanitizer runs for ``family`` (registry.sanitized) and, while admitting, its variants
+    not yet run on a GPU too, whose new barriers are what racecheck and synccheck are for."""
+    chosen = registry.sanitized(family)
+    if admitting():
+        chosen += [name for name in registry.names(family) if not_yet_run(name) and name not in chosen]
+    return chosen
 
 
 def kernel_identity(name: str) -> tuple[str, str] | None:
@@ -114,9 +136,9 @@ def kernel_identity(name: str) -> tuple[str, str] | None:
     return variant.source, variant.kernel_name
 
 
-def current_hashes(kernel_dir: Path = KERNEL_DIR) -> dict[str, str]:
+def current_hashes(kernel_dir: Path = KERNEL_DIR, pending: bool = False) -> dict[str, str]:
     return {name: source_hash(source, instance, kernel_dir)
-            for name, (source, instance) in kernel_configurations().items()}
+            for name, (source, instance) in kernel_configurations(pending).items()}
 
 
 def load_record(path: Path = RECORD_PATH) -> dict[str, Any]:
@@ -141,13 +163,19 @@ def stale_message(names: Sequence[str]) -> str:
 
 # --------------------------------------------------------------------------- on the GPU
 
-def _pytest(args: list[str], name: str, scratch: Path) -> dict[str, Any]:
-    """One pytest run in a subprocess; its counts from the JUnit XML report."""
+def _pytest(args: list[str], name: str, scratch: Path, admit: bool = False) -> dict[str, Any]:
+    """One pytest run in a subprocess; its counts from the JUnit XML report. Each test gets TEST_TIMEOUT_EACH_S
+    where pytest-timeout is installed, so that a kernel that hangs costs one test's time, not the run's."""
+    import importlib.util
+
     report = scratch / f"{name.replace('/', '_')}.xml"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", f"--junitxml={report}",
                *args]
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        command.append(f"--timeout={TEST_TIMEOUT_EACH_S}")
+    env = {**os.environ, ADMIT_ENV: "1"} if admit else None
     proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=TEST_TIMEOUT_S,
-                          check=False)
+                          check=False, env=env)
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     if report.is_file():
         suite = ET.parse(report).getroot()
@@ -178,10 +206,11 @@ def family_outcome(family: str, results: list[dict[str, Any]]) -> dict[str, Any]
 
 def record_family(record: dict[str, Any], outcome: dict[str, Any], gpu: Any, hashes: dict[str, str]) -> None:
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    configurations = kernel_configurations(pending=True)
     for name, digest in hashes.items():
         if registry.family_of(name) != outcome["family"]:
             continue
-        source, instance = kernel_configurations()[name]
+        source, instance = configurations[name]
         record["kernels"][name] = {
             "source": source, "instance": instance, "hash": digest, "gpu": gpu.name,
             "compute_capability": f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}", "date": date,
@@ -268,7 +297,9 @@ def write_record(record: dict[str, Any], path: Path = RECORD_PATH) -> None:
     os.replace(tmp, path)
 
 
-def run(families: Sequence[str], jobs: int) -> int:
+def run(families: Sequence[str], jobs: int, admit: bool = False) -> int:
+    """``admit``: also the kernels not yet run on a GPU, in their families' GPU tests, recorded where the family
+    passes; the run then names them, to be taken out of NOT_YET_RUN."""
     from moe_gemm.cuda.gpu import detect_gpu
 
     gpu = detect_gpu()
@@ -276,7 +307,7 @@ def run(families: Sequence[str], jobs: int) -> int:
         print("validation runs on an sm_90a GPU (compute capability 9.0), where every family can run; "
               f"this machine has {gpu.name if gpu else 'no NVIDIA GPU'}", file=sys.stderr)
         return 2
-    hashes, record = current_hashes(), load_record()
+    hashes, record = current_hashes(pending=admit), load_record()
     record.setdefault("about", "Kernel configurations whose GPU tests and compute-sanitizer last passed, keyed by "
                                "the hash of their preprocessed source: python -m moe_gemm.measure.validation")
     status = 0
@@ -284,7 +315,7 @@ def run(families: Sequence[str], jobs: int) -> int:
     print(f"[validation] {len(planned)} pytest runs for {', '.join(families)}, {jobs} at a time", file=sys.stderr,
           flush=True)
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda run: _pytest(run[1], run[2], Path(scratch)), planned))
+        results = list(pool.map(lambda run: _pytest(run[1], run[2], Path(scratch), admit), planned))
     for family in families:
         outcome = family_outcome(family, [r for (f, _, _), r in zip(planned, results) if f == family])
         for r in outcome["runs"]:
@@ -300,6 +331,10 @@ def run(families: Sequence[str], jobs: int) -> int:
     write_record(record)
     left = stale(hashes, record)
     print(f"recorded in {RECORD_PATH}; stale now: {', '.join(left) or 'none'}")
+    admitted = sorted(name for name in hashes if not_yet_run(name) and name not in left)
+    if admitted:
+        print(f"not yet run until now, passed here: {', '.join(admitted)}; admit them by taking their names out of "
+              "moe_gemm.variants.k6.config.NOT_YET_RUN and moe_gemm.torch.kernels.NOT_YET_RUN")
     return status
 
 
@@ -310,6 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner = sub.add_parser("run", help="on an sm_90a GPU: run GPU tests and compute-sanitizer, record what passes")
     runner.add_argument("families", nargs="*", metavar="FAMILY",
                         help=f"families to validate (default: all of {', '.join(GPU_TESTS)})")
+    runner.add_argument("--admit", action="store_true",
+                        help="also run and record the kernels built but not yet run on a GPU (NOT_YET_RUN); the "
+                             "run names those that passed, to be taken out of NOT_YET_RUN")
     runner.add_argument("--jobs", type=positive_int("--jobs", MAX_JOBS), default=8,
                         help=f"pytest processes at once, at most {MAX_JOBS.value} (default 8)")
     carrier = sub.add_parser("carry", help="no GPU: carry the records of stale configurations whose SASS for "
@@ -331,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown famil{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
                      f"choose from {', '.join(GPU_TESTS)}")
-    return run(args.families or list(GPU_TESTS), args.jobs)
+    return run(args.families or list(GPU_TESTS), args.jobs, args.admit)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ SWIGLU_QUANTIZE = ("k8_quantize.cu", "swiglu_quantize_1x128")  # the FP8 layer's
 
 # Kernels the op would launch that are built, compiled and inspected on every machine but have not yet passed
 # their GPU tests: the op runs the same computation as torch operations instead, and the GPU validation record
-# leaves them out. To admit one: remove it here, then `python -m moe_gemm.measure.validation run torch` on an
-# sm_90a GPU. ("torch/dswiglu", the SwiGLU's backward fused into the dA GEMM, passed on an H100; its twin that
-# prefetches h by TMA has not run.)
+# leaves them out. To admit one: `python -m moe_gemm.measure.validation run torch --admit` on an sm_90a GPU
+# (its GPU tests run and, where they pass, it is recorded), then remove it here. ("torch/dswiglu", the SwiGLU's
+# backward fused into the dA GEMM, passed on an H100; its twin that prefetches h by TMA has not run.)
 NOT_YET_RUN: frozenset[str] = frozenset({"torch/dswiglu-prefetch"})
