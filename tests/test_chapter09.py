@@ -151,7 +151,7 @@ def test_the_fused_backward_misses_its_target_and_beats_the_unfused_path_where_t
     """The H100 measurement on the page: the target (0.4 passes) missed at every point; the fused launch cheaper
     than the GEMM then the pass (extra below 1) at the Qwen3-like size and the Mixtral-like one at 4,096 tokens,
     dearer at the DeepSeek-V3-like size."""
-    from moe_gemm.measure.layer import fused_backward_extra
+    from moe_gemm.measure.training import fused_backward_extra
 
     rows = (recorded("09", "h100") or {}).get("fused_backward")
     assert rows and len(rows) == 6
@@ -178,7 +178,7 @@ def test_sonicmoes_flops_are_the_sum_of_our_layers_gemms():
 
 
 def test_a_training_step_splits_into_forward_and_backward_as_sonicmoe_splits_it():
-    from moe_gemm.measure.layer import training_split
+    from moe_gemm.measure.training import training_split
     from moe_gemm.model.workloads import SONICMOE
 
     config = SONICMOE["7b"]
@@ -206,7 +206,7 @@ def test_the_sonicmoe_part_takes_its_configurations_by_name_and_refuses_others(c
 
 def test_the_tile_timed_as_a_plain_gemm_is_the_fused_kernels_own():
     """The dswiglu part's 'dA tile' is the fused kernel's tile, stages, cluster and walk as a validated plain rung."""
-    from moe_gemm.measure.layer import FUSED_TILE
+    from moe_gemm.measure.training import FUSED_TILE
     from moe_gemm.variants.k6.config import FUSED_BACKWARD, LADDER
 
     plain, fused = LADDER[FUSED_TILE], FUSED_BACKWARD["k6/dswiglu-bn128"]

@@ -88,8 +88,8 @@ def test_a_kernel_not_yet_run_is_left_out_of_the_record_and_named_by_status(caps
 def test_the_op_launches_the_fused_kernel_only_where_it_was_measured_faster():
     """LAUNCH_FUSED against chapter 09's measurement of it (the H100 run): the fused launch beats the dA GEMM then
     the separate pass only where it costs less than one pass over the GEMM alone."""
-    from moe_gemm.measure.layer import fused_backward_extra
     from moe_gemm.measure.results import recorded
+    from moe_gemm.measure.training import fused_backward_extra
 
     pytest.importorskip("torch")
     from moe_gemm.torch.fused_backward import LAUNCH_FUSED

@@ -203,7 +203,7 @@ def test_the_training_step_of_every_way_gives_our_gradients():
     ways, on the CPU: the torch layer's and transformers' grouped_mm block's gradients, in our layout,
     are ours; the step leaves one set of gradients, not a sum over calls."""
     pytest.importorskip("transformers")
-    from moe_gemm.measure.layer import TRAIN_WAYS, trainable, training_step
+    from moe_gemm.measure.training import TRAIN_WAYS, trainable, training_step
 
     layer, x = layer_and_input(torch.bfloat16, seed=7, tokens=32)
     x.requires_grad_()

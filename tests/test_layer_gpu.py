@@ -50,7 +50,7 @@ def test_the_training_step_captures_and_replays_to_the_eager_gradients(cuda):
     """Chapter 08's training step of our layer: captured in one CUDA graph, a replay gives the eager
     step's gradients (the same routing, the same kernels, up to the order of atomic sums); its peak
     memory is positive and below the activations' upper bound at this size."""
-    from moe_gemm.measure.layer import peak_memory, trainable, training_step
+    from moe_gemm.measure.training import peak_memory, trainable, training_step
     from moe_gemm.torch.bench import capture
 
     torch.manual_seed(1)
@@ -112,7 +112,7 @@ def test_the_quack_training_way_gives_our_gradients(cuda):
     """Chapter 08's training step on quack's kernels (moe_gemm.torch.peer_layers.quack_training: gemm_act,
     gemm_dact, the varlen-K gemm), its gradients mapped back to our layout, against our layer's: 2e-2, as the
     CPU test holds the torch layer and transformers' block. Skipped where quack is not installed."""
-    from moe_gemm.measure.layer import trainable, training_step
+    from moe_gemm.measure.training import trainable, training_step
     from moe_gemm.variants.peer.quack import quack_available
 
     if quack_available() is not None:
@@ -135,7 +135,7 @@ def test_the_quack_training_way_gives_our_gradients(cuda):
 def test_a_sonicmoe_style_measurement_splits_each_ways_step(cuda):
     """Chapter 09's sonicmoe part at a small size: each way's step, its forward alone, their difference as the
     backward, the throughputs positive and the gradients of the torch way within bf16 rounding of ours."""
-    from moe_gemm.measure.layer import measure_training_config
+    from moe_gemm.measure.training import measure_training_config
     from moe_gemm.model.workloads import LayerShape, TrainingConfig
 
     config = TrainingConfig("tiny", LayerShape("tiny", 512, 256, 16, 4), 1024, "a test")

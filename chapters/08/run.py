@@ -68,19 +68,9 @@ from moe_gemm.chapter import (
 from moe_gemm.core.checks import MAX_LAYER_TOKENS, MAX_ROWS
 from moe_gemm.core.cli import positive_int
 from moe_gemm.measure.bucketing import EDGES, bucket_ends
-from moe_gemm.measure.layer import (
-    STEPS,
-    TRAIN_TOKENS,
-    TRAIN_WAYS,
-    WAYS,
-    compile_check,
-    host_probe,
-    layer_key,
-    measure_fused,
-    measure_layer,
-    measure_train,
-)
+from moe_gemm.measure.layer import STEPS, WAYS, compile_check, host_probe, layer_key, measure_fused, measure_layer
 from moe_gemm.measure.scoreboard import MODELS_GROUP, scoreboard_groups, scoreboard_rows
+from moe_gemm.measure.training import TRAIN_TOKENS, TRAIN_WAYS, measure_train
 
 CHAPTER = "08"
 REQUIRES = SM90A

@@ -141,7 +141,7 @@ def workloads_of(records: Sequence[dict[str, Any]], part: str) -> list[Workload]
 
 
 def target_rows(records: Sequence[dict[str, Any]], fused: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
-    from moe_gemm.measure.layer import fused_backward_extra
+    from moe_gemm.measure.training import fused_backward_extra
 
     rows = []
 
@@ -201,7 +201,7 @@ def models_table(records: Sequence[dict[str, Any]]) -> Table:
 
 
 def fused_backward_table(rows: Sequence[dict[str, Any]]) -> Table:
-    from moe_gemm.measure.layer import fused_backward_extra
+    from moe_gemm.measure.training import fused_backward_extra
 
     def ms(row: dict[str, Any], key: str) -> str:
         return f"{row[key]:.3f}" if key in row else "-"
@@ -345,7 +345,8 @@ def run_on_gpu(args, gpu) -> int:
     if "dswiglu" in args.parts and not torch_available():
         print("the dswiglu part is not measured: torch is not installed\n")
     elif "dswiglu" in args.parts:
-        from moe_gemm.measure.layer import layer_key, measure_fused_backward
+        from moe_gemm.measure.layer import layer_key
+        from moe_gemm.measure.training import measure_fused_backward
 
         for key, shape in LAYERS.items():  # a stopped run keeps every size it finished
             results.replace("fused_backward", measure_fused_backward(shape, FUSED_TOKENS), layer_key)
@@ -355,7 +356,7 @@ def run_on_gpu(args, gpu) -> int:
     if "sonicmoe" in args.parts and not torch_available():
         print("the sonicmoe part is not measured: torch is not installed\n")
     elif "sonicmoe" in args.parts:
-        from moe_gemm.measure.layer import measure_training_config
+        from moe_gemm.measure.training import measure_training_config
 
         for key in args.configs:  # a stopped run keeps every configuration it finished
             config = SONICMOE[key]

@@ -1,0 +1,269 @@
+"""Measuring an MoE layer's training on torch tensors: the training step (forward and backward of a fixed output
+gradient, no optimizer) of our layer and of its peers with its peak memory, for chapter 08; the same at
+SonicMoE's configurations split into its forward and its backward, and SwiGLU's backward fused into the dA GEMM
+against its unfused parts, for chapter 09.
+
+Every measurement runs on the GPU and imports torch when called, so this module loads where torch is not
+installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from moe_gemm.measure.check import progress
+from moe_gemm.measure.layer import Row, at_each_token_count, eager_and_graph, relative_error, seeded_layer
+from moe_gemm.model.workloads import LayerShape, TrainingConfig
+
+# The training step (forward, then backward of a fixed output gradient; no optimizer): our layer, the same
+# code on torch._grouped_mm (torch's autograd), transformers' block on its default grouped_mm experts, and
+# the experts on quack's kernels (moe_gemm.torch.peer_layers.quack_training) where quack is installed.
+TRAIN_WAYS = ("train/ours", "train/torch_grouped_mm", "train/transformers", "train/quack")
+TRAIN_TOKENS = (4096, 32768)
+# The gradients compared with ours: the router's whole, the first 8 experts' weights. Keeping a copy of
+# all of ours would be DeepSeek-V3-like's 22.5 GB of bf16 weights again, beside transformers' copy of
+# the weights, its gradients, and the capture's warm-up and graph pool each holding a set of gradients.
+CHECKED_EXPERTS = 8
+
+
+class Trainable(NamedTuple):
+    """One way of running the layer's training step: its forward pass, the tensors that get gradients,
+    and those gradients in our layer's layout (gate [E, H], w_gate_up [E, H, 2I], w_down [E, I, H])."""
+
+    forward: Callable[[Any], Any]
+    parameters: list[Any]
+    gradients: Callable[[], list[Any]]
+
+
+def trainable(layer: Any, way: str) -> Trainable:
+    """``way`` (one of TRAIN_WAYS) over ``layer``'s weights: our layer and the torch layer share them;
+    transformers' block and quack's interleaved W_gate_up are copies, built here, so their weights and
+    gradients exist only for their turn. A ValueError for quack where it is not installed."""
+    from moe_gemm.torch.layer import torch_grouped_mm, transformers_forward
+    from moe_gemm.torch.peer_layers import quack_training, transformers_block_of
+
+    ours = list(layer.parameters())
+    if way == "train/ours":
+        return Trainable(layer, ours, lambda: [p.grad for p in ours])
+    if way == "train/torch_grouped_mm":
+        return Trainable(lambda x: layer(x, gemm=torch_grouped_mm), ours, lambda: [p.grad for p in ours])
+    if way == "train/transformers":
+        block = transformers_block_of(layer, "grouped_mm")
+        experts = block.experts
+        return Trainable(lambda x: transformers_forward(block, x), list(block.parameters()),
+                         lambda: [block.gate.weight.grad, experts.gate_up_proj.grad.transpose(1, 2),
+                                  experts.down_proj.grad.transpose(1, 2)])
+    if way == "train/quack":
+        found = quack_training(layer)
+        if found is None:
+            raise ValueError("train/quack needs quack (the peers extra) on an sm_90a GPU")
+        return Trainable(*found)
+    raise ValueError(f"way must be one of {TRAIN_WAYS}, got {way!r}")
+
+
+def drop_gradients(tensors: Sequence[Any]) -> None:
+    """Set each tensor's gradient to None (freed, not zeroed: the next backward allocates it anew)."""
+    for tensor in tensors:
+        tensor.grad = None
+
+
+def training_step(way: Trainable, x: Any, dy: Any) -> Callable[[], None]:
+    """One step without the optimizer: the gradients dropped (set to None, so that a captured step
+    allocates its own, as torch's whole-network capture example does), the forward pass, and the
+    backward of a fixed output gradient ``dy`` into the parameters and the input ``x``."""
+
+    def step() -> None:
+        drop_gradients([*way.parameters, x])
+        way.forward(x).backward(dy)
+
+    return step
+
+
+def checked(gradients: Sequence[Any]) -> list[Any]:
+    """The gradients compared with ours: the router's, and the first CHECKED_EXPERTS experts' weights'."""
+    router, *experts = gradients
+    return [router, *(g[:CHECKED_EXPERTS] for g in experts)]
+
+
+def peak_memory(step: Callable[[], None], tensors: Sequence[Any]) -> int:
+    """Bytes one eager ``step`` allocates at its peak over what was allocated before it (the weights,
+    the inputs), less the gradients it leaves on ``tensors``: its activations and workspace."""
+    import torch
+
+    drop_gradients(tensors)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    gradients = sum(t.grad.numel() * t.grad.element_size() for t in tensors if t.grad is not None)
+    return torch.cuda.max_memory_allocated() - before - gradients
+
+
+def train_ways(with_transformers: bool) -> tuple[str, ...]:
+    """The ways measure_train times: TRAIN_WAYS, less transformers' unless asked, less quack's where it is
+    not installed."""
+    from moe_gemm.variants.peer.quack import quack_available
+
+    return tuple(w for w in TRAIN_WAYS if (w != "train/transformers" or with_transformers)
+                 and (w != "train/quack" or quack_available() is None))
+
+
+def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool,
+                  forward_too: bool = False) -> list[Row]:
+    """Each of TRAIN_WAYS' training steps over one seeded_layer at each token count, on the same tokens
+    and output gradient: its peak memory, its time eagerly and as CUDA-graph replays (eager_and_graph),
+    and its gradients' error against ours (the worst of gate, w_gate_up, w_down; checked()). ``forward_too``:
+    also the forward pass alone with autograd recording (``forward_eager_ms``), eagerly, as SonicMoE times it
+    to split a step into its forward and its backward."""
+    import torch
+
+    from moe_gemm.torch.bench import time_call
+    from moe_gemm.torch.ops import offsets_unchecked
+
+    layer = seeded_layer(shape)
+    rows = []
+    for tokens in tokens_list:
+        x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16).requires_grad_()
+        dy = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
+        reference = None
+        for name in train_ways(with_transformers):
+            progress(f"[{shape.label}, {tokens:,} tokens] {name}: forward + backward")
+            way = trainable(layer, name)
+            step, tensors = training_step(way, x, dy), [*way.parameters, x]
+            try:
+                with offsets_unchecked():
+                    memory = peak_memory(step, tensors)
+                    gradients = checked(way.gradients())
+                    reference = [g.clone() for g in gradients] if reference is None else reference
+                    error = max(relative_error(g, r) for g, r in zip(gradients, reference))
+                    del gradients
+                    timed = eager_and_graph(step, release=lambda tensors=tensors: drop_gradients(tensors))
+                    if forward_too:
+                        timed["forward_eager_ms"] = time_call(lambda way=way: way.forward(x), graph=False).median_ms
+            except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as error:
+                # a way that cannot hold this size is left out, and so is quack's where its kernels fail (a peer's
+                # failure, reported); any other failure is ours or torch's, and stops the run
+                if not isinstance(error, torch.cuda.OutOfMemoryError) and name != "train/quack":
+                    raise
+                progress(f"  {name} is not timed at {tokens:,} tokens: {type(error).__name__}: "
+                         f"{(str(error).splitlines() or [''])[0]}")
+                drop_gradients(tensors)
+                del way, step, tensors
+                torch.cuda.empty_cache()
+                continue
+            if timed["graph_error"]:
+                progress(f"  {name} is timed eagerly: it does not capture ({timed['graph_error']})")
+            rows.append({"variant": name, **shape.fields(tokens), **timed, "peak_extra_bytes": memory,
+                         "grad_rel_error_vs_ours": error})
+            drop_gradients(tensors)
+            del way, step, tensors
+            torch.cuda.empty_cache()  # transformers' copy of the weights and the graphs' pools go before the next way
+    return rows
+
+
+def measure_training_config(config: TrainingConfig) -> list[Row]:
+    """A training step of each way but transformers' (its block holds a second copy of the weights) at one of
+    SonicMoE's configurations, its forward timed alone too; each row carries the configuration's name and
+    training_split's throughputs."""
+    rows = measure_train(config.layer, [config.tokens], with_transformers=False, forward_too=True)
+    return [{**row, "config": config.name, **training_split(row, config)} for row in rows]
+
+
+def training_split(row: Row, config: TrainingConfig) -> dict[str, float]:
+    """SonicMoE's accounting of one eager training step (its benchmarks/moe-cute.py): the forward with autograd
+    recording, the backward as the step's time less the forward's, each over its GEMM FLOPs
+    (TrainingConfig.flops), in TFLOP/s; backward_ms as well."""
+    flops = config.flops()
+    backward_ms = row["eager_ms"] - row["forward_eager_ms"]
+    return {"backward_ms": backward_ms,
+            "forward_tflops": flops["forward"] / (row["forward_eager_ms"] * 1e9),
+            "backward_tflops": flops["backward"] / (backward_ms * 1e9) if backward_ms > 0 else float("nan"),
+            "step_tflops": flops["step"] / (row["eager_ms"] * 1e9)}
+
+
+FUSED_BACKWARD_CHECK = 2e-2  # the fused kernel against the unfused path (both bf16; the fused one rounds once)
+
+
+def measure_fused_backward(shape: LayerShape, tokens_list: Sequence[int]) -> list[Row]:
+    """Chapter 09's test of SwiGLU's backward fused into the dA GEMM (:func:`fused_backward`) at one layer size."""
+    return at_each_token_count(shape, tokens_list, "dA with SwiGLU's backward fused, dA alone, SwiGLU's backward",
+                               fused_backward)
+
+
+def fused_backward(layer: Any, x: Any) -> dict[str, float]:
+    """The dA GEMM of GEMM 2 with SwiGLU's backward fused (moe_gemm.torch.fused_backward.fused, launched directly:
+    the op waits for the validation record), the dA GEMM alone (dact [M, I] written) and SwiGLU's backward as
+    torch operations (moe_gemm.torch.swiglu.dswiglu), in interleaved rounds of graph replays after one eager call
+    of each GEMM (the op tunes a new shape there). First the fused result is checked against the unfused one: a
+    RuntimeError, and nothing timed, beyond FUSED_BACKWARD_CHECK. Also the bytes the separate pass moves at
+    best (dact read, h read, dh and the activation written) and those the fused kernel adds to the GEMM (h read,
+    dh and the activation written, dact not written)."""
+    import torch
+
+    from moe_gemm.torch.bench import time_interleaved
+    from moe_gemm.torch.fused_backward import fused, has_run, refusal
+    from moe_gemm.torch.layer import dispatch
+    from moe_gemm.torch.ops import grouped_mm
+    from moe_gemm.torch.swiglu import dswiglu
+    from moe_gemm.variants.k6.config import FUSED_BACKWARD
+
+    _, _, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)
+    h = grouped_mm(rows, layer.w_gate_up, offs)
+    dy = torch.randn(rows.shape, device=rows.device).to(rows.dtype)
+    w_down_t = layer.w_down.transpose(1, 2)
+    reason = refusal(dy, layer.w_down, offs, h)
+    if reason is not None:
+        raise ValueError(f"the fused SwiGLU backward cannot take this layer's shapes: {reason}")
+    dact = grouped_mm(dy, w_down_t, offs)
+    want = dswiglu(dact, h)
+    calls, errors = {}, {}
+    for config in (c for c in FUSED_BACKWARD if has_run(c)):  # the twin that prefetches h once it has passed
+        key = FUSED_KEYS[FUSED_BACKWARD[config].prefetch_h]
+        error = max(relative_error(g, w) for g, w in zip(fused(dy, layer.w_down, offs, h, config), want))
+        if error > FUSED_BACKWARD_CHECK:
+            raise RuntimeError(f"{config} is {error:.2e} from the unfused SwiGLU backward (allowed "
+                               f"{FUSED_BACKWARD_CHECK}): not timed")
+        errors[f"{key}_error_vs_unfused"] = error
+        calls[key] = lambda config=config: fused(dy, layer.w_down, offs, h, config)
+    tile, tile_error = fused_tile_gemm(dy, w_down_t, offs, dact)
+    timed = time_interleaved({**calls, "dgemm": lambda: grouped_mm(dy, w_down_t, offs), "dgemm_tile": tile,
+                              "dswiglu": lambda: dswiglu(dact, h)})
+    m, inter = dact.shape
+    return {**{f"{name}_ms": t.median_ms for name, t in timed.items()}, **errors, "dgemm_tile_error": tile_error,
+            "dswiglu_pass_bytes": m * inter * 2 * 6, "fused_adds_bytes": m * inter * 2 * 4}
+
+
+# The dswiglu part's names for the fused configurations' times: h loaded by the epilogue, or prefetched by TMA.
+FUSED_KEYS = {False: "fused", True: "fused_prefetch"}
+
+
+FUSED_TILE = "k6/pingpong-bn128"  # the fused kernel's tile, stages and walk (k6/dswiglu-bn128) as a plain GEMM
+
+
+def fused_tile_gemm(dy: Any, w_down_t: Any, offs: Any, dact: Any) -> tuple[Callable[[], None], float]:
+    """The dA GEMM on the fused kernel's own tile (128 x 128 ping-pong, six stages, no cluster: FUSED_TILE) instead
+    of the configuration the op tuned for the shape, and its output's relative error against the op's ``dact``
+    (a RuntimeError beyond FUSED_BACKWARD_CHECK): what the fused kernel's extra time owes to its tile. The rung
+    validated on the GPU reads B as [E, K, N], so W_down^T is copied to that layout once (the wgmma reads either
+    layout at one rate)."""
+    import torch
+
+    from moe_gemm.torch.ops import _launcher
+
+    element = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dy.dtype]
+    out = torch.empty_like(dact)
+    launch = _launcher(FUSED_TILE, "kn", (element, element), dy, w_down_t.contiguous(), offs, out)  # holds them
+    launch()
+    error = relative_error(out, dact)
+    if error > FUSED_BACKWARD_CHECK:
+        raise RuntimeError(f"{FUSED_TILE} on the dA GEMM is {error:.2e} from the op's (allowed {FUSED_BACKWARD_CHECK})")
+    return launch, error
+
+
+def fused_backward_extra(row: Row) -> float:
+    """The fused launch's time over the dA GEMM alone, in separate SwiGLU-backward passes: chapter 09's target.
+    The faster of the fused configurations the row timed counts (the one that prefetches h, where it ran)."""
+    fused_ms = min(row[f"{key}_ms"] for key in FUSED_KEYS.values() if f"{key}_ms" in row)
+    return (fused_ms - row["dgemm_ms"]) / row["dswiglu_ms"]
