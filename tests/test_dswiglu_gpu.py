@@ -74,6 +74,21 @@ def test_dh_and_the_activation_match_fp32(cuda, config, case, dtype):
     assert relative(act[:ends], want_act) < 1e-2
 
 
+def test_many_tiles_per_block_each_with_its_own_h(cuda, config):
+    """About eight tiles per block (1,024 over the GPU's blocks), so each warpgroup's epilogue runs several times
+    and the prefetched h's buffer and barriers go round their phases: every tile's h, none of its neighbour's."""
+    torch.manual_seed(5)
+    counts, hidden, inter = (2048,) * 8, 256, 1024
+    rows = sum(counts)
+    dy = torch.randn(rows, hidden, device=cuda).to(torch.bfloat16)
+    w_down = (torch.randn(len(counts), inter, hidden, device=cuda) * hidden**-0.5).to(torch.bfloat16)
+    preact = (3 * torch.randn(rows, 2 * inter, device=cuda)).to(torch.bfloat16)
+    offs = torch.tensor(counts, device=cuda).cumsum(0).to(torch.int32)
+    dh, act = fused(dy, w_down, offs, preact, config)
+    want_dh, want_act = reference(dy, w_down, offs, preact)
+    assert relative(dh, want_dh) < 1e-2 and relative(act, want_act) < 1e-2
+
+
 def test_one_graph_replayed_with_changing_routings(cuda, config):
     """Captured once, replayed after writing other expert ends into the same offs: the device walk reads them
     on every replay."""
