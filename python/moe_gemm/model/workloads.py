@@ -240,7 +240,9 @@ SONICMOE = {
     "default": TrainingConfig("SonicMoE default", LayerShape("SonicMoE default", 4096, 1024, 128, 8), 32768,
                               "SonicMoE's README and benchmarks/moe-cute.py"),
     "7b": TrainingConfig("SonicMoE 7B", LayerShape("SonicMoE 7B", 1536, 256, 128, 8), 24576,
-                         "SonicMoE's paper, its 7B configuration"),
+                         "SonicMoE's paper, its 7B configuration, as transcribed; not re-checked against "
+                         "its table here"),
     "30b": TrainingConfig("SonicMoE 30B", LayerShape("SonicMoE 30B", 4096, 1024, 64, 4), 32768,
-                          "SonicMoE's paper, its 30B configuration"),
+                          "SonicMoE's paper, its 30B configuration, as transcribed; not re-checked against "
+                          "its table here"),
 }
