@@ -81,3 +81,17 @@ def test_the_host_walk_launches_no_more_clusters_than_units(stand_in_maps, units
     config = LADDER["k6/pingpong-cluster-bn192-host"]
     run = launcher(object(), config, 66, A, B, C, ENDS, TOKENS, E, K, N, units_address=UNITS, units=units)
     assert run.grid == grid
+
+
+@pytest.mark.parametrize("name", ["k6/pingpong-bn192-pdl", "k6/pingpong-mcluster-bn192-pdl", "k6/pingpong-bn192"])
+def test_a_pdl_rung_launches_programmatically_and_its_twin_does_not(stand_in_maps, monkeypatch, name):
+    """The PDL rungs' launches go to cuLaunchKernelEx with the stream-serialization attribute (a PDL rung launched
+    without it would time as its twin); the same 12 arguments either way."""
+    import moe_gemm.variants.k6.launch as k6_launch
+
+    taken = []
+    monkeypatch.setattr(k6_launch, "launch", lambda *args, **options: taken.append(options))
+    run = launcher(object(), LADDER[name], 66, A, B, C, ENDS, TOKENS, E, K, N, stream=1234)
+    run()
+    assert run.programmatic == LADDER[name].pdl and len(run.args.pointers) == 12
+    assert taken == [{"stream": 1234, "device": None, "programmatic": LADDER[name].pdl}]
