@@ -149,9 +149,11 @@ def test_the_epilogue_reads_h_where_tma_wrote_it():
 def test_each_fused_configuration_has_its_record_name_and_the_prefetching_one_waits_for_a_gpu():
     pytest.importorskip("torch")
     from moe_gemm.torch.fused_backward import CONFIG as OP_CONFIG
-    from moe_gemm.torch.fused_backward import has_run, record_name
+    from moe_gemm.torch.fused_backward import has_run
+    from moe_gemm.torch.kernels import FUSED_BACKWARD_RECORDS
 
-    assert record_name(OP_CONFIG) == "torch/dswiglu" and has_run(OP_CONFIG)
-    assert record_name("k6/dswiglu-prefetch-bn128") == "torch/dswiglu-prefetch"
+    assert set(FUSED_BACKWARD_RECORDS) == set(FUSED_BACKWARD)  # every fused configuration has its record name
+    assert FUSED_BACKWARD_RECORDS[OP_CONFIG] == "torch/dswiglu" and has_run(OP_CONFIG)
+    assert FUSED_BACKWARD_RECORDS["k6/dswiglu-prefetch-bn128"] == "torch/dswiglu-prefetch"
     assert not has_run("k6/dswiglu-prefetch-bn128")
     assert not any(n.startswith("torch/dswiglu-prefetch") for n in validation.kernel_configurations())

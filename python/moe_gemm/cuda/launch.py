@@ -136,11 +136,13 @@ def _driver_launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, in
                                        driver.CUstream(handle), args.address, 0))
 
 
+@functools.lru_cache(maxsize=64)
 def programmatic_launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int):
     """cuLaunchKernelEx's configuration for a programmatic dependent launch: the attribute
     PROGRAMMATIC_STREAM_SERIALIZATION lets this launch begin before the one before it on the stream has
     finished (the kernel's griddepcontrol.wait then orders its reads after that one's writes); a stream
-    capture records it as a programmatic edge of the graph. Built without the driver: a CPU test reads it."""
+    capture records it as a programmatic edge of the graph. Built once per grid, block, shared memory and
+    stream (a launch in a timing loop repeats them), without the driver: a CPU test reads it."""
     from cuda.bindings import driver
 
     attribute = driver.CUlaunchAttribute()

@@ -251,8 +251,9 @@ def fused_tile_gemm(dy: Any, w_down_t: Any, offs: Any, dact: Any) -> tuple[Calla
     import torch
 
     from moe_gemm.torch.ops import _launcher
+    from moe_gemm.torch.rules import K6_ELEMENTS
 
-    element = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dy.dtype]
+    element = K6_ELEMENTS[str(dy.dtype).removeprefix("torch.")]
     out = torch.empty_like(dact)
     launch = _launcher(FUSED_TILE, "kn", (element, element), dy, w_down_t.contiguous(), offs, out)  # holds them
     launch()

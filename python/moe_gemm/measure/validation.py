@@ -51,7 +51,14 @@ from moe_gemm.core.paths import KERNEL_DIR, REPO_ROOT
 from moe_gemm.cuda.sources import source_hash
 from moe_gemm.measure.ceilings import CEILING_KERNELS
 from moe_gemm.measure.provenance import git_commit
-from moe_gemm.torch.kernels import COMBINE, NOT_YET_RUN, QUANTIZE, QUANTIZE_WEIGHTS, SWIGLU_QUANTIZE
+from moe_gemm.torch.kernels import (
+    COMBINE,
+    FUSED_BACKWARD_RECORDS,
+    NOT_YET_RUN,
+    QUANTIZE,
+    QUANTIZE_WEIGHTS,
+    SWIGLU_QUANTIZE,
+)
 from moe_gemm.variants import registry
 from moe_gemm.variants.k6.config import FUSED_BACKWARD
 from moe_gemm.variants.k6.config import NOT_YET_RUN as K6_NOT_YET_RUN
@@ -71,9 +78,9 @@ GPU_TESTS = {**{c.family: c.gpu_tests for c in CHAPTERS if c.gpu_tests and c.pas
 # GPU tests not yet passed).
 OTHER_KERNELS = {"torch/combine": COMBINE, "k8/quantize-1x128": QUANTIZE, "k8/quantize-128x128": QUANTIZE_WEIGHTS,
                  "k8/swiglu-quantize-1x128": SWIGLU_QUANTIZE,
-                 **{f"torch/dswiglu-{kind}{element}": (K6_SOURCE, FUSED_BACKWARD[config].replace(
+                 **{f"{record}-{element}": (K6_SOURCE, FUSED_BACKWARD[config].replace(
                      element=element, out=element).kernel_name) for element in ("bf16", "fp16")
-                    for kind, config in (("", "k6/dswiglu-bn128"), ("prefetch-", "k6/dswiglu-prefetch-bn128"))}}
+                    for config, record in FUSED_BACKWARD_RECORDS.items()}}
 
 
 def not_yet_run(name: str) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from moe_gemm.torch import rules
-from moe_gemm.torch.kernels import NOT_YET_RUN
+from moe_gemm.torch.kernels import FUSED_BACKWARD_RECORDS, NOT_YET_RUN
 from moe_gemm.torch.launches import PointerLaunches
 from moe_gemm.torch.ops import grouped_mm, operands
 from moe_gemm.torch.swiglu import dswiglu
@@ -42,17 +42,10 @@ LAUNCH_FUSED = False
 _warned: set[str] = set()
 
 
-def record_name(config: str) -> str:
-    """The validation record's name of FUSED_BACKWARD's ``config`` (less its dtype), as moe_gemm.torch.kernels.
-    NOT_YET_RUN names it: 'torch/dswiglu', and 'torch/dswiglu-prefetch' for the twin that prefetches h."""
-    from moe_gemm.variants.k6.config import FUSED_BACKWARD
-
-    return "torch/dswiglu" + ("-prefetch" if FUSED_BACKWARD[config].prefetch_h else "")
-
-
 def has_run(config: str) -> bool:
-    """Whether FUSED_BACKWARD's ``config`` has passed its GPU tests (is not in moe_gemm.torch.kernels.NOT_YET_RUN)."""
-    return record_name(config) not in NOT_YET_RUN
+    """Whether FUSED_BACKWARD's ``config`` has passed its GPU tests (its record name, moe_gemm.torch.kernels.
+    FUSED_BACKWARD_RECORDS, is not in NOT_YET_RUN)."""
+    return FUSED_BACKWARD_RECORDS[config] not in NOT_YET_RUN
 
 
 def check(dy: torch.Tensor, w_down: torch.Tensor, offs: torch.Tensor, preact: torch.Tensor) -> None:

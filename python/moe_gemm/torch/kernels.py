@@ -9,6 +9,11 @@ QUANTIZE = ("k8_quantize.cu", "quantize_1x128")  # chapter 10's activation quant
 QUANTIZE_WEIGHTS = ("k8_quantize.cu", "quantize_128x128_t")  # and its weights' quantizer
 SWIGLU_QUANTIZE = ("k8_quantize.cu", "swiglu_quantize_1x128")  # the FP8 layer's SwiGLU and quantization in one pass
 
+# The SwiGLU's backward fused into the dA GEMM (k6's "dswiglu" epilogue): each configuration of
+# moe_gemm.variants.k6.config.FUSED_BACKWARD and the name its kernels have in the validation record (with "-bf16"
+# or "-fp16" after it) and in NOT_YET_RUN below.
+FUSED_BACKWARD_RECORDS = {"k6/dswiglu-bn128": "torch/dswiglu", "k6/dswiglu-prefetch-bn128": "torch/dswiglu-prefetch"}
+
 # Kernels the op would launch that are built, compiled and inspected on every machine but have not yet passed
 # their GPU tests: the op runs the same computation as torch operations instead, and the GPU validation record
 # leaves them out. To admit one: `python -m moe_gemm.measure.validation run torch --admit` on an sm_90a GPU
