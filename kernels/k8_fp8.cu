@@ -24,12 +24,20 @@
 // and a k32 step is 32 bytes along it: the operand boxes, their descriptors and their steps are exactly
 // k6's K-major bf16 ones (descriptor_steps.cuh), with twice the elements in each byte.
 //
+// SWIGLU, the FP8 layer's GEMM 1 (blockwise only): B^T is [W_gate | W_up]^T [E, 2I, K] and a tile of 128
+// output columns loads both 128-row boxes it needs, gate rows col0 .. col0 + 127 and up rows I further,
+// multiplies each into accumulators of its own, and its epilogue writes act = silu(gate) x up: in bf16, or
+// (OUT = E4M3) quantized in 1 x 128 groups for GEMM 2, e4m3 and one fp32 scale per row of the tile. A
+// group of 128 activation columns is exactly one tile's, so its amax needs no other block, and the
+// [M, 2I] product and the [M, I] activation are never written in bf16.
+//
 // The rest is k6's cooperative kernel on the device walk (chapter 07): a producer warp issues TMA into
 // a ring of STAGES; two consumer warpgroups split each BM x 128 tile by rows (BM / 2 each: one or two m64
 // slices) and both read every stage; persistent blocks walk the tiles expert by expert from the expert
 // ends on the device (torch's offs), trusting none of them; each warpgroup stores its rows through a ring
 // of STAGING_BOXES C staging boxes. A warpgroup issues only the m64 slices whose rows hold tokens.
 #include "descriptor_steps.cuh"
+#include "e4m3.cuh"
 #include "epilogues.cuh"
 #include "named_barriers.cuh"
 #include "ptx.cuh"
@@ -41,18 +49,26 @@ namespace k8 {
 
 // --8<-- [start:config]
 enum Scaling : int { BLOCKWISE = 0, ROWWISE = 1 };
+enum Epilogue : int { STORE_C = 0, SWIGLU = 1 };  // C = A B; act = silu(gate) x up (module comment)
+// OUT of the SwiGLU epilogue besides sm90::BF16: e4m3 with 1 x 128 scales, GEMM 2's A (moe_gemm.torch.quantize)
+constexpr int E4M3 = 3;
 
-template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES>
+template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int EPILOGUE = STORE_C>
 struct Config {
     static_assert(SCALING == ROWWISE || PROMOTE, "blockwise scales change every 128 of K: they apply by promotion");
     static_assert(BM == 128 || BM == 256, "BM is 128 or 256 rows: one or two m64 slices per consumer warpgroup");
+    // Two 128-column blocks of products cost a thread 128 accumulators, as two m64 slices do: one slice each.
+    static_assert(EPILOGUE == STORE_C || (SCALING == BLOCKWISE && BM == 128),
+                  "the SwiGLU epilogue is GEMM 1's in the blockwise layer, on 128-row tiles");
     static constexpr bool PROMOTES = PROMOTE;
     static constexpr int BK = 128;   // e4m3 of K per stage: one 128-byte swizzle row, one scale block
-    static constexpr int BN = 128;   // one block of B's scales wide, so one scale_b per stage
+    static constexpr int BN = 128;   // one block of B's scales wide, so one scale_b per stage and block
+    static constexpr int B_BLOCKS = EPILOGUE == SWIGLU ? 2 : 1;  // B^T boxes per stage: gate and up, or one
     static constexpr int K_STEPS = BK / 32;                   // wgmma k32 steps per stage
     static constexpr int TILE_M = BM, WG_ROWS = BM / 2, M_ITERS = WG_ROWS / 64;
-    static constexpr unsigned A_BYTES = BM * BK, B_BYTES = BN * BK;  // one byte per element
-    static constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int PRODUCTS = M_ITERS * B_BLOCKS;       // accumulator sets of BN / 2 floats per thread
+    static constexpr unsigned A_BYTES = BM * BK, B_BYTES = BN * BK;  // one byte per element; B_BYTES per box
+    static constexpr unsigned STAGE_BYTES = A_BYTES + B_BLOCKS * B_BYTES;
     static constexpr bool BLOCKWISE_SCALES = SCALING == BLOCKWISE;
     static constexpr int EMPTY_ARRIVALS = 2;  // both consumer warpgroups read every stage
     // setmaxnreg as k6: a thread holds M_ITERS x 64 fp32 main accumulators and, promoting, 64 scratch ones.
@@ -67,7 +83,8 @@ struct Config {
 
 // --8<-- [start:producer]
 // One thread issues every copy: per unit (expert, row0, rows, col0) of the walk and per 128-deep k-block,
-// A's box of BM rows and B^T's box of 128 columns of the expert. Rows past the expert (or past M_tot:
+// A's box of BM rows and B^T's box of 128 columns of the expert (SWIGLU: two, rows col0 and N / 2 + col0
+// of [W_gate | W_up]^T, the gate block and its up block). Rows past the expert (or past M_tot:
 // zeros) are loaded and never stored; K past its end reads zeros, which add nothing.
 //
 // A's scales do not come this way. A TMA box must start on 16 bytes of global memory (PTX ISA 5.5.3.1,
@@ -78,7 +95,7 @@ struct Config {
 // own rows' scales with plain loads instead (multiply, below).
 template <class Cfg, int STAGES, class Walk>
 __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, const Walk& order,
-                                        int units, int first, int stride, int k_steps, unsigned ring,
+                                        int units, int first, int stride, int k_steps, int N, unsigned ring,
                                         sm90::Slots<STAGES>& slots, unsigned long long* full,
                                         unsigned long long* empty) {
     tma_prefetch_descriptor(tmap_a);
@@ -95,7 +112,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
             const unsigned a_dst = ring + stage * Cfg::STAGE_BYTES;
             const int k = ks * Cfg::BK;
             tma_load_2d(a_dst, tmap_a, k, tile.y, bar);
-            tma_load_3d(a_dst + Cfg::A_BYTES, tmap_b, k, tile.w, tile.x, bar);  // B^T [E, N, K]: (k, n, e)
+#pragma unroll
+            for (int b = 0; b < Cfg::B_BLOCKS; ++b)  // B^T [E, N, K]: (k, n, e)
+                tma_load_3d(a_dst + Cfg::A_BYTES + b * Cfg::B_BYTES, tmap_b, k, tile.w + b * (N / 2), tile.x, bar);
             if (++stage == STAGES) {
                 stage = 0;
                 phase ^= 1;
@@ -107,33 +126,37 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
 
 // --8<-- [start:consumer]
 // A warpgroup's rows of one tile: SLICES m64 slices (0, 1 or 2: only those with rows; 0 waits for the
-// stages and hands them back). SLICES is a template parameter because a wgmma under a run-time branch
-// makes ptxas serialize every wgmma of the kernel (warning C7520).
+// stages and hands them back), each multiplied by the stage's B_BLOCKS boxes of B^T. SLICES is a template
+// parameter because a wgmma under a run-time branch makes ptxas serialize every wgmma of the kernel
+// (warning C7520).
 //
-// PROMOTE: per stage and slice, four k32 wgmmas into `scratch`, wait for them, then
-//     acc[i] += scratch x scale_a[row] x scale_b        (rowwise: += scratch)
-// The stage goes back to the producer once the last slice's wgmmas are done. Blockwise, the k-block's
-// scales come from global memory before the stage's wait, which hides their latency: B's one float for
-// the tile, and A's for the thread's two rows of each slice, scale_a[ks][row], from the MN-major layout
-// [K / 128, M_pad] (a warp's loads are 8 consecutive floats, the rows g: one or two 32-byte sectors).
+// PROMOTE: per stage, slice i and block b, four k32 wgmmas into `scratch`, wait for them, then
+//     acc[B_BLOCKS i + b] += scratch x scale_a[row] x scale_b[b]        (rowwise: += scratch)
+// The stage goes back to the producer once the last product's wgmmas are done. Blockwise, the k-block's
+// scales come from global memory before the stage's wait, which hides their latency: B's one float per
+// block for the tile (the up block's row of scales `b_scale_stride` floats after the gate's), and A's for
+// the thread's two rows of each slice, scale_a[ks][row], from the MN-major layout [K / 128, M_pad] (a
+// warp's loads are 8 consecutive floats, the rows g: one or two 32-byte sectors).
 // The tensor core is idle while a warpgroup promotes, unless the other warpgroup's wgmmas are running:
 // with two warpgroups on every stage, one's promotion overlaps the other's products.
 // Not promoting: k6's loop, the tensor core accumulating all of K, each stage released once the next
 // one's wgmmas are issued.
 template <class Cfg, int SLICES, int STAGES>
-__device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::BN / 2], int warpgroup, int k_steps,
+__device__ __forceinline__ void multiply(float (&acc)[Cfg::PRODUCTS][Cfg::BN / 2], int warpgroup, int k_steps,
                                          unsigned ring, const float* __restrict__ scale_a_rows, int m_pad,
                                          int rows_in_range, const float* __restrict__ scale_b_row,
-                                         unsigned long long* full, unsigned long long* empty, int& stage,
-                                         unsigned& phase) {
+                                         int b_scale_stride, unsigned long long* full, unsigned long long* empty,
+                                         int& stage, unsigned& phase) {
+    static_assert(Cfg::PROMOTES || Cfg::B_BLOCKS == 1, "two blocks of B per stage are promoted one after the other");
     constexpr OperandPlan PLAN = sm90::K_MAJOR_PLAN;  // A and B^T: 128-byte rows, a k32 step 32 bytes along
+    constexpr int PRODUCTS = SLICES * Cfg::B_BLOCKS;  // of this call: the slices with rows, times the blocks
     const int warp = (threadIdx.x % sm90::WARPGROUP) / 32, g = threadIdx.x % 32 / 4;
     int previous = -1;
     if constexpr (Cfg::PROMOTES) {
 #pragma unroll
-        for (int i = 0; i < SLICES; ++i)
+        for (int p = 0; p < PRODUCTS; ++p)
 #pragma unroll
-            for (int v = 0; v < Cfg::BN / 2; ++v) acc[i][v] = 0.0f;
+            for (int v = 0; v < Cfg::BN / 2; ++v) acc[p][v] = 0.0f;
     }
     // Blockwise: the thread's rows of A's scales are D rows 16 warp + 8h + g of each slice i, at
     // scale_a_rows[ks * M_pad + row]; rows past M_tot read none (their sums are never stored).
@@ -144,15 +167,20 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::BN / 2]
 #pragma unroll
         for (int h = 0; h < 2; ++h) row_in[i][h] = 64 * i + 16 * warp + 8 * h + g < rows_in_range;
     for (int ks = 0; ks < k_steps; ++ks) {
-        // This k-block's scales, loaded before the wait hides their latency: each row's times B's for the tile.
-        float row_scale[SLICES > 0 ? SLICES : 1][2];
+        // This k-block's scales, loaded before the wait hides their latency: each row's times each block's.
+        float row_scale[PRODUCTS > 0 ? PRODUCTS : 1][2];
         if constexpr (Cfg::BLOCKWISE_SCALES && SLICES > 0) {
-            const float scale_b = __ldg(scale_b_row + ks);
+            float scale_b[Cfg::B_BLOCKS];
+#pragma unroll
+            for (int b = 0; b < Cfg::B_BLOCKS; ++b) scale_b[b] = __ldg(scale_b_row + b * b_scale_stride + ks);
 #pragma unroll
             for (int i = 0; i < SLICES; ++i)
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    row_scale[i][h] = (row_in[i][h] ? __ldg(my_scales + 64 * i + 8 * h) : 0.0f) * scale_b;
+                for (int h = 0; h < 2; ++h) {
+                    const float row = row_in[i][h] ? __ldg(my_scales + 64 * i + 8 * h) : 0.0f;
+#pragma unroll
+                    for (int b = 0; b < Cfg::B_BLOCKS; ++b) row_scale[Cfg::B_BLOCKS * i + b][h] = row * scale_b[b];
+                }
             my_scales += m_pad;
         }
         mbarrier_wait_parity(smem_u32(&full[stage]), phase);
@@ -164,19 +192,21 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::BN / 2]
             if constexpr (Cfg::PROMOTES) {
                 float scratch[Cfg::BN / 2];
 #pragma unroll
-                for (int i = 0; i < SLICES; ++i) {
+                for (int p = 0; p < PRODUCTS; ++p) {
+                    const int i = p / Cfg::B_BLOCKS, b = p % Cfg::B_BLOCKS;
                     wgmma_fence();  // the promotion below read `scratch`: order it before the next wgmmas write it
 #pragma unroll
                     for (int kk = 0; kk < Cfg::K_STEPS; ++kk)
                         wgmma_e4m3<Cfg::BN>(scratch, desc_a + sm90::descriptor_step(i * PLAN.mn64_bytes + kk * PLAN.k16_bytes),
-                                            desc_b + sm90::descriptor_step(kk * PLAN.k16_bytes), kk > 0);
+                                            desc_b + sm90::descriptor_step(b * Cfg::B_BYTES + kk * PLAN.k16_bytes),
+                                            kk > 0);
                     wgmma_commit();
                     wgmma_wait<0>();
                     fence_accumulators(scratch);
-                    if (i == SLICES - 1) sm90::release<1>(empty, stage);
+                    if (p == PRODUCTS - 1) sm90::release<1>(empty, stage);
 #pragma unroll
                     for (int v = 0; v < Cfg::BN / 2; ++v)
-                        acc[i][v] += Cfg::BLOCKWISE_SCALES ? scratch[v] * row_scale[i][(v / 2) % 2] : scratch[v];
+                        acc[p][v] += Cfg::BLOCKWISE_SCALES ? scratch[v] * row_scale[p][(v / 2) % 2] : scratch[v];
                 }
             } else {
                 wgmma_fence();
@@ -241,14 +271,66 @@ __device__ __forceinline__ void scale_slice(const float (&acc)[BN / 2], float (&
 }
 // --8<-- [end:rowwise]
 
+// --8<-- [start:swiglu]
+// The SwiGLU epilogue. Gate and up of the same element sit at the same index of the thread's two products
+// (acc[0] and acc[1]: the same rows times the gate block and the up block), so act = silu(gate) x up is one
+// pass over the registers, in fp32. silu(g) = g / (1 + e^-g) with the fast division: its 2 ulp are 2^-22 of
+// the value, where e4m3's step is 2^-3 (and bf16's 2^-8).
+template <int BN>
+__device__ __forceinline__ void swiglu(const float (&acc)[2][BN / 2], float (&act)[1][BN / 2]) {
+#pragma unroll
+    for (int v = 0; v < BN / 2; ++v) {
+        const float gate = acc[0][v], up = acc[1][v];
+        act[0][v] = __fdividef(gate, 1.0f + __expf(-gate)) * up;
+    }
+}
+
+// The activation's rows quantized in 1 x 128 groups, as quantize_1x128 quantizes (kernels/k8_quantize.cu,
+// e4m3_scale), and stored: e4m3 to q [M_tot, width] and one scale per row to scale [width / 128, M_pad],
+// MN-major, GEMM 2's layout. The tile's 128 columns are one group. A thread holds 32 of a row's 128 values
+// (row 16 warp + 8h + g, columns 8j + 2t and the next), so the row's amax is the maximum over the quad's
+// four lanes: two shuffles. The values are multiplied by the scale's reciprocal, where the separate pass
+// divides: one multiply for ten instructions, and the product is within one fp32 ulp of the quotient, which
+// moves an e4m3 rounding only at a tie. Each pair leaves as one 2-byte store (a quad writes 8 consecutive
+// bytes of a row): a tile writes 16 KB of q against the 384 x K bytes its main loop loads.
+template <int BN>
+__device__ __forceinline__ void store_e4m3(const float (&act)[BN / 2], int row0, int rows, int col0,
+                                           unsigned char* __restrict__ q, float* __restrict__ scale, int width,
+                                           int m_pad) {
+    static_assert(BN == e4m3::GROUP, "a tile's columns are one 1 x 128 group");
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % sm90::WARPGROUP) / 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+            amax = fmaxf(amax, fmaxf(fabsf(act[4 * j + 2 * h]), fabsf(act[4 * j + 2 * h + 1])));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // every lane takes part: the quad's row
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float s = e4m3::scale_of(amax), inverse = __frcp_rn(s);
+        const int r = 16 * warp + 8 * h + g;
+        if (r >= rows) continue;  // the next expert's row (or past M_tot): computed, never stored
+        unsigned char* q_row = q + static_cast<long long>(row0 + r) * width + col0;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+            *reinterpret_cast<unsigned short*>(q_row + 8 * j + 2 * t) =
+                pack_e4m3x2(act[4 * j + 2 * h] * inverse, act[4 * j + 2 * h + 1] * inverse);
+        if (t == 0) scale[static_cast<long long>(col0 / BN) * m_pad + row0 + r] = s;
+    }
+}
+// --8<-- [end:swiglu]
+
 // --8<-- [start:body]
-template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT>
+// N is B^T's rows: C's columns, or SWIGLU's 2I (C = act [M_tot, I], `width` = I, and scale_c its scales for
+// OUT = E4M3).
+template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT, int EPILOGUE = STORE_C>
 __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C,
                                         const float* scale_a, const float* scale_b, const int* ends, int tokens,
-                                        int experts, int group, int K, int N) {
-    static_assert(OUT == sm90::BF16 || OUT == sm90::F32, "a bf16 or fp32 output");
-    using Cfg = Config<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES>;
+                                        int experts, int group, int K, int N, float* scale_c = nullptr) {
+    static_assert(EPILOGUE == SWIGLU ? OUT == sm90::BF16 || OUT == E4M3 : OUT == sm90::BF16 || OUT == sm90::F32,
+                  "C in bf16 or fp32; the activation in bf16 or e4m3");
+    using Cfg = Config<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, EPILOGUE>;
     __shared__ alignas(8) unsigned long long full[STAGES];
     __shared__ alignas(8) unsigned long long empty[STAGES];
     __shared__ walk::Walk<BM, Cfg::BN> order;  // 2 KB
@@ -260,8 +342,10 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
     const int warpgroup = threadIdx.x / sm90::WARPGROUP;
     const int k_steps = (K + Cfg::BK - 1) / Cfg::BK;  // the host checked K % 16 == 0 and K > 0
     const int k_blocks = k_steps, n_blocks = (N + Cfg::BN - 1) / Cfg::BN;
+    const int width = EPILOGUE == SWIGLU ? N / 2 : N;  // the walk's and C's columns (the host checked I % 128 == 0)
+    const int b_scale_stride = width / Cfg::BN * k_blocks;  // SWIGLU: from the gate block's scales to the up block's
 
-    order.build(ends, experts, tokens, N, group);
+    order.build(ends, experts, tokens, width, group);
     const int units = order.total();
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -276,10 +360,10 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
     if (warpgroup == 2) {
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (threadIdx.x % sm90::WARPGROUP == 0)
-            produce<Cfg, STAGES>(tmap_a, tmap_b, order, units, first, stride, k_steps, ring, slots, full, empty);
+            produce<Cfg, STAGES>(tmap_a, tmap_b, order, units, first, stride, k_steps, N, ring, slots, full, empty);
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
-        float acc[Cfg::M_ITERS][Cfg::BN / 2];
+        float acc[Cfg::PRODUCTS][Cfg::BN / 2];
         const unsigned my_staging = staging + warpgroup * STAGING_BOXES * sm90::BOX_BYTES;
         const int mine = first < units ? (units - first + stride - 1) / stride : 0;  // this block's units
         int stage = 0, stored = 0;
@@ -296,15 +380,24 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
                 scale_b + (static_cast<long long>(tile.x) * n_blocks + tile.w / Cfg::BN) * k_blocks;
             if (slices >= 2)
                 multiply<Cfg, Cfg::M_ITERS, STAGES>(acc, warpgroup, k_steps, ring, scale_a_rows, m_pad, tokens - row0,
-                                                    scale_b_row, full, empty, stage, phase);
+                                                    scale_b_row, b_scale_stride, full, empty, stage, phase);
             else if (slices == 1)
                 multiply<Cfg, 1, STAGES>(acc, warpgroup, k_steps, ring, scale_a_rows, m_pad, tokens - row0, scale_b_row,
-                                         full, empty, stage, phase);
+                                         b_scale_stride, full, empty, stage, phase);
             else
                 multiply<Cfg, 0, STAGES>(acc, warpgroup, k_steps, ring, scale_a_rows, m_pad, tokens - row0, scale_b_row,
-                                         full, empty, stage, phase);
+                                         b_scale_stride, full, empty, stage, phase);
             if (slices > 0) {
-                if constexpr (SCALING == ROWWISE) {
+                if constexpr (EPILOGUE == SWIGLU) {
+                    float act[1][Cfg::BN / 2];
+                    swiglu<Cfg::BN>(acc, act);
+                    if constexpr (OUT == E4M3)
+                        store_e4m3<Cfg::BN>(act[0], row0, rows, tile.w, static_cast<unsigned char*>(C), scale_c,
+                                            width, m_pad);
+                    else
+                        sm90::store_slices<OneSlice, STAGING_BOXES, Cfg::BN, OUT>(act, row0, rows, tile.w, warpgroup,
+                                                                                  my_staging, stored, tmap_c, C, width);
+                } else if constexpr (SCALING == ROWWISE) {
 #pragma unroll
                     for (int i = 0; i < Cfg::M_ITERS; ++i) {
                         if (i >= slices) break;
@@ -343,5 +436,15 @@ template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int 
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k8_fp8(K8_PARAMS) {
     k8::k8_body<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, OUT>(&tmap_a, &tmap_b, &tmap_c, C, scale_a,
                                                                   scale_b, ends, tokens, experts, group, K, N);
+}
+
+// The FP8 layer's GEMM 1 with the SwiGLU epilogue: blockwise, 128 x 128 tiles of the activation, B^T =
+// [W_gate | W_up]^T [E, N = 2I, K]. OUT = BF16: C = act [M_tot, I] (tmap_c its map, STAGING_BOXES a
+// warpgroup's boxes); OUT = E4M3: C = q [M_tot, I] and scale_c [I / 128, M_pad] (stored from registers:
+// tmap_c unused, STAGING_BOXES 0).
+template <int STAGES, int STAGING_BOXES, int OUT>
+__global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k8_fp8_swiglu(K8_PARAMS, float* __restrict__ scale_c) {
+    k8::k8_body<k8::BLOCKWISE, true, 128, STAGES, STAGING_BOXES, OUT, k8::SWIGLU>(
+        &tmap_a, &tmap_b, &tmap_c, C, scale_a, scale_b, ends, tokens, experts, group, K, N, scale_c);
 }
 // --8<-- [end:kernel]

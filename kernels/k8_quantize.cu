@@ -16,12 +16,11 @@
 // elements each (one 16-byte load, one 8-byte store), its amax reduced over the 16 lanes with shuffles;
 // a 256-thread block quantizes 16 groups. The host checks K % 8 == 0 (whole 16-byte loads).
 
-#include "ptx.cuh"  // pack_e4m3x2
+#include "e4m3.cuh"  // the scale rule, shared with the GEMM's SwiGLU epilogue
+#include "ptx.cuh"   // pack_e4m3x2
 
 namespace k8 {
-constexpr int GROUP = 128, PER_THREAD = 8, LANES = GROUP / PER_THREAD;  // 16 threads per group
-constexpr float E4M3_MAX = 448.0f;
-constexpr float FLT_MIN_NORMAL = 1.17549435e-38f;
+constexpr int GROUP = e4m3::GROUP, PER_THREAD = 8, LANES = GROUP / PER_THREAD;  // 16 threads per group
 }  // namespace k8
 
 // --8<-- [start:activations]
@@ -59,7 +58,7 @@ __device__ __forceinline__ void quantize_piece(const float (&values)[PER_THREAD]
 #pragma unroll
     for (int offset = LANES / 2; offset > 0; offset /= 2)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    const float s = amax == 0.0f ? 1.0f : fmaxf(__fdiv_rn(amax, E4M3_MAX), FLT_MIN_NORMAL);
+    const float s = e4m3::scale_of(amax);
     if (!p.in_row) return;
     unsigned short pairs[4];
 #pragma unroll
@@ -161,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_128x128_t(const uint4
     amax = 0.0f;
 #pragma unroll
     for (int w = 0; w < 256 / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
-    const float s = amax == 0.0f ? 1.0f : fmaxf(__fdiv_rn(amax, E4M3_MAX), FLT_MIN_NORMAL);
+    const float s = e4m3::scale_of(amax);
     const int k_blocks = (K + GROUP - 1) / GROUP, n_blocks = (N + GROUP - 1) / GROUP;
     if (threadIdx.x == 0) scale[(static_cast<long long>(e) * n_blocks + nb) * k_blocks + kb] = s;
     // Stores: thread t writes row n0 + t / 2 of q, its K elements k0 + 64 (t % 2) .. + 63.

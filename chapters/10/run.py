@@ -1,7 +1,7 @@
 """Chapter 10: FP8 on Hopper. The grouped GEMM in e4m3 with fp32 scales (k8).
 
     python chapters/10/run.py                       # checks, then every part
-    python chapters/10/run.py --parts grid          # some parts: quantize, accuracy, grid, models, layer
+    python chapters/10/run.py --parts grid          # some parts: quantize, accuracy, grid, models, swiglu, layer
     python chapters/10/run.py --quick               # fewer timed launches per round
     python chapters/10/run.py --tokens 4096 65536   # some of the grid's rows (--skews: some of its skews)
     python chapters/10/run.py --parts models --models mixtral   # some of the model projections
@@ -16,6 +16,9 @@ random data, then measures, each part saved as it finishes:
             beside torch._scaled_grouped_mm's two accumulation modes;
   grid      M_tot 4,096 .. 65,536 rows x skew 0 .. 1.6 at the seed's E = 64, K = 1024, N = 2688;
   models    the up and down projections of two real MoE models at 65,536 balanced rows;
+  swiglu    the FP8 layer's GEMM 1 with SwiGLU and the quantization in its epilogue, against the GEMM writing
+            [gate | up] in bf16 then the separate pass, and against the epilogue writing the activation in bf16
+            (Mixtral-, Qwen3- and DeepSeek-V3-like layers, 4,096 and 32,768 tokens, the layer's own routing);
   layer     chapter 08's bf16 MoE layer against the FP8 layer built from its weights (Mixtral- and DeepSeek-V3-
             like sizes, 4,096 and 32,768 tokens), CUDA-graph replays, and the FP8 layer's error;
 timing, in interleaved rounds on the same inputs: the blockwise rungs; the rowwise rungs beside
@@ -68,7 +71,7 @@ ROWWISE_PROMOTED = tuple(name for name, config in LADDER.items() if config.scali
 ROWWISE_FAST = tuple(name for name, config in LADDER.items() if config.scaling == "rowwise" and not config.promote)
 TORCH, TORCH_FAST = PEER_SCALED_GROUPED_MM, PEER_SCALED_GROUPED_MM_FAST
 K6 = "k6/auto"  # our bf16 kernel, its configuration chosen for the shape
-PARTS = ("quantize", "accuracy", "grid", "models", "layer")
+PARTS = ("quantize", "accuracy", "grid", "models", "swiglu", "layer")
 FORMATS = (FP8_BLOCKWISE, FP8_ROWWISE, BF16_OPERANDS)  # each cell is measured in each, on inputs of its own
 GRID_ROWS = (4096, 16384, 65536)
 MODEL_ROWS = 65536  # the blockwise target's rows: DeepGEMM's published numbers are for 4-8 groups of 4-8k rows
@@ -88,6 +91,9 @@ MODELS = {
 LAYER_SHAPES = ("mixtral", "deepseek")
 LAYER_TOKENS = (4096, 32768)
 LAYER_TARGET = 1.4  # the FP8 layer over the bf16 layer at 32,768 tokens
+# swiglu: GEMM 1 of three layers' FP8 versions; the e4m3 epilogue's cost over the bf16 one, in quantize passes
+SWIGLU_SHAPES = ("mixtral", "qwen3", "deepseek")
+SWIGLU_TARGET = 0.5
 # accuracy: E = 8 experts, 2,048 balanced rows, N = 512, K from one block to 16,384
 ACCURACY_K = (128, 1024, 4096, 7168, 16384)
 ACCURACY_SHAPE = (8, 2048, 512)
@@ -106,7 +112,7 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
                   "FP8 wgmma, FFMA = fp32 multiply-adds, the promotion among them, UTMALDG / UTMASTG = TMA load / "
                   "store, STSM = stmatrix, SYNCS = mbarrier)")
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
-                      "quantize", "accuracy", "dense", "layer"})
+                      "quantize", "accuracy", "dense", "swiglu", "layer"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same shape and routing in the same run, each kernel at its best"
 
 
@@ -117,7 +123,8 @@ def parse_args(argv: Sequence[str] | None):
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which measurements to make (default all): quantize (the quantizers against a copy), "
                              "accuracy (error against K), grid (the --tokens rows x --skews at the seed's shape), "
-                             f"models (the {len(MODELS)} model projections), layer (the FP8 MoE layer)")
+                             f"models (the {len(MODELS)} model projections), swiglu (GEMM 1's SwiGLU and "
+                             "quantization in its epilogue), layer (the FP8 MoE layer)")
     add_grid_arguments(parser, GRID_ROWS, GRID_SKEWS)
     add_models_argument(parser, "qwen3")
     args = parser.parse_args(argv)
@@ -148,7 +155,10 @@ def ratio(records: Sequence[dict[str, Any]], ours: tuple[Sequence[str], OperandF
 
 
 def target_rows(records: Sequence[dict[str, Any]], accuracy: Sequence[dict[str, Any]] = (),
-                quantize: Sequence[dict[str, Any]] = (), layer: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+                quantize: Sequence[dict[str, Any]] = (), layer: Sequence[dict[str, Any]] = (),
+                swiglu: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    from moe_gemm.measure.fp8 import swiglu_epilogue_extra
+
     rows = []
     models = cells_of(records, "models")
     fast = [(c, tflops(records, BLOCKWISE, FP8_BLOCKWISE, c)) for c in models]
@@ -186,15 +196,27 @@ def target_rows(records: Sequence[dict[str, Any]], accuracy: Sequence[dict[str, 
                  and r["tokens"] == max(LAYER_TOKENS)}
         if {"layer/ours", "layer/fp8"} <= set(times):
             value = times["layer/ours"] / times["layer/fp8"]
-            label = next(LAYERS[n].label for n in LAYER_SHAPES if (LAYERS[n].hidden, LAYERS[n].experts) == shape)
+            label = _layer_label({"hidden": shape[0], "experts": shape[1]})
             rows.append({"target": f"the FP8 layer over the bf16 layer, {label}, {max(LAYER_TOKENS):,} tokens",
                          "value": value, "goal": LAYER_TARGET, "met": value >= LAYER_TARGET})
+    if swiglu:
+        worst = max(swiglu, key=swiglu_epilogue_extra)
+        value = swiglu_epilogue_extra(worst)
+        rows.append({"target": f"the e4m3 SwiGLU epilogue's cost over the bf16 one, in separate quantize passes "
+                               f"(worst: {_layer_label(worst)}, {worst['tokens']:,} tokens)", "value": value,
+                     "goal": SWIGLU_TARGET, "met": value <= SWIGLU_TARGET, "at_most": True})
     if quantize:
         worst = min(quantize, key=lambda r: r["of_copy"])
         where = f"{worst['kernel']} {worst['shape']}"
         rows.append({"target": f"quantizers' bandwidth / the same run's copy (worst: {where})",
                      "value": worst["of_copy"], "goal": QUANTIZE_TARGET, "met": worst["of_copy"] >= QUANTIZE_TARGET})
     return rows
+
+
+def _layer_label(row: dict[str, Any]) -> str:
+    """The name of the chapter's layer a row measured."""
+    return next(LAYERS[n].label for n in (*LAYER_SHAPES, *SWIGLU_SHAPES)
+                if (LAYERS[n].hidden, LAYERS[n].experts) == (row["hidden"], row["experts"]))
 
 
 # --------------------------------------------------------------------------- tables
@@ -251,6 +273,21 @@ def quantize_table(rows: Sequence[dict[str, Any]]) -> Table:
                         "SwiGLU followed by quantize_1x128")
 
 
+def swiglu_table(rows: Sequence[dict[str, Any]]) -> Table:
+    from moe_gemm.measure.fp8 import swiglu_epilogue_extra
+
+    body = tuple((_layer_label(r), f"{r['tokens']:,}", f"{r['gemm_ms']:.3f}", f"{r['pass_ms']:.3f}",
+                  f"{r['swiglu_ms']:.3f}", f"{r['fused_ms']:.3f}", f"{r['quantize_ms']:.3f}",
+                  f"{(r['gemm_ms'] + r['pass_ms']) / r['fused_ms']:.2f}", f"{swiglu_epilogue_extra(r):.2f}")
+                 for r in rows)
+    return Table(("layer", "tokens", "GEMM ms", "pass ms", "bf16 epi ms", "e4m3 epi ms", "quantize ms",
+                  "(GEMM+pass)/e4m3", "extra (passes)"), body, title="GEMM 1 with SwiGLU and the quantization fused",
+                 legend="CUDA-graph replays in interleaved rounds, the layer's own routing, same run: k8 blockwise "
+                        "writing [gate | up] in bf16, then the separate SwiGLU-and-quantize pass; the SwiGLU epilogue "
+                        "writing the activation in bf16, and in e4m3 with its scales; quantize_1x128 over the bf16 "
+                        "activation; extra: (e4m3 epi - bf16 epi) / quantize, the target's measure")
+
+
 def layer_table(rows: Sequence[dict[str, Any]]) -> Table:
     body = []
     for name in LAYER_SHAPES:
@@ -273,9 +310,9 @@ def layer_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
     from moe_gemm.site.compile_report import compile_rows
-    from moe_gemm.variants.k8 import ladder
+    from moe_gemm.variants.k8 import ladder, swiglu_kernels
 
-    return compile_rows(ladder(), arch, OPCODES)
+    return compile_rows([*ladder(), *swiglu_kernels()], arch, OPCODES)
 
 
 def compile_report_table(rows: list[dict[str, Any]]) -> Table:
@@ -312,9 +349,10 @@ def measure_cell(part: str, cell: Workload, variants: dict[OperandFormat, list[A
 
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.measure.fp8 import accuracy_rows, dense_fp8_ceiling, layer_rows, quantize_rows
+    from moe_gemm.measure.fp8 import accuracy_rows, dense_fp8_ceiling, layer_rows, quantize_rows, swiglu_epilogue_rows
     from moe_gemm.measure.parts import workload_piece
     from moe_gemm.torch.rules import k8_passed_on_gpu
+    from moe_gemm.torch.scaled import swiglu_has_run
     from moe_gemm.variants.k8 import ladder
 
     timing, report, results = start_parts_run(args, gpu, CHAPTER, SECTIONS, compile_report,
@@ -328,12 +366,15 @@ def run_on_gpu(args, gpu) -> int:
     def save() -> str:
         records = results.rows("records")
         parts = [p for p in PARTS if any(r.get("part") == p for r in records) or results.data.get(p)]
-        targets = target_rows(records, results.rows("accuracy"), results.rows("quantize"), results.rows("layer"))
+        targets = target_rows(records, results.rows("accuracy"), results.rows("quantize"), results.rows("layer"),
+                              results.rows("swiglu"))
         return results.save(compile_report=report, targets=targets,
                             rounds=args.rounds, parts=parts)
 
     path = None
     variants = variants_by_format(args)
+    layer_parts = {"swiglu": (SWIGLU_SHAPES, swiglu_epilogue_rows, "GEMM 1 of the {} layer with its SwiGLU epilogue"),
+                   "layer": (LAYER_SHAPES, layer_rows, "the {} layer, bf16 and FP8")}
     for part in args.parts:
         if part == "quantize":
             results.put(quantize=quantize_rows(QUANTIZE_ACTIVATIONS, QUANTIZE_WEIGHTS, QUANTIZE_SWIGLU, **timing),
@@ -343,15 +384,17 @@ def run_on_gpu(args, gpu) -> int:
             results.put(accuracy=accuracy_rows(variants[FP8_BLOCKWISE] + variants[FP8_ROWWISE], ACCURACY_SHAPE,
                                                ACCURACY_K))
             results.ran("accuracy", f"the error against K = {', '.join(map(str, ACCURACY_K))}")
-        elif part == "layer":
-            if not k8_passed_on_gpu():  # the op would time its torch fallback (blockwise: a dequantized copy)
-                progress("[layer] not measured: the FP8 op runs k8 only once chapter 10 has passed its GPU tests "
-                         "(Chapter.passed_on_gpu in moe_gemm/core/chapters.py)")
+        elif part in ("swiglu", "layer"):
+            pending = not k8_passed_on_gpu() or (part == "swiglu" and not swiglu_has_run())
+            if pending:  # the op would time its torch fallback (blockwise: a dequantized copy)
+                progress(f"[{part}] not measured: {'k8 and its SwiGLU epilogue' if part == 'swiglu' else 'k8'} must "
+                         "have passed the GPU tests first (Chapter.passed_on_gpu, moe_gemm.torch.kernels.NOT_YET_RUN)")
                 continue
-            for name in LAYER_SHAPES:
-                results.replace("layer", layer_rows(LAYERS[name], LAYER_TOKENS),
+            shapes, measure, what = layer_parts[part]
+            for name in shapes:
+                results.replace(part, measure(LAYERS[name], LAYER_TOKENS),
                                 key=lambda r: (r["hidden"], r["experts"], r["tokens"]))
-                results.ran(f"layer-{name}", f"the {LAYERS[name].label} layer, bf16 and FP8")
+                results.ran(f"{part}-{name}", what.format(LAYERS[name].label))
                 path = save()
         else:  # saved after every cell: a run stopped part-way keeps what it finished
             cells = ([Workload(t, s) for t in args.tokens for s in args.skews] if part == "grid"
@@ -374,10 +417,12 @@ def run_on_gpu(args, gpu) -> int:
     for part in ("grid", "models"):
         if cells_of(records, part):
             show(cell_table(records, part))
+    if results.rows("swiglu"):
+        show(swiglu_table(results.rows("swiglu")))
     if results.rows("layer"):
         show(layer_table(results.rows("layer")))
     show(targets_table(target_rows(records, results.rows("accuracy"), results.rows("quantize"),
-                                   results.rows("layer")), TARGETS_LEGEND))
+                                   results.rows("layer"), results.rows("swiglu")), TARGETS_LEGEND))
     print(f"results written to {path}")
     return 0
 

@@ -85,7 +85,8 @@ CHAPTERS = (
     # Its first GPU run stopped at an illegal instruction; a later one passed on an H100 but its records were lost:
     # not in the validation record yet (its page says what was found).
     Chapter("10", "10 · FP8 e4m3 (k8)", "10-fp8.md", "k8", (9, 0),
-            gpu_tests=("tests/test_k8_gpu.py", "tests/test_quantize_gpu.py", "tests/test_scaled_gpu.py"),
+            gpu_tests=("tests/test_k8_gpu.py", "tests/test_quantize_gpu.py", "tests/test_scaled_gpu.py",
+                       "tests/test_k8_swiglu_gpu.py"),
             sanitized=True, in_parts=True, passed_on_gpu=False),
 )
 

@@ -1,5 +1,5 @@
-"""Chapter 10's two measurements besides the timings: the quantizers against a copy, and the error of each FP8
-kernel as K grows.
+"""Chapter 10's measurements besides the GEMM timings: the quantizers against a copy, the error of each FP8
+kernel as K grows, the FP8 layer, and GEMM 1's SwiGLU epilogue against the separate pass.
 
 * :func:`quantize_rows` times ``moe_gemm.torch.quantize``'s two kernels as a model calls them (their outputs
   allocated each call) beside a device-to-device copy of the same input bytes, in the same run: a quantizer
@@ -8,6 +8,9 @@ kernel as K grows.
 * :func:`accuracy_rows` runs each FP8 variant once per K on the same random e4m3 inputs and compares its output
   with the fp32 product of the dequantized inputs: the promoted kernels add fp32 rounding only, the tensor
   core's own accumulation (fast accumulation) loses the small terms of a long sum.
+* :func:`swiglu_epilogue_rows` times the FP8 layer's GEMM 1 with SwiGLU and the quantization in its epilogue
+  against the GEMM writing [gate | up] in bf16 followed by the separate pass, and against the epilogue writing
+  the activation in bf16 (what the quantization adds to it, in separate quantize passes: the chapter's target).
 """
 
 from __future__ import annotations
@@ -157,3 +160,72 @@ def layer_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[str, Any]]:
     del layer, fp8
     torch.cuda.empty_cache()
     return rows
+
+
+SWIGLU_EPILOGUE_CHECK = 0.03  # the fused activation against the separate pass's, both dequantized (see below)
+
+
+def swiglu_epilogue_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[str, Any]]:
+    """GEMM 1 of the FP8 layer built from chapter 08's seeded layer, on its own routing of random tokens, five
+    ways, in interleaved rounds of graph replays: the blockwise GEMM writing h = [gate | up] in bf16 (``gemm``),
+    the separate SwiGLU-and-quantize pass over that h (``pass``), the SwiGLU epilogue writing the activation in
+    bf16 (``swiglu``) and in e4m3 with its scales (``fused``), and quantize_1x128 over the bf16 activation
+    (``quantize``: the pass the e4m3 epilogue replaces). First the fused outputs are checked: dequantized, the
+    e4m3 activation against the separate pass's (the two differ where h's bf16 rounding moves a value across an
+    e4m3 rounding boundary: about 1.5% of values by one step, a relative difference near 1.5%; a RuntimeError,
+    and nothing timed, beyond SWIGLU_EPILOGUE_CHECK), and the bf16 one against torch's SwiGLU of h."""
+    import torch
+
+    from moe_gemm.measure.layer import relative_error as layer_error
+    from moe_gemm.measure.layer import seeded_layer
+    from moe_gemm.torch.bench import time_interleaved
+    from moe_gemm.torch.fp8_layer import FP8MoELayer
+    from moe_gemm.torch.ops import offsets_unchecked
+    from moe_gemm.torch.quantize import quantize_1x128, swiglu_quantize_1x128
+    from moe_gemm.torch.scaled import fused_swiglu, scaled_grouped_mm, swiglu_refusal
+    from moe_gemm.torch.swiglu import swiglu
+
+    layer = seeded_layer(shape)
+    fp8 = FP8MoELayer.from_layer(layer)
+    del layer
+    torch.cuda.empty_cache()
+    b, sb = fp8.w_gate_up_t.transpose(1, 2), fp8.scale_gate_up
+    rows = []
+    for tokens in tokens_list:
+        progress(f"[swiglu] {shape.label}, {tokens:,} tokens: GEMM 1 and the pass, the epilogue in bf16 and e4m3")
+        x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
+        with torch.no_grad(), offsets_unchecked():
+            a, sa, offs, _, _ = fp8.dispatch(x)
+            reason = swiglu_refusal(a, b, sa, sb, offs)
+            if reason is not None:
+                raise ValueError(f"k8's SwiGLU epilogue cannot take the {shape.label} layer: {reason}")
+            h = scaled_grouped_mm(a, b, sa, sb, offs)
+            act = swiglu(h)
+            (q, scale), (want_q, want_scale) = fused_swiglu(a, b, sa, sb, offs), swiglu_quantize_1x128(h)
+            m = a.shape[0]
+            error = layer_error(_dequantized(q, scale, m), _dequantized(want_q, want_scale, m).float())
+            bf16_error = layer_error(fused_swiglu(a, b, sa, sb, offs, quantize=False), act.float())
+            if max(error, bf16_error) > SWIGLU_EPILOGUE_CHECK:
+                raise RuntimeError(f"k8's SwiGLU epilogue is {error:.2e} (e4m3) and {bf16_error:.2e} (bf16) from the "
+                                   f"separate pass (allowed {SWIGLU_EPILOGUE_CHECK}): not timed")
+            timed = time_interleaved({
+                "gemm": lambda: scaled_grouped_mm(a, b, sa, sb, offs),
+                "pass": lambda: swiglu_quantize_1x128(h),
+                "swiglu": lambda: fused_swiglu(a, b, sa, sb, offs, quantize=False),
+                "fused": lambda: fused_swiglu(a, b, sa, sb, offs),
+                "quantize": lambda: quantize_1x128(act)})
+        rows.append({**shape.fields(tokens), "rows": m, **{f"{name}_ms": t.median_ms for name, t in timed.items()},
+                     "e4m3_error_vs_pass": error, "bf16_error_vs_torch": bf16_error})
+    del fp8
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _dequantized(q: Any, scale: Any, m: int) -> Any:
+    """q [M, I] e4m3 times its 1 x 128 scales [I / 128, M_pad], in fp32."""
+    return q.float() * scale[:, :m].t().repeat_interleave(BLOCK, dim=1)[:, :q.shape[1]]
+
+
+def swiglu_epilogue_extra(row: dict[str, Any]) -> float:
+    """What the e4m3 epilogue costs over the bf16 one, in separate quantize passes: the chapter's target."""
+    return (row["fused_ms"] - row["swiglu_ms"]) / row["quantize_ms"]

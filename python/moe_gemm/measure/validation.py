@@ -53,6 +53,7 @@ from moe_gemm.measure.ceilings import CEILING_KERNELS
 from moe_gemm.measure.provenance import git_commit
 from moe_gemm.torch.kernels import (
     COMBINE,
+    FP8_SWIGLU_RECORDS,
     FUSED_BACKWARD_RECORDS,
     NOT_YET_RUN,
     QUANTIZE,
@@ -63,6 +64,8 @@ from moe_gemm.variants import registry
 from moe_gemm.variants.k6.config import FUSED_BACKWARD
 from moe_gemm.variants.k6.config import NOT_YET_RUN as K6_NOT_YET_RUN
 from moe_gemm.variants.k6.config import SOURCE as K6_SOURCE
+from moe_gemm.variants.k8.config import SOURCE as K8_SOURCE
+from moe_gemm.variants.k8.config import SWIGLU as K8_SWIGLU
 
 RECORD_PATH = KERNEL_DIR / "validated.json"
 # The GPU tests of each chapter's family (a family with none, k4, needs a Blackwell GPU, and none is
@@ -74,10 +77,13 @@ GPU_TESTS = {**{c.family: c.gpu_tests for c in CHAPTERS if c.gpu_tests and c.pas
 # name before '/'): the torch layer's combine (chapter 08) and chapter 10's two FP8 quantizers, whose GPU
 # tests include compute-sanitizer memcheck on them.
 # The op's fused SwiGLU backward (chapter 09) is k6 with the "dswiglu" epilogue, in both 16-bit types, and its twin
-# that prefetches h; each is left out while moe_gemm.torch.kernels.NOT_YET_RUN names it (built and compiled, its
-# GPU tests not yet passed).
+# that prefetches h; the FP8 layer's GEMM 1 with the SwiGLU epilogue (chapter 10) is k8's, writing bf16 or e4m3;
+# each is left out while moe_gemm.torch.kernels.NOT_YET_RUN names it (built and compiled, its GPU tests not yet
+# passed).
 OTHER_KERNELS = {"torch/combine": COMBINE, "k8/quantize-1x128": QUANTIZE, "k8/quantize-128x128": QUANTIZE_WEIGHTS,
                  "k8/swiglu-quantize-1x128": SWIGLU_QUANTIZE,
+                 **{record: (K8_SOURCE, K8_SWIGLU[config].kernel_name)
+                    for config, record in FP8_SWIGLU_RECORDS.items()},
                  **{f"{record}-{element}": (K6_SOURCE, FUSED_BACKWARD[config].replace(
                      element=element, out=element).kernel_name) for element in ("bf16", "fp16")
                     for config, record in FUSED_BACKWARD_RECORDS.items()}}

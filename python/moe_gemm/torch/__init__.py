@@ -2,8 +2,9 @@
 2D x 3D form (moe_gemm.torch.ops), its weight gradient ``weight_grad(a, dc, offs)`` on k7
 (moe_gemm.torch.weight_gradient, chapter 09; what the op's backward runs), an MoE layer built on them
 (moe_gemm.torch.layer, chapter 08), and the FP8 grouped GEMM ``scaled_grouped_mm(a, b, scale_a, scale_b, offs)``
-on k8 with the quantizers that feed it, ``quantize_1x128``, ``quantize_128x128_t`` and ``swiglu_quantize_1x128``
-(moe_gemm.torch.scaled and moe_gemm.torch.quantize, chapter 10).
+on k8 with the quantizers that feed it, ``quantize_1x128``, ``quantize_128x128_t`` and ``swiglu_quantize_1x128``,
+and the FP8 layer's GEMM 1 with its SwiGLU, ``swiglu_scaled_grouped_mm`` (moe_gemm.torch.scaled and
+moe_gemm.torch.quantize, chapter 10).
 
 ``grouped_mm`` and ``MoELayer`` import torch when first used; the rules the op follows
 (moe_gemm.torch.rules) never do, so they are tested where torch is not installed.
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["MoELayer", "grouped_mm", "quantize_128x128_t", "quantize_1x128", "scaled_grouped_mm",
-           "swiglu_quantize_1x128", "weight_grad"]
+           "swiglu_quantize_1x128", "swiglu_scaled_grouped_mm", "weight_grad"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,10 +27,10 @@ def __getattr__(name: str) -> Any:
         from moe_gemm.torch.weight_gradient import weight_grad
 
         return weight_grad
-    if name == "scaled_grouped_mm":
-        from moe_gemm.torch.scaled import scaled_grouped_mm
+    if name in ("scaled_grouped_mm", "swiglu_scaled_grouped_mm"):
+        from moe_gemm.torch import scaled
 
-        return scaled_grouped_mm
+        return getattr(scaled, name)
     if name in ("quantize_1x128", "quantize_128x128_t", "swiglu_quantize_1x128"):
         from moe_gemm.torch import quantize
 

@@ -5,12 +5,12 @@
 
 The router, the permutation and the combine are the bf16 layer's (moe_gemm.torch.layer). The tokens are
 quantized once, in 1 x 128 groups, before they are gathered into expert order, so the gather moves e4m3 rows
-(one byte per element, where the bf16 layer gathers two) and the T x top_k rows are never quantized one by one;
-GEMM 1 (k8, blockwise) writes [gate | up] in bf16, one pass computes SwiGLU and quantizes the activation in
-1 x 128 groups (the activation is never written in bf16), and GEMM 2 (k8) writes bf16 for the combine. Nothing
-reads the routing back to the host, so the whole layer is captured in one CUDA graph. Not built yet: SwiGLU
-and the quantization fused into GEMM 1's epilogue (which would skip writing and reading the [M, 2I]
-intermediate in bf16).
+(one byte per element, where the bf16 layer gathers two) and the T x top_k rows are never quantized one by one.
+GEMM 1 (k8, blockwise) computes SwiGLU in its epilogue and writes the activation already quantized in 1 x 128
+groups for GEMM 2 (moe_gemm.torch.scaled.swiglu_scaled_grouped_mm): neither the [M, 2I] product nor the [M, I]
+activation is written in bf16. Until that kernel has passed its GPU tests, GEMM 1 writes [gate | up] in bf16 and
+one pass computes SwiGLU and quantizes (kernels/k8_quantize.cu). GEMM 2 (k8) writes bf16 for the combine.
+Nothing reads the routing back to the host, so the whole layer is captured in one CUDA graph.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 
 from moe_gemm.model.quantize import padded_rows
 from moe_gemm.torch.layer import MoELayer, combine, permute, route
-from moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t, swiglu_quantize_1x128
-from moe_gemm.torch.scaled import scaled_grouped_mm
+from moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t
+from moe_gemm.torch.scaled import scaled_grouped_mm, swiglu_scaled_grouped_mm
 
 
 def gathered(q: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,15 +50,22 @@ class FP8MoELayer(torch.nn.Module):
         return cls(layer)
 
     @torch.no_grad()
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.bfloat16:
-            raise ValueError(f"FP8MoELayer takes bf16 tokens, got {x.dtype}")
-        tokens = x.reshape(-1, x.shape[-1]).contiguous()
+    def dispatch(self, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The routing of ``tokens`` [T, H] (bf16) and GEMM 1's operands: (rows, row_scales, offs, order,
+        weights), the quantized rows in expert order and their MN-major scales, the experts' row ends, the
+        permutation and the routing weights."""
         weights, experts = route(tokens, self.gate, self.top_k, self.normalize)
         order, offs = permute(experts, self.gate.shape[0])
         q, scale = quantize_1x128(tokens)  # T tokens, not T x top_k rows
         rows, row_scales = gathered(q, scale, order // self.top_k)
-        h = scaled_grouped_mm(rows, self.w_gate_up_t.transpose(1, 2), row_scales, self.scale_gate_up, offs)
-        a2, s2 = swiglu_quantize_1x128(h)  # one pass: the activation is never written in bf16
+        return rows, row_scales, offs, order, weights
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"FP8MoELayer takes bf16 tokens, got {x.dtype}")
+        rows, row_scales, offs, order, weights = self.dispatch(x.reshape(-1, x.shape[-1]).contiguous())
+        a2, s2 = swiglu_scaled_grouped_mm(rows, self.w_gate_up_t.transpose(1, 2), row_scales, self.scale_gate_up,
+                                          offs)  # the activation, quantized for GEMM 2
         y = scaled_grouped_mm(a2, self.w_down_t.transpose(1, 2), s2, self.scale_down, offs)
         return combine(y, order, weights, self.top_k).to(x.dtype).reshape(x.shape)

@@ -14,9 +14,16 @@ SWIGLU_QUANTIZE = ("k8_quantize.cu", "swiglu_quantize_1x128")  # the FP8 layer's
 # or "-fp16" after it) and in NOT_YET_RUN below.
 FUSED_BACKWARD_RECORDS = {"k6/dswiglu-bn128": "torch/dswiglu", "k6/dswiglu-prefetch-bn128": "torch/dswiglu-prefetch"}
 
+# The FP8 layer's GEMM 1 with the SwiGLU epilogue (k8_fp8_swiglu): each configuration of
+# moe_gemm.variants.k8.config.SWIGLU and its name in the validation record; "k8/gemm-swiglu" in NOT_YET_RUN
+# covers both.
+FP8_SWIGLU_RECORDS = {"k8/swiglu-bm128": "k8/gemm-swiglu-bf16", "k8/swiglu-e4m3-bm128": "k8/gemm-swiglu-e4m3"}
+FP8_SWIGLU_PENDING = "k8/gemm-swiglu"
+
 # Kernels the op would launch that are built, compiled and inspected on every machine but have not yet passed
 # their GPU tests: the op runs the same computation as torch operations instead, and the GPU validation record
 # leaves them out. To admit one: `python -m moe_gemm.measure.validation run torch --admit` on an sm_90a GPU
 # (its GPU tests run and, where they pass, it is recorded), then remove it here. ("torch/dswiglu", the SwiGLU's
-# backward fused into the dA GEMM, passed on an H100; its twin that prefetches h by TMA has not run.)
-NOT_YET_RUN: frozenset[str] = frozenset({"torch/dswiglu-prefetch"})
+# backward fused into the dA GEMM, passed on an H100; its twin that prefetches h by TMA has not run, nor has the
+# FP8 layer's GEMM 1 with the SwiGLU epilogue, which is validated with chapter 10's family, k8.)
+NOT_YET_RUN: frozenset[str] = frozenset({"torch/dswiglu-prefetch", FP8_SWIGLU_PENDING})

@@ -18,7 +18,7 @@ import torch
 class PointerLaunches:
     """One compiled kernel on one shape and GPU ``index``, ready to launch on any tensors. A subclass says how
     to build the launch for a set of pointers (``build``); ``__call__`` takes the tensors in the order of the
-    pointers ``build`` receives."""
+    pointers ``build`` receives (None for a pointer this instance never dereferences: 0)."""
 
     MAX_PACKED = 64  # distinct pointer sets kept; past that the oldest are dropped
 
@@ -30,12 +30,12 @@ class PointerLaunches:
         """The launch on these device addresses, on CUDA stream handle ``stream``."""
         raise NotImplementedError
 
-    def __call__(self, *tensors: torch.Tensor) -> None:
+    def __call__(self, *tensors: torch.Tensor | None) -> None:
         from moe_gemm.cuda.device import make_context_current
 
         make_context_current(self.index)  # autograd's backward thread may have no driver context current
         stream = torch._C._cuda_getCurrentRawStream(self.index)  # torch.cuda.current_stream's handle, 2 us sooner
-        key = (*[t.data_ptr() for t in tensors], stream)
+        key = (*[0 if t is None else t.data_ptr() for t in tensors], stream)  # None: a pointer the kernel leaves
         run = self.launches.get(key)
         if run is None:
             if len(self.launches) >= self.MAX_PACKED:

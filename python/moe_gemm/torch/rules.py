@@ -315,6 +315,29 @@ def route_scaled(op: ScaledOperands) -> Route:
     return Route("k8", out="bf16" if op.out_dtype == "bfloat16" else "fp32")
 
 
+def route_swiglu(op: ScaledOperands) -> Route:
+    """GEMM 1 of the FP8 layer with its SwiGLU (moe_gemm.torch.scaled.swiglu_scaled_grouped_mm): b is
+    [W_gate | W_up] [E, K, 2I], the scales blockwise. k8's SwiGLU kernel where route_scaled would take k8 and I is
+    a multiple of 128; else the blockwise product then the separate SwiGLU pass, and the reason. A ValueError for
+    operands no path takes."""
+    from moe_gemm.variants.k8.config import refusals as k8_refusals
+
+    name = "swiglu_scaled_grouped_mm"
+    check_scaled(op)
+    if op.scaling != "blockwise":
+        raise ValueError(f"{name}: the scales must be blockwise (scale_a [ceil(K / 128), M_pad], scale_b "
+                         f"[E, ceil(2I / 128), ceil(K / 128)]): GEMM 2 reads the activation in 1 x 128 groups")
+    (_, K), (experts, _, N) = op.a_shape, op.b_shape
+    if N % 16:
+        raise ValueError(f"{name}: b's N = 2I = {N} must be [gate | up] with I a multiple of 8 (16-byte pieces of "
+                         f"each half)")
+    reasons = [route.reason] if (route := route_scaled(op)).reason else []
+    reasons += [r for r in k8_refusals(experts, K, N, epilogue="swiglu") if r not in k8_refusals(experts, K, N)]
+    if reasons:
+        return Route("torch", reason="; ".join(reasons))
+    return Route("k8", out="bf16")
+
+
 def k8_passed_on_gpu() -> bool:
     """Whether chapter 10's kernels have passed their GPU tests (moe_gemm.core.chapters): until they have, the op
     never launches them."""

@@ -19,6 +19,10 @@ k8 cannot take (moe_gemm.torch.rules.route_scaled) go to torch, with one warning
 torch._scaled_grouped_mm where it runs, else (blockwise, or on the CPU) to the product of the dequantized
 values in fp32, expert by expert, which reads ``offs`` on the host. Malformed inputs raise a ValueError before
 any launch.
+
+``swiglu_scaled_grouped_mm(a, b, scale_a, scale_b, offs)`` is the FP8 layer's GEMM 1 with its SwiGLU: ``b`` =
+[W_gate | W_up], blockwise, and what comes back is the activation silu(gate) x up quantized for GEMM 2 (or in bf16
+with ``quantize=False``), computed by the GEMM's epilogue from its fp32 sums.
 """
 
 from __future__ import annotations
@@ -29,12 +33,15 @@ from typing import Any
 
 import torch
 
-from moe_gemm.model.quantize import BLOCK
+from moe_gemm.model.quantize import BLOCK, padded_rows
 from moe_gemm.torch import rules
 from moe_gemm.torch.launches import TensorMapLaunches
+from moe_gemm.torch.quantize import swiglu_quantize_1x128
+from moe_gemm.torch.swiglu import swiglu
 
 BLOCKWISE_CONFIG = "k8/blockwise-bm128"
 ROWWISE_CONFIG, ROWWISE_FAST_CONFIG = "k8/rowwise-bm128", "k8/rowwise-fast-bm128"
+SWIGLU_CONFIGS = {True: "k8/swiglu-e4m3-bm128", False: "k8/swiglu-bm128"}  # by quantize
 _warned: set[str] = set()
 
 
@@ -80,11 +87,15 @@ def reference(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     return out
 
 
-def _fallback(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor,
-              out_dtype: torch.dtype, use_fast_accum: bool, reason: str) -> torch.Tensor:
+def _warn_once(reason: str, op: str = "scaled_grouped_mm") -> None:
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f"moe_gemm.torch.scaled_grouped_mm runs torch instead: {reason}", stacklevel=4)
+        warnings.warn(f"moe_gemm.torch.{op} runs torch instead: {reason}", stacklevel=4)
+
+
+def _fallback(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor,
+              out_dtype: torch.dtype, use_fast_accum: bool, reason: str) -> torch.Tensor:
+    _warn_once(reason)
     if scale_a.dim() == 1 and a.is_cuda and out_dtype == torch.bfloat16 and hasattr(torch, "_scaled_grouped_mm"):
         try:
             return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=out_dtype,
@@ -98,9 +109,9 @@ def _fallback(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
 def _k8(config: str, out: str) -> Any:
     """One K8Fp8 per configuration and output type: compile() keeps its answer on it."""
     from moe_gemm.variants.k8 import K8Fp8
-    from moe_gemm.variants.k8.config import LADDER
+    from moe_gemm.variants.k8.config import LADDER, SWIGLU
 
-    return K8Fp8(config, LADDER[config].replace(out=out))
+    return K8Fp8(config, {**LADDER, **SWIGLU}[config].replace(out=out))
 
 
 @functools.lru_cache(maxsize=256)
@@ -157,3 +168,65 @@ def scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
     """C [M_tot, N] = the product of the dequantized e4m3 operands, expert by expert (module docstring), in
     ``out_dtype`` (None: bf16; or fp32)."""
     return torch.ops.moe_gemm.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype, use_fast_accum)
+
+
+@functools.lru_cache(maxsize=256)
+def _swiglu_runner(config: str, index: int, tokens: int, experts: int, K: int, N: int) -> TensorMapLaunches:
+    """k8's SwiGLU kernel on one shape, configuration and GPU, launched on (a, b, scale_a, scale_b, act, offs,
+    act's scales or None)."""
+    from moe_gemm.variants.k8 import swiglu_arguments
+    from moe_gemm.variants.k8.config import SWIGLU, THREADS
+
+    return TensorMapLaunches(_k8(config, SWIGLU[config].out), swiglu_arguments, THREADS, index,
+                             (tokens, experts, K, N))
+
+
+def swiglu_has_run() -> bool:
+    """Whether k8's SwiGLU kernels have passed their GPU tests (moe_gemm.torch.kernels.NOT_YET_RUN)."""
+    from moe_gemm.torch.kernels import FP8_SWIGLU_PENDING, NOT_YET_RUN
+
+    return FP8_SWIGLU_PENDING not in NOT_YET_RUN
+
+
+def swiglu_refusal(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   offs: torch.Tensor) -> str | None:
+    """Why k8's SwiGLU kernel cannot take these operands, or None; a ValueError for malformed ones."""
+    return rules.route_swiglu(operands(a, b, scale_a, scale_b, offs, torch.bfloat16)).reason
+
+
+def fused_swiglu(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor,
+                 quantize: bool = True) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+    """The one launch of k8's SwiGLU kernel, for operands it takes (swiglu_refusal is None): the op calls it once
+    the kernel has run; its GPU tests and chapter 10 call it directly."""
+    tokens, (experts, K, N) = a.shape[0], b.shape
+    act = torch.empty((tokens, N // 2), dtype=torch.float8_e4m3fn if quantize else torch.bfloat16, device=a.device)
+    scale = (torch.ones((N // 2 // BLOCK, padded_rows(tokens)), dtype=torch.float32, device=a.device) if quantize
+             else None)
+    if tokens:  # a tensor map cannot describe 0 rows
+        _swiglu_runner(SWIGLU_CONFIGS[quantize], a.device.index, tokens, experts, K, N)(
+            a, b, scale_a, scale_b, act, offs.contiguous(), scale)
+    return (act, scale) if quantize else act
+
+
+# --8<-- [start:swiglu]
+def swiglu_scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                             offs: torch.Tensor, *, quantize: bool = True
+                             ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+    """GEMM 1 of the FP8 MoE layer and its SwiGLU: h = [gate | up], the blockwise product of ``a`` [M_tot, K]
+    and ``b`` = [W_gate | W_up] [E, K, 2I] (as :func:`scaled_grouped_mm` takes them), then act = silu(gate) x up.
+    ``quantize=True`` returns act quantized for GEMM 2 as moe_gemm.torch.quantize.swiglu_quantize_1x128 does,
+    (q [M_tot, I] e4m3, scale [I / 128, M_pad] fp32); False returns act [M_tot, I] in bf16.
+
+    On k8's SwiGLU kernel (kernels/k8_fp8.cu) the epilogue computes act from the fp32 accumulators: h is never
+    written, nor, quantizing, act in bf16. Where that kernel cannot take the operands (swiglu_refusal: one
+    warning per reason) or has not yet passed its GPU tests (silently: the project's state, not the caller's
+    input), h is computed in bf16 and the separate pass follows. Rows past offs[-1] are left as torch.empty left
+    them."""
+    reason = swiglu_refusal(a, b, scale_a, scale_b, offs)
+    if reason is None and swiglu_has_run():
+        return fused_swiglu(a, b, scale_a, scale_b, offs, quantize)
+    if reason is not None:
+        _warn_once(reason, "swiglu_scaled_grouped_mm")
+    h = _scaled_grouped_mm(a, b, scale_a, scale_b, offs)
+    return swiglu_quantize_1x128(h) if quantize else swiglu(h)
+# --8<-- [end:swiglu]

@@ -40,6 +40,7 @@ from moe_gemm.variants.k8.config import (
     LADDER,
     SOURCE,
     STATIC_SMEM_ALLOWANCE,
+    SWIGLU,
     THREADS,
     K8Config,
     refusals,
@@ -77,11 +78,17 @@ def tensor_maps(config: K8Config, a_address: int, b_address: int, c_address: int
     """A [M_tot, K] e4m3 in boxes of BM rows x 128 of K; B^T [E, N, K] in boxes of 128 columns x 128 of K of
     one expert (both 128-byte rows, swizzled); C [M_tot, N] in 64 x 64 boxes. Every box starts on a multiple
     of 128 bytes along its rows, as TMA requires 16 (the scales, whose boxes would start at any row, are read
-    without TMA: kernels/k8_fp8.cu says why)."""
+    without TMA: kernels/k8_fp8.cu says why). The SwiGLU epilogue's C is the activation [M_tot, N / 2]; in e4m3
+    it is stored from registers, and its map (the kernel's slot) describes q in 64-row boxes all the same."""
     a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=config.bm, box_cols=BK, element="e4m3")
     b_map = batched_matrix_map("B^T", b_address, batch=experts, rows=N, cols=K, box_rows=BN, box_cols=BK,
                                element="e4m3")
-    return a_map, b_map, output_map(c_address, tokens, N, config.out)
+    width = N // 2 if config.epilogue == "swiglu" else N
+    if config.out == "e4m3":
+        c_map = matrix_map("q", c_address, rows=tokens, cols=width, box_rows=64, box_cols=BK, element="e4m3")
+    else:
+        c_map = output_map(c_address, tokens, width, config.out)
+    return a_map, b_map, c_map
 # --8<-- [end:maps]
 
 
@@ -91,6 +98,15 @@ def arguments(config: K8Config, a_address: int, b_address: int, scale_a_address:
     return (*tensor_maps(config, a_address, b_address, c_address, tokens, experts, K, N), c_address,
             scale_a_address, scale_b_address, ends_address, np.int32(tokens), np.int32(experts),
             np.int32(config.group), np.int32(K), np.int32(N))
+
+
+def swiglu_arguments(config: K8Config, a_address: int, b_address: int, scale_a_address: int,
+                     scale_b_address: int, c_address: int, ends_address: int, scale_c_address: int, tokens: int,
+                     experts: int, K: int, N: int) -> tuple[Any, ...]:
+    """``k8_fp8_swiglu``'s arguments: K8_PARAMS with N = 2I and C the activation, then the activation's scales
+    [I / 128, M_pad] (written for e4m3 only; 0 for bf16)."""
+    return (*arguments(config, a_address, b_address, scale_a_address, scale_b_address, c_address, ends_address,
+                       tokens, experts, K, N), scale_c_address)
 
 
 class K8Fp8(NamedConfigVariant):
@@ -166,6 +182,13 @@ class K8Fp8(NamedConfigVariant):
 def ladder() -> list[K8Fp8]:
     """Every rung the chapter compiles, tests and times."""
     return [K8Fp8(name) for name in LADDER]
+
+
+def swiglu_kernels() -> list[K8Fp8]:
+    """GEMM 1 with the SwiGLU epilogue, each output (moe_gemm.variants.k8.config.SWIGLU): compiled and reported
+    beside the rungs; launched on torch tensors by moe_gemm.torch.scaled.fused_swiglu, not through the harness's
+    problems (whose result is C = A B)."""
+    return [K8Fp8(name, config) for name, config in SWIGLU.items()]
 
 
 __all__ = ["SANITIZED", "VARIANTS"]  # what the registry reads (variants/registry.py)

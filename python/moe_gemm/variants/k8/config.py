@@ -2,7 +2,8 @@
 
 Each rung is one :class:`K8Config` in :data:`LADDER`: the scaling (blockwise or rowwise), whether the sums
 are promoted to fp32 every 128 of K, the tile's rows, the ring's depth, and the output type it is compiled
-for (bf16 or fp32).
+for (bf16 or fp32). :data:`SWIGLU` holds the FP8 layer's GEMM 1 with the SwiGLU epilogue (``k8_fp8_swiglu``),
+writing the activation in bf16 or, quantized for GEMM 2, in e4m3 with 1 x 128 scales.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from moe_gemm.variants.sm90.config import SWIZZLE_ALIGN, WARPGROUP
 
 SOURCE = "k8_fp8.cu"
 KERNEL_FUNCTION = "k8_fp8"
+SWIGLU_FUNCTION = "k8_fp8_swiglu"  # GEMM 1 with the SwiGLU epilogue
 MAX_EXPERTS = 256  # kernels/tile_walk.cuh, walk::MAX_EXPERTS: the clamped ends live in shared memory
 BK = 128  # e4m3 of K per stage: one 128-byte swizzle row, one block of scales
 BN = 128  # columns per tile: one block of B's scales
@@ -25,7 +27,8 @@ STAGING_BOX_BYTES = 64 * 64 * 2  # one 64 x 64 bf16 box of C
 # (kernels/k8_fp8.cu asserts the same budget).
 STATIC_SMEM_ALLOWANCE = 2_304
 SCALING_CODES: dict[str, int] = {"blockwise": 0, "rowwise": 1}  # kernels/k8_fp8.cu, k8::Scaling
-OUT_CODES: dict[str, int] = {"bf16": 0, "fp32": 2}  # kernels/epilogues.cuh, sm90::Element
+OUT_CODES: dict[str, int] = {"bf16": 0, "fp32": 2, "e4m3": 3}  # kernels/epilogues.cuh, sm90::Element; k8::E4M3
+Epilogue = Literal["store", "swiglu"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,9 @@ class K8Config:
     stages: int
     staging_boxes: int = 1  # 64 x 64 C staging boxes per consumer warpgroup
     group: int = 8  # M tiles per raster group of the walk (a run-time argument)
-    out: Literal["bf16", "fp32"] = "bf16"
+    out: Literal["bf16", "fp32", "e4m3"] = "bf16"
+    # "swiglu": B^T is [W_gate | W_up]^T and C the activation, bf16 or e4m3 (blockwise, 128-row tiles only)
+    epilogue: Epilogue = "store"
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALING_CODES:
@@ -47,12 +52,24 @@ class K8Config:
             raise ValueError("k8's blockwise scales change every 128 of K: they apply by promotion (promote=True)")
         if self.bm not in (128, 256):
             raise ValueError(f"k8's BM is 128 or 256 rows (one or two m64 slices per warpgroup), got {self.bm}")
-        if self.out not in OUT_CODES:
-            raise ValueError(f"k8 writes {' or '.join(OUT_CODES)}, got {self.out}")
+        if self.epilogue not in ("store", "swiglu"):
+            raise ValueError(f"k8's epilogue is store or swiglu, got {self.epilogue!r}")
+        outs = ("bf16", "e4m3") if self.epilogue == "swiglu" else ("bf16", "fp32")
+        if self.out not in outs:
+            raise ValueError(f"k8 with the {self.epilogue} epilogue writes {' or '.join(outs)}, got {self.out}")
+        if self.epilogue == "swiglu" and (self.scaling, self.bm) != ("blockwise", 128):
+            raise ValueError("k8's SwiGLU epilogue is GEMM 1's in the blockwise layer, on 128-row tiles")
+        if self.out == "e4m3" and self.staging_boxes:
+            raise ValueError("k8's e4m3 activation is stored from registers: staging_boxes=0")
+
+    @property
+    def b_blocks(self) -> int:
+        """B^T boxes of 128 rows per stage: the gate block and its up block, or one."""
+        return 2 if self.epilogue == "swiglu" else 1
 
     @property
     def stage_bytes(self) -> int:
-        return (self.bm + BN) * BK  # A: BM rows, B^T: 128 columns, 128 bytes of K each
+        return (self.bm + self.b_blocks * BN) * BK  # A: BM rows, B^T: 128 rows a box, 128 bytes of K each
 
     @property
     def dynamic_smem_bytes(self) -> int:
@@ -61,6 +78,8 @@ class K8Config:
 
     @property
     def kernel_name(self) -> str:
+        if self.epilogue == "swiglu":
+            return f"{SWIGLU_FUNCTION}<{self.stages}, {self.staging_boxes}, {OUT_CODES[self.out]}>"
         return (f"{KERNEL_FUNCTION}<{SCALING_CODES[self.scaling]}, {str(self.promote).lower()}, {self.bm}, "
                 f"{self.stages}, {self.staging_boxes}, {OUT_CODES[self.out]}>")
 
@@ -68,7 +87,8 @@ class K8Config:
     def label(self) -> str:
         """What a results record keeps of the configuration: '128x128 blockwise promoted s6 bf16'."""
         accumulation = "promoted" if self.promote else "fast accumulation"
-        return f"{self.bm}x{BN} {self.scaling} {accumulation} g{self.group} s{self.stages} {self.out}"
+        epilogue = " swiglu" if self.epilogue == "swiglu" else ""
+        return f"{self.bm}x{BN} {self.scaling} {accumulation}{epilogue} g{self.group} s{self.stages} {self.out}"
 
     def replace(self, **changes) -> K8Config:
         return dataclasses.replace(self, **changes)
@@ -87,10 +107,27 @@ LADDER: dict[str, K8Config] = {
 }
 # --8<-- [end:ladder]
 
+# --8<-- [start:swiglu]
+# The FP8 layer's GEMM 1 with the SwiGLU epilogue: 128 x 128 tiles of the activation, each stage 16 KB of A and
+# the two 16 KB boxes of B^T (gate and up), 4 stages of 48 KB as k8/blockwise-bm256 (whose accumulators, two
+# sets of 64 floats a thread, these match). "bf16" writes the activation as chapter 08's fused GEMM 1 does;
+# "e4m3" writes it quantized for GEMM 2, the [M, I] activation never in bf16.
+SWIGLU: dict[str, K8Config] = {
+    "k8/swiglu-bm128": K8Config("blockwise", True, 128, stages=4, epilogue="swiglu"),
+    "k8/swiglu-e4m3-bm128": K8Config("blockwise", True, 128, stages=4, staging_boxes=0, epilogue="swiglu",
+                                     out="e4m3"),
+}
+# --8<-- [end:swiglu]
 
-def refusals(experts: int, K: int, N: int, a_address: int = 0, b_address: int = 0) -> list[str]:
-    """Every rule of k8 that A [M_tot, K] and B^T [E, N, K] (e4m3, dense) break, one reason each."""
+
+def refusals(experts: int, K: int, N: int, a_address: int = 0, b_address: int = 0,
+             epilogue: Epilogue = "store") -> list[str]:
+    """Every rule of k8 that A [M_tot, K] and B^T [E, N, K] (e4m3, dense) break, one reason each (SwiGLU: B^T
+    is [W_gate | W_up]^T, N = 2I)."""
     reasons = []
+    if epilogue == "swiglu" and N % (2 * BN):
+        reasons.append(f"2I = {N}: the SwiGLU epilogue needs I a multiple of {BN} (a tile's gate and up columns "
+                       f"are one block of the weights' scales each, and its activation one 1 x {BN} group)")
     if K < 1 or N < 1:
         reasons.append(f"K = {K} and N = {N}: the product needs at least one of each")
     if K % 16:
