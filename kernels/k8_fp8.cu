@@ -53,14 +53,19 @@ enum Epilogue : int { STORE_C = 0, SWIGLU = 1 };  // C = A B; act = silu(gate) x
 // OUT of the SwiGLU epilogue besides sm90::BF16: e4m3 with 1 x 128 scales, GEMM 2's A (moe_gemm.torch.quantize)
 constexpr int E4M3 = 3;
 
-template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int EPILOGUE = STORE_C>
+template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int EPILOGUE = STORE_C,
+          bool OVERLAP = false>
 struct Config {
     static_assert(SCALING == ROWWISE || PROMOTE, "blockwise scales change every 128 of K: they apply by promotion");
     static_assert(BM == 128 || BM == 256, "BM is 128 or 256 rows: one or two m64 slices per consumer warpgroup");
     // Two 128-column blocks of products cost a thread 128 accumulators, as two m64 slices do: one slice each.
     static_assert(EPILOGUE == STORE_C || (SCALING == BLOCKWISE && BM == 128),
                   "the SwiGLU epilogue is GEMM 1's in the blockwise layer, on 128-row tiles");
-    static constexpr bool PROMOTES = PROMOTE;
+    // OVERLAP: a second scratch accumulator, so that a k-block's wgmmas run while the one before is promoted
+    // (multiply_overlapped); 64 more registers a thread, which a 128-row tile of one block of B has to spare.
+    static_assert(!OVERLAP || (PROMOTE && BM == 128 && EPILOGUE == STORE_C),
+                  "the overlapped promotion holds two scratch sets beside one 64-float accumulator");
+    static constexpr bool PROMOTES = PROMOTE, OVERLAPS = OVERLAP;
     static constexpr int BK = 128;   // e4m3 of K per stage: one 128-byte swizzle row, one scale block
     static constexpr int BN = 128;   // one block of B's scales wide, so one scale_b per stage and block
     static constexpr int B_BLOCKS = EPILOGUE == SWIGLU ? 2 : 1;  // B^T boxes per stage: gate and up, or one
@@ -236,6 +241,91 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::PRODUCTS][Cfg::BN / 2
 }
 // --8<-- [end:consumer]
 
+// --8<-- [start:overlapped]
+// The promoted loop of one m64 slice with the promotion taken off the tensor core's path (OVERLAP). Above, a
+// warpgroup waits for a k-block's wgmmas to finish before it promotes them, and the tensor core has nothing of
+// its to run meanwhile; only the other warpgroup's wgmmas can fill the gap, if the two happen to be out of
+// step. Here k-block ks + 1 is issued into a second scratch accumulator before ks is promoted: wait<1> returns
+// once ks's group is done while ks + 1's runs, so the promotion's FFMAs overlap this warpgroup's own products.
+// The two scratch sets alternate, the loop unrolled by two so that each is a fixed set of registers (an index
+// chosen at run time would put them in local memory).
+template <class Cfg, int STAGES>
+__device__ __forceinline__ void multiply_overlapped(float (&acc)[1][Cfg::BN / 2], int warpgroup, int k_steps,
+                                                    unsigned ring, const float* __restrict__ scale_a_rows, int m_pad,
+                                                    int rows_in_range, const float* __restrict__ scale_b_row,
+                                                    unsigned long long* full, unsigned long long* empty, int& stage,
+                                                    unsigned& phase) {
+    constexpr OperandPlan PLAN = sm90::K_MAJOR_PLAN;
+    const int warp = (threadIdx.x % sm90::WARPGROUP) / 32, g = threadIdx.x % 32 / 4;
+    const float* my_scales = scale_a_rows + 16 * warp + g;
+    bool row_in[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_in[h] = 16 * warp + 8 * h + g < rows_in_range;
+#pragma unroll
+    for (int v = 0; v < Cfg::BN / 2; ++v) acc[0][v] = 0.0f;
+    float even[Cfg::BN / 2], odd[Cfg::BN / 2];  // the scratch sets of even and odd k-blocks
+    float even_scale[2], odd_scale[2];           // their rows' scale_a x scale_b (blockwise)
+    int even_stage = 0, odd_stage = 0;
+    // Issue k-block ks into `scratch`: its scales first (their loads overlap the wait), then the stage's wait,
+    // then the four k32 wgmmas as one group. The stage goes back once the group is done.
+    auto issue = [&](float (&scratch)[Cfg::BN / 2], float (&scale)[2], int& issued_stage, int ks) {
+        if constexpr (Cfg::BLOCKWISE_SCALES) {
+            const float scale_b = __ldg(scale_b_row + ks);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                scale[h] = (row_in[h] ? __ldg(my_scales + static_cast<long long>(ks) * m_pad + 8 * h) : 0.0f) * scale_b;
+        }
+        mbarrier_wait_parity(smem_u32(&full[stage]), phase);
+        const unsigned stage_base = ring + stage * Cfg::STAGE_BYTES;
+        const unsigned long long desc_a = sm90::warp_uniform(
+            matrix_descriptor(PLAN.bits, stage_base + warpgroup * Cfg::M_ITERS * PLAN.mn64_bytes));
+        const unsigned long long desc_b = sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base + Cfg::A_BYTES));
+        wgmma_fence();  // the promotion before read `scratch`: order it before these wgmmas write it
+#pragma unroll
+        for (int kk = 0; kk < Cfg::K_STEPS; ++kk)
+            wgmma_e4m3<Cfg::BN>(scratch, desc_a + sm90::descriptor_step(kk * PLAN.k16_bytes),
+                                desc_b + sm90::descriptor_step(kk * PLAN.k16_bytes), kk > 0);
+        wgmma_commit();
+        issued_stage = stage;
+        if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+        }
+    };
+    // k-block `scratch` holds is done (`wait<1>`: the next one may still run): hand its stage back, promote it.
+    auto promote = [&](float (&scratch)[Cfg::BN / 2], const float (&scale)[2], int done_stage) {
+        fence_accumulators(scratch);
+        sm90::release<1>(empty, done_stage);
+#pragma unroll
+        for (int v = 0; v < Cfg::BN / 2; ++v)
+            acc[0][v] += Cfg::BLOCKWISE_SCALES ? scratch[v] * scale[(v / 2) % 2] : scratch[v];
+    };
+    // The loop keeps one group in flight at its head (k-block ks, in `even`) and takes two k-blocks a turn; the
+    // last one or two are the tail's. No wgmma is issued under a condition that leaves it in flight where the
+    // paths meet: ptxas would serialize every wgmma of the kernel (its C7518).
+    issue(even, even_scale, even_stage, 0);
+    int ks = 0;
+    for (; ks + 2 < k_steps; ks += 2) {
+        issue(odd, odd_scale, odd_stage, ks + 1);
+        wgmma_wait<1>();
+        promote(even, even_scale, even_stage);
+        issue(even, even_scale, even_stage, ks + 2);
+        wgmma_wait<1>();
+        promote(odd, odd_scale, odd_stage);
+    }
+    if (ks + 1 < k_steps) {
+        issue(odd, odd_scale, odd_stage, ks + 1);
+        wgmma_wait<1>();
+        promote(even, even_scale, even_stage);
+        wgmma_wait<0>();
+        promote(odd, odd_scale, odd_stage);
+    } else {
+        wgmma_wait<0>();
+        promote(even, even_scale, even_stage);
+    }
+}
+// --8<-- [end:overlapped]
+
 // --8<-- [start:rowwise]
 // The rowwise scales, applied once in the epilogue, one m64 slice at a time: element (r, c) of the slice
 // times scale_a[r] x scale_b[e][c], into a copy that the store then takes. In place, the rewritten
@@ -323,14 +413,15 @@ __device__ __forceinline__ void store_e4m3(const float (&act)[BN / 2], int row0,
 // --8<-- [start:body]
 // N is B^T's rows: C's columns, or SWIGLU's 2I (C = act [M_tot, I], `width` = I, and scale_c its scales for
 // OUT = E4M3).
-template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT, int EPILOGUE = STORE_C>
+template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT, int EPILOGUE = STORE_C,
+          bool OVERLAP = false>
 __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C,
                                         const float* scale_a, const float* scale_b, const int* ends, int tokens,
                                         int experts, int group, int K, int N, float* scale_c = nullptr) {
     static_assert(EPILOGUE == SWIGLU ? OUT == sm90::BF16 || OUT == E4M3 : OUT == sm90::BF16 || OUT == sm90::F32,
                   "C in bf16 or fp32; the activation in bf16 or e4m3");
-    using Cfg = Config<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, EPILOGUE>;
+    using Cfg = Config<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, EPILOGUE, OVERLAP>;
     __shared__ alignas(8) unsigned long long full[STAGES];
     __shared__ alignas(8) unsigned long long empty[STAGES];
     __shared__ walk::Walk<BM, Cfg::BN> order;  // 2 KB
@@ -378,7 +469,14 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
             const float* scale_a_rows = scale_a + row0;
             const float* scale_b_row =
                 scale_b + (static_cast<long long>(tile.x) * n_blocks + tile.w / Cfg::BN) * k_blocks;
-            if (slices >= 2)
+            if constexpr (Cfg::OVERLAPS) {  // one m64 slice a warpgroup (BM = 128): slices is 0 or 1
+                if (slices > 0)
+                    multiply_overlapped<Cfg, STAGES>(acc, warpgroup, k_steps, ring, scale_a_rows, m_pad,
+                                                     tokens - row0, scale_b_row, full, empty, stage, phase);
+                else
+                    multiply<Cfg, 0, STAGES>(acc, warpgroup, k_steps, ring, scale_a_rows, m_pad, tokens - row0,
+                                             scale_b_row, b_scale_stride, full, empty, stage, phase);
+            } else if (slices >= 2)
                 multiply<Cfg, Cfg::M_ITERS, STAGES>(acc, warpgroup, k_steps, ring, scale_a_rows, m_pad, tokens - row0,
                                                     scale_b_row, b_scale_stride, full, empty, stage, phase);
             else if (slices == 1)
@@ -432,10 +530,11 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
     const int* __restrict__ ends,                 /* [E] cumulative row ends (torch's offs), on the device */ \
     int tokens, int experts, int group, int K, int N
 
-template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT>
+// OVERLAP (trailing, default false: the other instances keep their names): multiply_overlapped's loop.
+template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT, bool OVERLAP = false>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k8_fp8(K8_PARAMS) {
-    k8::k8_body<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, OUT>(&tmap_a, &tmap_b, &tmap_c, C, scale_a,
-                                                                  scale_b, ends, tokens, experts, group, K, N);
+    k8::k8_body<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, OUT, k8::STORE_C, OVERLAP>(
+        &tmap_a, &tmap_b, &tmap_c, C, scale_a, scale_b, ends, tokens, experts, group, K, N);
 }
 
 // The FP8 layer's GEMM 1 with the SwiGLU epilogue: blockwise, 128 x 128 tiles of the activation, B^T =

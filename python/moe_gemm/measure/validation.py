@@ -19,8 +19,8 @@ memcheck, racecheck and synccheck (tests/test_sanitizer_gpu.py), in parallel sub
 records every configuration of each family whose runs all passed. A family that fails keeps its
 old record, which no longer matches: the CPU test keeps failing until it passes on the GPU. A kernel the
 torch op would launch that is built but has not yet run on a GPU (moe_gemm.torch.kernels.NOT_YET_RUN), and a
-chapter 07 rung in the same state (moe_gemm.variants.k6.config.NOT_YET_RUN), is left out of the record, and
-``status`` names it: remove it there, then ``run`` its family.
+chapter 07 or chapter 10 rung in the same state (moe_gemm.variants.k6.config.NOT_YET_RUN, k8's likewise), is left
+out of the record, and ``status`` names it: remove it there, then ``run`` its family.
 
 ``carry`` needs no GPU. A shared header edited for one kernel (a function added for k7 to ptx.cuh, say)
 changes the hash of every kernel that includes it, though most of them compile to the same machine code.
@@ -64,6 +64,7 @@ from moe_gemm.variants import registry
 from moe_gemm.variants.k6.config import FUSED_BACKWARD
 from moe_gemm.variants.k6.config import NOT_YET_RUN as K6_NOT_YET_RUN
 from moe_gemm.variants.k6.config import SOURCE as K6_SOURCE
+from moe_gemm.variants.k8.config import NOT_YET_RUN as K8_NOT_YET_RUN
 from moe_gemm.variants.k8.config import SOURCE as K8_SOURCE
 from moe_gemm.variants.k8.config import SWIGLU as K8_SWIGLU
 
@@ -89,10 +90,15 @@ OTHER_KERNELS = {"torch/combine": COMBINE, "k8/quantize-1x128": QUANTIZE, "k8/qu
                     for config, record in FUSED_BACKWARD_RECORDS.items()}}
 
 
+# The rungs of the chapters' ladders in that state (moe_gemm.variants.k6.config.NOT_YET_RUN, k8's likewise).
+RUNGS_NOT_YET_RUN = K6_NOT_YET_RUN | K8_NOT_YET_RUN
+
+
 def not_yet_run(name: str) -> bool:
     """A kernel of moe_gemm.torch.kernels.NOT_YET_RUN (``torch/dswiglu`` covers ``torch/dswiglu-bf16``) or a
-    rung of moe_gemm.variants.k6.config.NOT_YET_RUN: built and compiled, not yet run on a GPU."""
-    return name in K6_NOT_YET_RUN or any(name == pending or name.startswith(f"{pending}-") for pending in NOT_YET_RUN)
+    rung of a ladder's NOT_YET_RUN (k6's, k8's): built and compiled, not yet run on a GPU."""
+    return name in RUNGS_NOT_YET_RUN or any(name == pending or name.startswith(f"{pending}-")
+                                            for pending in NOT_YET_RUN)
 # The CUDA C++ families; k0 is numba and the ceilings touch no memory.
 SANITIZED = tuple(c.family for c in CHAPTERS if c.sanitized and c.passed_on_gpu)
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
@@ -347,7 +353,8 @@ def run(families: Sequence[str], jobs: int, admit: bool = False) -> int:
     admitted = sorted(name for name in hashes if not_yet_run(name) and name not in left)
     if admitted:
         print(f"not yet run until now, passed here: {', '.join(admitted)}; admit them by taking their names out of "
-              "moe_gemm.variants.k6.config.NOT_YET_RUN and moe_gemm.torch.kernels.NOT_YET_RUN")
+              "moe_gemm.variants.k6.config.NOT_YET_RUN, moe_gemm.variants.k8.config.NOT_YET_RUN and "
+              "moe_gemm.torch.kernels.NOT_YET_RUN")
     return status
 
 
@@ -373,10 +380,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         names = stale()
         print(stale_message(names) if names else "every kernel configuration has a passing GPU run on record")
-        pending = sorted(name for name in (*OTHER_KERNELS, *K6_NOT_YET_RUN) if not_yet_run(name))
+        pending = sorted(name for name in (*OTHER_KERNELS, *RUNGS_NOT_YET_RUN) if not_yet_run(name))
         if pending:
-            print(f"built and compiled, not yet run on a GPU (moe_gemm.torch.kernels.NOT_YET_RUN and "
-                  f"moe_gemm.variants.k6.config.NOT_YET_RUN, left out of the record): {', '.join(pending)}")
+            print(f"built and compiled, not yet run on a GPU (moe_gemm.torch.kernels.NOT_YET_RUN and the "
+                  f"ladders' NOT_YET_RUN, k6's and k8's; left out of the record): {', '.join(pending)}")
         return 1 if names else 0
     unknown = [f for f in args.families if f not in GPU_TESTS]
     if unknown:
