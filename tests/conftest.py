@@ -1,11 +1,22 @@
-"""Tests marked ``gpu`` run only where an NVIDIA GPU is present; elsewhere they skip cleanly."""
+"""Tests marked ``gpu`` run only where an NVIDIA GPU is present; elsewhere they skip cleanly. Under
+``MOE_GEMM_ADMIT=only`` (``validation run --admit``'s second pass) only the tests of the kernels not yet run on a
+GPU are collected."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("MOE_GEMM_ADMIT") == "only":  # `validation run --admit`'s second pass: the kernels not yet run
+        from moe_gemm.measure.validation import keep_for_admission
+
+        deselected = [item for item in items if not keep_for_admission(item.nodeid)]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if keep_for_admission(item.nodeid)]
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return

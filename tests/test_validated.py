@@ -167,7 +167,65 @@ def test_admitting_records_the_kernels_not_yet_run_and_their_tests_stop_skipping
     monkeypatch.delenv(validation.ADMIT_ENV, raising=False)
     assert not validation.admitting() and not set(validation.sanitized("k6")) & pending
     monkeypatch.setenv(validation.ADMIT_ENV, "1")
-    assert validation.admitting()
+    assert validation.admitting() and not validation.admitting_only()
     assert {n for n in pending if n.startswith("k6/")} <= set(validation.sanitized("k6"))  # compute-sanitizer too
+    assert set(validation.registry.sanitized("k6")) <= set(validation.sanitized("k6"))
+    monkeypatch.setenv(validation.ADMIT_ENV, validation.ADMIT_ONLY)  # the second pass: the pending ones alone
+    assert validation.admitting() and set(validation.sanitized("k6")) == {n for n in pending if n.startswith("k6/")}
     with pytest.raises(SystemExit):  # the flag is parsed with the rest: --jobs 0 is still refused
         validation.main(["run", "k6", "--admit", "--jobs", "0"])
+
+
+def junit(*cases: tuple[str, str, str]) -> str:
+    """A JUnit XML report of (classname, name, outcome) cases."""
+    body = "".join(f'<testcase classname="{c}" name="{n}">'
+                   + {"passed": "", "failed": "<failure message='x'/>", "skipped": "<skipped/>"}[o] + "</testcase>"
+                   for c, n, o in cases)
+    failures, skipped = sum(o == "failed" for *_, o in cases), sum(o == "skipped" for *_, o in cases)
+    return (f'<testsuites><testsuite name="pytest" errors="0" failures="{failures}" skipped="{skipped}" '
+            f'tests="{len(cases)}">{body}</testsuite></testsuites>')
+
+
+def run_of(xml: str, name: str = "k6-admit", returncode: int = 0) -> dict:
+    counts, cases = validation.junit_outcomes(xml)
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return {"name": name, "returncode": returncode, "passed": passed, **counts, "cases": cases, "tail": ""}
+
+
+def test_the_admission_pass_admits_each_kernel_whose_tests_all_passed(monkeypatch):
+    """`run --admit`'s second pass: a kernel is admitted when some test naming it passed and none failed (and
+    compute-sanitizer passed, for a sanitized variant); one failing rung keeps only itself out; a failure that
+    names no pending kernel admits none; the ids are read from the JUnit report."""
+    monkeypatch.setattr(validation, "pending_kernels", lambda family=None: ["k6/pingpong-bn192-pdl",
+                                                                            "k6/pingpong-bn192-rings"])
+    monkeypatch.setattr(validation, "admission_markers", lambda name: (name,))
+    clean = [run_of(junit(("t", "x", "passed")), f"k6-admit-{tool}") for tool in validation.SANITIZER_TOOLS]
+    tests = junit(("tests.test_k6_gpu", "test_edge_cases_exact[k6/pingpong-bn192-pdl-one row]", "passed"),
+                  ("tests.test_k6_gpu", "test_edge_cases_exact[k6/pingpong-bn192-rings-one row]", "failed"),
+                  ("tests.test_k6_gpu", "test_random_data[k6/pingpong-bn192-rings]", "passed"))
+    assert validation.admitted("k6", [run_of(tests), *clean]) == ["k6/pingpong-bn192-pdl"]
+    dirty = [*clean[:2], run_of(junit(("t", "x", "failed")), "k6-admit-synccheck", returncode=1)]
+    assert validation.admitted("k6", [run_of(tests), *dirty]) == []  # sanitized variants need a clean sanitizer
+    stray = junit(("tests.test_k6_gpu", "test_edge_cases_exact[k6/pingpong-bn192-pdl-one row]", "passed"),
+                  ("tests.test_k6_gpu", "test_module_setup", "failed"))
+    assert validation.admitted("k6", [run_of(stray), *clean]) == []
+    only_skips = junit(("tests.test_k6_gpu", "test_edge_cases_exact[k6/pingpong-bn192-pdl-one row]", "skipped"))
+    assert validation.admitted("k6", [run_of(only_skips), *clean]) == []  # nothing ran: nothing admitted
+
+
+def test_the_admission_pass_collects_the_tests_that_name_a_pending_kernel():
+    """Every pending kernel has markers its tests' ids contain, no marker is part of the name of a kernel that has
+    run (so a test of one is never taken for the other's), and compute-sanitizer's tests are always kept."""
+    pending = validation.pending_kernels()
+    assert "k8/gemm-swiglu-e4m3" in pending and "k8/blockwise-bm128-overlap" in pending
+    assert validation.admission_markers("torch/dswiglu-prefetch-fp16") == ("k6/dswiglu-prefetch-bn128",)
+    assert validation.admission_markers("k8/gemm-swiglu-bf16") == ("test_k8_swiglu_gpu",)
+    markers = {m for name in pending for m in validation.admission_markers(name)}
+    others = [n for family in validation.registry.families() for n in validation.registry.names(family)
+              if not validation.not_yet_run(n)]
+    assert not [(m, n) for m in markers for n in others if m in n]
+    keep = validation.keep_for_admission
+    assert keep("tests/test_k6_gpu.py::test_edge_cases_exact[k6/pingpong-bn192-pdl-one row]")
+    assert keep("tests/test_k8_swiglu_gpu.py::test_one_graph_replayed_with_changing_routings")
+    assert keep("tests/test_sanitizer_gpu.py::test_compute_sanitizer_is_clean[memcheck-k6]")
+    assert not keep("tests/test_k6_gpu.py::test_edge_cases_exact[k6/pingpong-bn128-one row]")

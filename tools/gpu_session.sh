@@ -4,8 +4,9 @@
 #             ceilings/<gpu>.json: the roofline every chapter and page reads
 #   validate  each kernel family's GPU tests and compute-sanitizer (memcheck, racecheck,
 #             synccheck), in parallel; what passes is recorded in kernels/validated.json
-#             (FAMILIES="k3 k5" for some of them; JOBS processes at once, default 8; ADMIT=1 runs and
-#             records the kernels not yet run too: the run names those that passed, to take out of NOT_YET_RUN)
+#             (FAMILIES="k3 k5" for some of them; JOBS processes at once, default 8; ADMIT=1 also runs the
+#             kernels not yet run, alone, and records each that passes: the run names them, to take out of
+#             NOT_YET_RUN)
 #   tests     the whole GPU-marked pytest suite in one process
 #   01 .. 10  each chapter's run.py, which writes chapters/NN/results/<gpu>.json; the default
 #             list is moe_gemm.core.chapters' (01 02 03 04 06: 05 needs a compute capability 10.x

@@ -10,7 +10,7 @@ kernel and the command that makes the record:
 
     python -m moe_gemm.measure.validation status          # any machine: which kernels are stale
     python -m moe_gemm.measure.validation run [FAMILY..]   # on the GPU: test, sanitize, record
-    python -m moe_gemm.measure.validation run k6 --admit   # the same, the kernels not yet run included
+    python -m moe_gemm.measure.validation run k6 --admit   # the same, then the kernels not yet run, alone
     python -m moe_gemm.measure.validation carry [--from REV]   # any machine: carry records over
                                                                # unchanged machine code
 
@@ -123,23 +123,61 @@ def kernel_configurations(pending: bool = False) -> dict[str, tuple[str, str]]:
     return found
 
 
-# ``run --admit`` sets this for its pytest runs: the GPU tests then run the kernels not yet run instead of
-# skipping them, and what passes is recorded; admitting them is then removing their names from NOT_YET_RUN.
+# The GPU tests read this: "1" runs the kernels not yet run beside the others instead of skipping them; "only"
+# (``run --admit``'s second pass) runs those alone: the tests whose ids name them (keep_for_admission) and
+# compute-sanitizer on the variants among them. Admitting what passed is then removing it from NOT_YET_RUN.
 ADMIT_ENV = "MOE_GEMM_ADMIT"
+ADMIT_ALL, ADMIT_ONLY = "1", "only"
 
 
 def admitting() -> bool:
-    """Whether this process runs the GPU tests of kernels not yet run (``run --admit``)."""
-    return os.environ.get(ADMIT_ENV) == "1"
+    """Whether this process runs the GPU tests of kernels not yet run (``run --admit``, or MOE_GEMM_ADMIT=1)."""
+    return os.environ.get(ADMIT_ENV) in (ADMIT_ALL, ADMIT_ONLY)
+
+
+def admitting_only() -> bool:
+    """Whether this process runs the tests of the kernels not yet run and nothing else (``run --admit``)."""
+    return os.environ.get(ADMIT_ENV) == ADMIT_ONLY
 
 
 def sanitized(family: str) -> list[str]:
     """The variants compute-sanitizer runs for ``family`` (registry.sanitized) and, while admitting, its variants
-    not yet run on a GPU too, whose new barriers are what racecheck and synccheck are for."""
+    not yet run on a GPU too, whose new barriers are what racecheck and synccheck are for (admitting only: those
+    alone)."""
+    pending = [name for name in registry.names(family) if not_yet_run(name)]
+    if admitting_only():
+        return pending
     chosen = registry.sanitized(family)
-    if admitting():
-        chosen += [name for name in registry.names(family) if not_yet_run(name) and name not in chosen]
-    return chosen
+    return chosen + [name for name in pending if name not in chosen] if admitting() else chosen
+
+
+def pending_kernels(family: str | None = None) -> list[str]:
+    """The kernels built but not yet run on a GPU (of ``family``, or all), as the record would name them."""
+    names = {*OTHER_KERNELS, *RUNGS_NOT_YET_RUN}
+    return sorted(n for n in names if not_yet_run(n) and (family is None or registry.family_of(n) == family))
+
+
+# The GPU tests of the kernels the torch op launches directly run each configuration under its variant's name
+# (tests/test_dswiglu_gpu.py), or have a module of their own (tests/test_k8_swiglu_gpu.py).
+PENDING_TEST_MODULES = {"k8/gemm-swiglu": "test_k8_swiglu_gpu"}
+
+
+def admission_markers(name: str) -> tuple[str, ...]:
+    """What the ids of a pending kernel's GPU tests contain: a rung's name (the tests are parametrized by it), the
+    fused backward's configuration (``torch/dswiglu-prefetch-bf16``: ``k6/dswiglu-prefetch-bn128``), or its test
+    module."""
+    if name in RUNGS_NOT_YET_RUN:
+        return (name,)
+    pending = next(p for p in NOT_YET_RUN if name == p or name.startswith(f"{p}-"))
+    configs = tuple(config for config, record in FUSED_BACKWARD_RECORDS.items() if record == pending)
+    return configs or (PENDING_TEST_MODULES[pending],)
+
+
+def keep_for_admission(nodeid: str) -> bool:
+    """Whether ``run --admit``'s second pass runs the test ``nodeid``: it names a kernel not yet run, or it is
+    compute-sanitizer's (which then checks those kernels alone)."""
+    markers = {m for name in pending_kernels() for m in admission_markers(name)}
+    return "test_sanitizer_gpu" in nodeid or any(m in nodeid for m in markers)
 
 
 def kernel_identity(name: str) -> tuple[str, str] | None:
@@ -182,9 +220,10 @@ def stale_message(names: Sequence[str]) -> str:
 
 # --------------------------------------------------------------------------- on the GPU
 
-def _pytest(args: list[str], name: str, scratch: Path, admit: bool = False) -> dict[str, Any]:
-    """One pytest run in a subprocess; its counts from the JUnit XML report. Each test gets TEST_TIMEOUT_EACH_S
-    where pytest-timeout is installed, so that a kernel that hangs costs one test's time, not the run's."""
+def _pytest(args: list[str], name: str, scratch: Path, admit: str | None = None) -> dict[str, Any]:
+    """One pytest run in a subprocess (``admit``: MOE_GEMM_ADMIT's value for it); its counts and each test's
+    outcome from the JUnit XML report. Each test gets TEST_TIMEOUT_EACH_S where pytest-timeout is installed, so
+    that a kernel that hangs costs one test's time, not the run's."""
     import importlib.util
 
     report = scratch / f"{name.replace('/', '_')}.xml"
@@ -192,17 +231,29 @@ def _pytest(args: list[str], name: str, scratch: Path, admit: bool = False) -> d
                *args]
     if importlib.util.find_spec("pytest_timeout") is not None:
         command.append(f"--timeout={TEST_TIMEOUT_EACH_S}")
-    env = {**os.environ, ADMIT_ENV: "1"} if admit else None
+    env = {**os.environ, ADMIT_ENV: admit} if admit else None
     proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=TEST_TIMEOUT_S,
                           check=False, env=env)
-    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    counts, cases = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}, []
     if report.is_file():
-        suite = ET.parse(report).getroot()
-        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-        counts = {key: int(suite.get(key, 0)) for key in counts}
+        counts, cases = junit_outcomes(report.read_text())
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    return {"name": name, "returncode": proc.returncode, "passed": passed, **counts,
+    return {"name": name, "returncode": proc.returncode, "passed": passed, **counts, "cases": cases,
             "tail": (proc.stdout + proc.stderr)[-3000:]}
+
+
+def junit_outcomes(xml: str) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A JUnit XML report's counts and each test case as (``classname::name``, "passed", "failed" or
+    "skipped"): the id names the test's parameters, a rung's name among them."""
+    root = ET.fromstring(xml)
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    cases = []
+    for case in suite.iter("testcase"):
+        outcome = ("failed" if case.find("failure") is not None or case.find("error") is not None
+                   else "skipped" if case.find("skipped") is not None else "passed")
+        cases.append((f"{case.get('classname')}::{case.get('name')}", outcome))
+    return counts, cases
 
 
 def family_runs(family: str) -> list[tuple[list[str], str]]:
@@ -214,6 +265,36 @@ def family_runs(family: str) -> list[tuple[list[str], str]]:
     return runs
 
 
+def admission_runs(family: str) -> list[tuple[list[str], str]]:
+    """``run --admit``'s second pass for a family with kernels not yet run: its GPU tests (only those that name
+    them run) and, where some of them are sanitized variants, each sanitizer tool on those alone."""
+    runs = [([*GPU_TESTS[family]], f"{family}-admit")]
+    if family in SANITIZED and set(pending_kernels(family)) & set(registry.names(family)):
+        runs += [(["tests/test_sanitizer_gpu.py", "-k", f"{family} and {tool}"], f"{family}-admit-{tool}")
+                 for tool in SANITIZER_TOOLS]
+    return runs
+
+
+def admitted(family: str, results: list[dict[str, Any]]) -> list[str]:
+    """The kernels not yet run that passed ``run --admit``'s second pass (admission_runs' results, tests first):
+    some test naming each passed and none failed, and compute-sanitizer passed where it ran. A failure that names
+    none of them (the module's set-up, say) admits none."""
+    tests, sanitizer = results[0], results[1:]
+    pending = pending_kernels(family)
+    marks = {name: admission_markers(name) for name in pending}
+    failed = [case for case, outcome in tests["cases"] if outcome == "failed"]
+    if tests["errors"] and not tests["cases"] or any(not any(m in case for ms in marks.values() for m in ms)
+                                                      for case in failed):
+        return []
+    clean = all(r["returncode"] == 0 and r["passed"] > 0 and not r["failures"] and not r["errors"] for r in sanitizer)
+    chosen = []
+    for name in pending:
+        mine = [outcome for case, outcome in tests["cases"] if any(m in case for m in marks[name])]
+        if "passed" in mine and "failed" not in mine and (clean or name not in registry.names(family)):
+            chosen.append(name)
+    return chosen
+
+
 def family_outcome(family: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     """Passed only if every run passed something and failed nothing. A skip is allowed (a test meant
     for an older GPU skips on this one) and recorded in the counts."""
@@ -223,11 +304,13 @@ def family_outcome(family: str, results: list[dict[str, Any]]) -> dict[str, Any]
             "runs": results}
 
 
-def record_family(record: dict[str, Any], outcome: dict[str, Any], gpu: Any, hashes: dict[str, str]) -> None:
+def record_family(record: dict[str, Any], outcome: dict[str, Any], gpu: Any, hashes: dict[str, str],
+                  names: Sequence[str] | None = None) -> None:
+    """Every kernel of ``hashes`` in the outcome's family (or those of ``names``) recorded as passed on ``gpu``."""
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     configurations = kernel_configurations(pending=True)
     for name, digest in hashes.items():
-        if registry.family_of(name) != outcome["family"]:
+        if registry.family_of(name) != outcome["family"] or (names is not None and name not in names):
             continue
         source, instance = configurations[name]
         record["kernels"][name] = {
@@ -317,8 +400,10 @@ def write_record(record: dict[str, Any], path: Path = RECORD_PATH) -> None:
 
 
 def run(families: Sequence[str], jobs: int, admit: bool = False) -> int:
-    """``admit``: also the kernels not yet run on a GPU, in their families' GPU tests, recorded where the family
-    passes; the run then names them, to be taken out of NOT_YET_RUN."""
+    """Each family's GPU tests and compute-sanitizer; the families that pass are recorded. ``admit``: a second
+    pass, beside the first, runs the tests of the kernels not yet run on a GPU alone (MOE_GEMM_ADMIT=only) and
+    records each whose tests all passed, in a family that passed; the run names them, to be taken out of
+    NOT_YET_RUN. One that fails costs neither its family's record nor the others'."""
     from moe_gemm.cuda.gpu import detect_gpu
 
     gpu = detect_gpu()
@@ -326,18 +411,23 @@ def run(families: Sequence[str], jobs: int, admit: bool = False) -> int:
         print("validation runs on an sm_90a GPU (compute capability 9.0), where every family can run; "
               f"this machine has {gpu.name if gpu else 'no NVIDIA GPU'}", file=sys.stderr)
         return 2
-    hashes, record = current_hashes(pending=admit), load_record()
+    hashes, pending_hashes, record = current_hashes(), current_hashes(pending=True), load_record()
     record.setdefault("about", "Kernel configurations whose GPU tests and compute-sanitizer last passed, keyed by "
                                "the hash of their preprocessed source: python -m moe_gemm.measure.validation")
     status = 0
-    planned = [(family, args, name) for family in families for args, name in family_runs(family)]
+    planned = [(family, args, name, None) for family in families for args, name in family_runs(family)]
+    if admit:
+        planned += [(family, args, name, ADMIT_ONLY) for family in families if pending_kernels(family)
+                    for args, name in admission_runs(family)]
     print(f"[validation] {len(planned)} pytest runs for {', '.join(families)}, {jobs} at a time", file=sys.stderr,
           flush=True)
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda run: _pytest(run[1], run[2], Path(scratch), admit), planned))
+        results = list(pool.map(lambda run: _pytest(run[1], run[2], Path(scratch), run[3]), planned))
+    passed_pending = []
     for family in families:
-        outcome = family_outcome(family, [r for (f, _, _), r in zip(planned, results) if f == family])
-        for r in outcome["runs"]:
+        outcome = family_outcome(family, [r for (f, _, _, a), r in zip(planned, results) if f == family and not a])
+        second = [r for (f, _, _, a), r in zip(planned, results) if f == family and a]
+        for r in [*outcome["runs"], *second]:
             print(f"  {r['name']:<18} rc={r['returncode']} passed={r['passed']} failed={r['failures']} "
                   f"errors={r['errors']} skipped={r['skipped']}")
         if outcome["ok"]:
@@ -347,13 +437,24 @@ def run(families: Sequence[str], jobs: int, admit: bool = False) -> int:
             for r in outcome["runs"]:
                 if r["returncode"] != 0 or r["skipped"]:
                     print(r["tail"], file=sys.stderr)
+        if second:
+            chosen = admitted(family, second) if outcome["ok"] else []
+            record_family(record, outcome, gpu, pending_hashes, names=chosen)
+            passed_pending += chosen
+            failed = [name for name in pending_kernels(family) if name not in chosen]
+            if failed:
+                status = 1
+                print(f"  not admitted ({'its family failed' if not outcome['ok'] else 'a test failed'}): "
+                      f"{', '.join(failed)}", file=sys.stderr)
+                for r in second:
+                    if r["returncode"] != 0:
+                        print(r["tail"], file=sys.stderr)
     write_record(record)
     left = stale(hashes, record)
     print(f"recorded in {RECORD_PATH}; stale now: {', '.join(left) or 'none'}")
-    admitted = sorted(name for name in hashes if not_yet_run(name) and name not in left)
-    if admitted:
-        print(f"not yet run until now, passed here: {', '.join(admitted)}; admit them by taking their names out of "
-              "moe_gemm.variants.k6.config.NOT_YET_RUN, moe_gemm.variants.k8.config.NOT_YET_RUN and "
+    if passed_pending:
+        print(f"not yet run until now, passed here: {', '.join(sorted(passed_pending))}; admit them by taking their "
+              "names out of moe_gemm.variants.k6.config.NOT_YET_RUN, moe_gemm.variants.k8.config.NOT_YET_RUN and "
               "moe_gemm.torch.kernels.NOT_YET_RUN")
     return status
 
@@ -366,8 +467,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("families", nargs="*", metavar="FAMILY",
                         help=f"families to validate (default: all of {', '.join(GPU_TESTS)})")
     runner.add_argument("--admit", action="store_true",
-                        help="also run and record the kernels built but not yet run on a GPU (NOT_YET_RUN); the "
-                             "run names those that passed, to be taken out of NOT_YET_RUN")
+                        help="also run the kernels built but not yet run on a GPU (NOT_YET_RUN), their tests alone in "
+                             "a second pass, and record each whose tests all passed in a family that passed; the run "
+                             "names them, to be taken out of NOT_YET_RUN")
     runner.add_argument("--jobs", type=positive_int("--jobs", MAX_JOBS), default=8,
                         help=f"pytest processes at once, at most {MAX_JOBS.value} (default 8)")
     carrier = sub.add_parser("carry", help="no GPU: carry the records of stale configurations whose SASS for "
