@@ -12,17 +12,17 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
+from moe_gemm.measure.layer import relative_error as relative  # noqa: E402
 from moe_gemm.measure.validation import admitting  # noqa: E402
 from moe_gemm.torch.scaled import fused_swiglu, swiglu_has_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def gpu():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs an sm_90a GPU")
-    if not swiglu_has_run() and not admitting():  # run by `validation run k8 --admit`
+def gpu(cuda):
+    """The sm_90a GPU (conftest's ``cuda``), once the kernel has run or while `validation run k8 --admit` runs it."""
+    if not swiglu_has_run() and not admitting():
         pytest.skip("k8's SwiGLU epilogue is built, not yet run on a GPU (moe_gemm.torch.kernels.NOT_YET_RUN)")
-    return torch.device("cuda")
+    return cuda
 
 
 def operands(ends, experts: int, K: int, inter: int, device, seed: int = 0, tokens: int | None = None):
@@ -62,10 +62,6 @@ def assert_quantized_alike(q, scale, a, b, sa, sb, offs):
     assert int(differ.sum()) <= max(1, got.numel() // 100), int(differ.sum())
     assert torch.all((got[differ] - want[differ]).abs() == 1)
     assert torch.allclose(scale[:, :rows].cpu(), want_scale[:, :rows].cpu(), rtol=1e-3, atol=0)
-
-
-def relative(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 # The forward's edge cases that matter to this epilogue: experts with no rows, ends in the middle of an m64 slice
