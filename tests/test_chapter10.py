@@ -96,3 +96,28 @@ def test_every_cell_was_measured_in_every_format():
             for names, fmt in ((RUN.BLOCKWISE, FP8_BLOCKWISE), (RUN.ROWWISE_PROMOTED, FP8_ROWWISE),
                                ((RUN.K6,), BF16_OPERANDS)):
                 assert RUN.tflops(DATA["records"], names, fmt, cell) is not None, (part, cell, fmt)
+
+
+def test_the_profile_runs_each_blockwise_rung_that_has_run_on_e4m3_operands(monkeypatch):
+    """--profile: ncu's target program is asked for the blockwise format at 65,536 balanced rows of the seed shape,
+    and a record carries its format, so the table labels it as what it is."""
+    from moe_gemm.measure import profile
+    from moe_gemm.variants.k8.config import NOT_YET_RUN
+
+    ((cell, names),) = RUN.PROFILED.items()
+    assert cell.fmt == FP8_BLOCKWISE and (cell.tokens, cell.skew) == (65536, 0.0)
+    assert names == RUN.BLOCKWISE and not set(names) & NOT_YET_RUN
+    targets = []
+
+    def ncu(target, metrics, kernel_regex, skip):
+        targets.append(target)
+        return 0, "report", ""
+
+    monkeypatch.setattr(profile, "_run_ncu", ncu)
+    monkeypatch.setattr(profile, "parse_ncu_csv", lambda report, metrics: {key: 1.5 for key in profile.ESSENTIAL})
+    rows = RUN.profile_rows()
+    assert [r["variant"] for r in rows] == list(names)
+    assert all(t[t.index("--format") + 1] == "e4m3-blockwise" and "65536" in t for t in targets)
+    assert all(r["format"] == "e4m3-blockwise" for r in rows)
+    text = RUN.profile_table([{**rows[0], "gmma_pipe_pct": 71.5, "duration_ns": 2.5e6}]).text()
+    assert rows[0]["variant"] in text and "71.5" in text and "2500.0" in text

@@ -48,6 +48,7 @@ from moe_gemm.chapter import (
     checks_passed,
     chosen_shapes,
     compile_only,
+    profile_table,
     run_checks,
     run_main,
     run_variants,
@@ -233,22 +234,6 @@ def sonicmoe_table(rows: Sequence[dict[str, Any]]) -> Table:
                         "bwd, the forward and backward step less fwd; TFLOP/s over the experts' GEMM FLOPs, 6 T n d K "
                         "forward and twice that backward; peak GiB: the step's allocations at their peak less the "
                         "gradients it leaves; grads vs ours: relative error of the router's and 8 experts' gradients")
-
-
-def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
-    def number(row: dict[str, Any], key: str, scale: float = 1.0, fmt: str = ".1f") -> str:
-        value = row.get(key)
-        return "-" if value is None else f"{value / scale:{fmt}}"
-
-    body = tuple((r["variant"], Workload.of(r).short_label, number(r, "duration_ns", 1e3), number(r, "gmma_pipe_pct"),
-                  number(r, "dram_bytes_read", 1e9, ".2f"), number(r, "dram_bytes_write", 1e9, ".2f"),
-                  number(r, "dram_throughput_pct"), number(r, "l2_bytes", 1e9, ".2f"), number(r, "stall_barrier"),
-                  number(r, "stall_long_scoreboard")) for r in rows)
-    return Table(("variant", "cell", "us", "wgmma %", "DRAM rd GB", "DRAM wr GB", "DRAM %", "L2 GB", "bar stall",
-                  "lsb stall"), body, title="Nsight Compute, one launch each",
-                 legend="us: the profiled launch; wgmma %: tensor pipe (HGMMA) active, % of peak; DRAM rd / wr: bytes "
-                        "read from and written to HBM; DRAM %: HBM throughput, % of peak; L2 GB: bytes through L2; "
-                        "stalls: warp cycles per issued instruction waiting at a barrier / on a long scoreboard")
 
 
 def profile_rows() -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@
     python chapters/10/run.py --quick               # fewer timed launches per round
     python chapters/10/run.py --tokens 4096 65536   # some of the grid's rows (--skews: some of its skews)
     python chapters/10/run.py --parts models --models mixtral   # some of the model projections
+    python chapters/10/run.py --parts grid --tokens 65536 --skews 0 --profile   # also Nsight Compute on the rungs
 
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every k8 rung (kernels/k8_fp8.cu) on the
 forward's edge cases and the cases of its scales (exact, integer-valued inputs with power-of-two scales) and on
@@ -51,6 +52,7 @@ from moe_gemm.chapter import (
     checks_passed,
     chosen_shapes,
     compile_only,
+    profile_table,
     progress,
     run_checks,
     run_main,
@@ -107,13 +109,16 @@ BLOCKWISE_TARGET, BLOCKWISE_OVER_BF16 = 1150.0, 1.7  # useful TFLOP/s at 65,536 
 FAST_TARGET, PROMOTED_TARGET, TARGET_ROWS = 1.0, 1.3, 4096  # k8 rowwise promoted over torch's fast / promoted
 ACCURACY_TARGET = 2e-3  # relative error of every promoted rung at every K
 QUANTIZE_TARGET = 0.8  # of the same run's copy bandwidth
+# What --profile puts under Nsight Compute: every blockwise rung that has run at 65,536 balanced rows of the seed
+# shape (where the tensor pipe's busy share tells whether the two warpgroups promote in step)
+PROFILED = {Workload(65536, 0.0).in_format(FP8_BLOCKWISE): BLOCKWISE}
 OPCODES = ("QGMMA", "FFMA", "UTMALDG", "UTMASTG", "STSM", "SYNCS", "USETMAXREG")
 COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consumers 232, the producer 40); smem: "
                   "ring + A's scales + C staging + barriers + the walk's 2 KB; the rest: static SASS counts (QGMMA = "
                   "FP8 wgmma, FFMA = fp32 multiply-adds, the promotion among them, UTMALDG / UTMASTG = TMA load / "
                   "store, STSM = stmatrix, SYNCS = mbarrier)")
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
-                      "quantize", "accuracy", "dense", "swiglu", "layer"})
+                      "quantize", "accuracy", "dense", "swiglu", "layer", "profile"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same shape and routing in the same run, each kernel at its best"
 
 
@@ -128,6 +133,9 @@ def parse_args(argv: Sequence[str] | None):
                              "quantization in its epilogue), layer (the FP8 MoE layer)")
     add_grid_arguments(parser, GRID_ROWS, GRID_SKEWS)
     add_models_argument(parser, "qwen3")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the parts, Nsight Compute on each blockwise rung at 65,536 balanced rows of the "
+                             "seed shape (ncu on PATH; a few minutes)")
     args = parser.parse_args(argv)
     try:
         chosen_shapes(MODELS, args.models)  # a name that matches no projection is refused before anything runs
@@ -307,6 +315,21 @@ def layer_table(rows: Sequence[dict[str, Any]]) -> Table:
                         "layer's output")
 
 
+def profile_rows() -> list[dict[str, Any]]:
+    from moe_gemm.measure import profile
+
+    rows = []
+    for cell, names in PROFILED.items():
+        for name in names:
+            progress(f"[profile] {name} at {cell.label} under ncu")
+            try:
+                rows.append(profile.profile_variant(name, cell.tokens, cell.skew, experts=cell.experts, K=cell.K,
+                                                    N=cell.N, profiler_range=True, fmt=cell.fmt.name))
+            except (RuntimeError, ValueError) as error:
+                progress(f"[profile] {name}: no profile ({str(error).splitlines()[0]})")
+    return rows
+
+
 # --------------------------------------------------------------------------- no GPU
 
 def compile_report(arch: str = ARCH) -> list[dict[str, Any]]:
@@ -323,7 +346,7 @@ def compile_report_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def run_without_gpu(args, reason: str) -> int:
-    flags = ("--quick", "--no-peers", "--rounds", "--parts", "--tokens", "--skews", "--models")
+    flags = ("--quick", "--no-peers", "--rounds", "--parts", "--tokens", "--skews", "--models", "--profile")
     return compile_only(args, CHAPTER, "k8", reason, flags, compile_report_table(compile_report(ARCH)))
 
 
@@ -408,6 +431,10 @@ def run_on_gpu(args, gpu) -> int:
                 results.ran(*workload_piece(part, cell, cells[:done], MODELS))
                 path = save()
         path = save()
+    if args.profile:  # after the timings: ncu's replays would heat the GPU between them
+        results.put(profile=profile_rows())
+        results.ran("profile", "Nsight Compute on each blockwise rung at 65,536 balanced rows of the seed shape")
+        path = save()
     records = results.rows("records")
     for part, table in (("quantize", quantize_table), ("accuracy", accuracy_table)):
         if results.rows(part):
@@ -418,6 +445,8 @@ def run_on_gpu(args, gpu) -> int:
     for part in ("grid", "models"):
         if cells_of(records, part):
             show(cell_table(records, part))
+    if results.rows("profile"):
+        show(profile_table(results.rows("profile")))
     if results.rows("swiglu"):
         show(swiglu_table(results.rows("swiglu")))
     if results.rows("layer"):

@@ -61,7 +61,7 @@ from moe_gemm.model.workloads import (
     Workload,
     grid,
 )
-from moe_gemm.site.records import PEER, checks_table, records_table, show_recorded, targets_table
+from moe_gemm.site.records import PEER, checks_table, profile_table, records_table, show_recorded, targets_table
 from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS, TorchGroupedMM, torch_available
 
 __all__ = [
@@ -70,9 +70,9 @@ __all__ = [
     "add_grid_arguments", "add_models_argument", "add_rounds_argument", "add_timing_arguments", "best_of",
     "best_peer", "best_ratio", "chapter_main", "chapter_module", "chapter_parser", "checks_table", "chosen_shapes",
     "compile_only", "describe_gpu", "failed_variants", "figures_main", "find", "grid", "grouped_mm_peers",
-    "ignored_flags", "not_run_banner", "print_not_run", "progress", "ratio_to_peer", "recorded", "records_table",
-    "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded", "start_parts_run",
-    "targets_table", "timing_options",
+    "ignored_flags", "not_run_banner", "print_not_run", "profile_table", "progress", "ratio_to_peer", "recorded",
+    "records_table", "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded",
+    "start_parts_run", "targets_table", "timing_options",
 ]
 
 # --------------------------------------------------------------------------- what the kernels need

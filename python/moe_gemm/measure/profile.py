@@ -136,7 +136,7 @@ def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | 
 
 def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int = SEED_EXPERTS,
                     K: int = SEED_K, N: int = SEED_N, warmup: int | None = None, kernel_regex: str | None = None,
-                    profiler_range: bool = False, ragged: str = "M") -> dict[str, Any]:
+                    profiler_range: bool = False, ragged: str = "M", fmt: str = "bf16") -> dict[str, Any]:
     """Profile one launch of ``variant_name`` on one workload; the counters as a dict.
 
     ``kernel_regex`` defaults to the variant's ``kernel_function`` attribute (only its launches
@@ -144,7 +144,8 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
     cuProfilerStart/Stop range instead of counting launches: for variants whose preparation launches
     kernels of its own (an autotuner's trials). If ncu rejects metrics this GPU or ncu version lacks, the profile
     is retaken without them (the three the model needs, :data:`ESSENTIAL`, are never dropped). ``ragged="K"``
-    profiles the weight gradient (chapter 09) at the same sizes.
+    profiles the weight gradient (chapter 09) at the same sizes; ``fmt`` names the operands' format
+    (moe_gemm.model.problem.FORMATS: chapter 10's e4m3 ones).
     """
     from moe_gemm.measure.profile_target import DEFAULT_WARMUP, launches_before_profiled
     from moe_gemm.variants.registry import get
@@ -153,7 +154,8 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
     if kernel_regex is None:
         kernel_regex = getattr(get(variant_name), "kernel_function", None)
     target = [sys.executable, "-m", "moe_gemm.measure.profile_target", variant_name, str(tokens), str(skew),
-              "--experts", str(experts), "-K", str(K), "-N", str(N), "--warmup", str(warmup), "--ragged", ragged]
+              "--experts", str(experts), "-K", str(K), "-N", str(N), "--warmup", str(warmup), "--ragged", ragged,
+              "--format", fmt]
     skip = None if profiler_range else launches_before_profiled(warmup)
     metrics = {**CORE_METRICS, **EXTRA_METRICS}
     values: dict[str, float] = {}
@@ -173,7 +175,7 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
     if not all(key in values for key in ESSENTIAL):
         raise RuntimeError(f"ncu gave no usable profile of {variant_name} (exit {code}):\n{output[-3000:]}\n"
                            f"{report[-2000:]}")
-    kind = {} if ragged == "M" else {"ragged": ragged}
+    kind = {**({} if ragged == "M" else {"ragged": ragged}), **({} if fmt == "bf16" else {"format": fmt})}
     return {"variant": variant_name, "experts": experts, "K": K, "N": N, "tokens": tokens, "skew": float(skew),
             **kind, **values, "issue_model": model_issue(values)}
 

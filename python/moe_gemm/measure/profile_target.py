@@ -1,6 +1,7 @@
 """One variant, one workload, a known number of launches: the program Nsight Compute profiles.
 
     python -m moe_gemm.measure.profile_target k1/bm64 16384 0.0 [--warmup 10]
+    python -m moe_gemm.measure.profile_target k8/blockwise-bm128 65536 0.0 --format e4m3-blockwise
 
 Launch order, which :func:`moe_gemm.measure.profile.profile_variant` relies on to pick the launch to
 profile with ``--launch-skip``: one checked launch (a wrong answer exits 1 before anything
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 from moe_gemm.core.checks import MAX_DIMENSION, MAX_EXPERTS, MAX_REPEATS, MAX_ROWS, MAX_SKEW
 from moe_gemm.core.cli import chapter_parser, nonnegative_float, nonnegative_int, positive_int, run_main
+from moe_gemm.model.problem import BF16_OPERANDS, FORMATS, format_named
 from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N, Workload
 
 CHECK_LAUNCHES = 1
@@ -36,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=nonnegative_int("--warmup", MAX_REPEATS), default=DEFAULT_WARMUP)
     parser.add_argument("--ragged", choices=("M", "K"), default="M",
                         help="M: the forward (default); K: the weight gradient dB = A_e^T dC_e (chapter 09)")
+    parser.add_argument("--format", choices=list(FORMATS), default=BF16_OPERANDS.name,
+                        help="the operands: 16-bit (default bf16), or e4m3 with rowwise or blockwise scales "
+                             "(chapter 10)")
     args = parser.parse_args(argv)
 
     from moe_gemm.cuda.device import DeviceProblem, synchronize
@@ -43,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from moe_gemm.variants.registry import get
 
     variant = get(args.variant)
-    workload = Workload(args.tokens, args.skew, args.experts, args.K, args.N, args.ragged)
+    workload = Workload(args.tokens, args.skew, args.experts, args.K, args.N, args.ragged).in_format(
+        format_named(args.format))
     dev = DeviceProblem(workload.problem(0))
     check = verify(variant, dev)  # launch 1: checked
     if not check.passed:

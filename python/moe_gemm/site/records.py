@@ -21,6 +21,25 @@ from moe_gemm.model.workloads import Workload
 from moe_gemm.variants.peer.torch import PEER_GROUPED_MM as PEER  # the 'vs peer' column's
 
 
+def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """Nsight Compute's counters of one launch per row (moe_gemm.measure.profile.profile_variant): chapters 09 and
+    10 print it after ``--profile``."""
+    def number(row: dict[str, Any], key: str, scale: float = 1.0, fmt: str = ".1f") -> str:
+        value = row.get(key)
+        return "-" if value is None else f"{value / scale:{fmt}}"
+
+    body = tuple((r["variant"], Workload.of(r).short_label, number(r, "duration_ns", 1e3), number(r, "gmma_pipe_pct"),
+                  number(r, "dram_bytes_read", 1e9, ".2f"), number(r, "dram_bytes_write", 1e9, ".2f"),
+                  number(r, "dram_throughput_pct"), number(r, "l2_bytes", 1e9, ".2f"), number(r, "stall_barrier"),
+                  number(r, "stall_long_scoreboard")) for r in rows)
+    return Table(("variant", "cell", "us", "wgmma %", "DRAM rd GB", "DRAM wr GB", "DRAM %", "L2 GB", "bar stall",
+                  "lsb stall"), body, title="Nsight Compute, one launch each",
+                 legend="us: the profiled launch; wgmma %: tensor pipe (HGMMA and QGMMA) active, % of peak; DRAM rd / "
+                        "wr: bytes read from and written to HBM; DRAM %: HBM throughput, % of peak; L2 GB: bytes "
+                        "through L2; stalls: warp cycles per issued instruction waiting at a barrier / on a long "
+                        "scoreboard")
+
+
 def checks_table(checks: Sequence[dict[str, Any]]) -> Table:
     return Table(("variant", "case", "result"), tuple((c["variant"], c["case"], c["result"]) for c in checks),
                  title="Checks against the numpy reference",
