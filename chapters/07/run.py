@@ -417,18 +417,10 @@ def _measure(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
 
 
 def profile_rows() -> list[dict[str, Any]]:
-    from moe_gemm.measure import profile
+    from moe_gemm.measure.profile import profile_cells
     from moe_gemm.variants.k6.config import NOT_YET_RUN
 
-    rows = []
-    for cell, names in PROFILED.items():
-        for name in (n for n in names if n not in NOT_YET_RUN):
-            progress(f"[profile] {name} at {cell.label} under ncu")
-            try:
-                rows.append(profile.profile_variant(name, cell.tokens, cell.skew, profiler_range=True))
-            except (RuntimeError, ValueError) as error:
-                progress(f"[profile] {name}: no profile ({str(error).splitlines()[0]})")
-    return rows
+    return profile_cells({cell: [n for n in names if n not in NOT_YET_RUN] for cell, names in PROFILED.items()})
 
 
 def profile_table(rows: Sequence[dict[str, Any]]) -> Table:

@@ -316,18 +316,9 @@ def layer_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def profile_rows() -> list[dict[str, Any]]:
-    from moe_gemm.measure import profile
+    from moe_gemm.measure.profile import profile_cells
 
-    rows = []
-    for cell, names in PROFILED.items():
-        for name in names:
-            progress(f"[profile] {name} at {cell.label} under ncu")
-            try:
-                rows.append(profile.profile_variant(name, cell.tokens, cell.skew, experts=cell.experts, K=cell.K,
-                                                    N=cell.N, profiler_range=True, fmt=cell.fmt.name))
-            except (RuntimeError, ValueError) as error:
-                progress(f"[profile] {name}: no profile ({str(error).splitlines()[0]})")
-    return rows
+    return profile_cells(PROFILED)
 
 
 # --------------------------------------------------------------------------- no GPU

@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from moe_gemm.model.occupancy import issue_rate
@@ -178,6 +178,24 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
     kind = {**({} if ragged == "M" else {"ragged": ragged}), **({} if fmt == "bf16" else {"format": fmt})}
     return {"variant": variant_name, "experts": experts, "K": K, "N": N, "tokens": tokens, "skew": float(skew),
             **kind, **values, "issue_model": model_issue(values)}
+
+
+def profile_cells(cells: Mapping[Any, Sequence[str]]) -> list[dict[str, Any]]:
+    """A chapter's ``--profile``: each variant of ``cells`` (a Workload -> the variant names to profile there) under
+    ncu, the first launch of its profiler range, on the workload's shape, ragged axis and operand format. A variant
+    ncu gives no profile of is reported and left out."""
+    from moe_gemm.measure.check import progress
+
+    rows = []
+    for cell, names in cells.items():
+        for name in names:
+            progress(f"[profile] {name} at {cell.label} under ncu")
+            try:
+                rows.append(profile_variant(name, cell.tokens, cell.skew, experts=cell.experts, K=cell.K, N=cell.N,
+                                            profiler_range=True, ragged=cell.ragged, fmt=cell.fmt.name))
+            except (RuntimeError, ValueError) as error:
+                progress(f"[profile] {name}: no profile ({str(error).splitlines()[0]})")
+    return rows
 
 
 def _parse_or_empty(report: str, metrics: Mapping[str, str]) -> dict[str, float]:
