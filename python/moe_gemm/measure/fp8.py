@@ -182,7 +182,7 @@ def swiglu_epilogue_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[st
     from moe_gemm.torch.fp8_layer import FP8MoELayer
     from moe_gemm.torch.ops import offsets_unchecked
     from moe_gemm.torch.quantize import quantize_1x128, swiglu_quantize_1x128
-    from moe_gemm.torch.scaled import fused_swiglu, scaled_grouped_mm, swiglu_refusal
+    from moe_gemm.torch.scaled import dequantized_rows, fused_swiglu, scaled_grouped_mm, swiglu_refusal
     from moe_gemm.torch.swiglu import swiglu
 
     layer = seeded_layer(shape)
@@ -203,7 +203,7 @@ def swiglu_epilogue_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[st
             act = swiglu(h)
             (q, scale), (want_q, want_scale) = fused_swiglu(a, b, sa, sb, offs), swiglu_quantize_1x128(h)
             m = a.shape[0]
-            error = layer_error(_dequantized(q, scale, m), _dequantized(want_q, want_scale, m).float())
+            error = layer_error(dequantized_rows(q, scale), dequantized_rows(want_q, want_scale))
             bf16_error = layer_error(fused_swiglu(a, b, sa, sb, offs, quantize=False), act.float())
             if max(error, bf16_error) > SWIGLU_EPILOGUE_CHECK:
                 raise RuntimeError(f"k8's SwiGLU epilogue is {error:.2e} (e4m3) and {bf16_error:.2e} (bf16) from the "
@@ -219,11 +219,6 @@ def swiglu_epilogue_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[st
     del fp8
     torch.cuda.empty_cache()
     return rows
-
-
-def _dequantized(q: Any, scale: Any, m: int) -> Any:
-    """q [M, I] e4m3 times its 1 x 128 scales [I / 128, M_pad], in fp32."""
-    return q.float() * scale[:, :m].t().repeat_interleave(BLOCK, dim=1)[:, :q.shape[1]]
 
 
 def swiglu_epilogue_extra(row: dict[str, Any]) -> float:

@@ -33,6 +33,7 @@ its reason in the entry. A kernel whose code changed is left stale.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import subprocess
@@ -173,11 +174,16 @@ def admission_markers(name: str) -> tuple[str, ...]:
     return configs or (PENDING_TEST_MODULES[pending],)
 
 
+@functools.cache
+def pending_markers() -> frozenset[str]:
+    """Every pending kernel's admission_markers (the NOT_YET_RUN sets are fixed for a process)."""
+    return frozenset(m for name in pending_kernels() for m in admission_markers(name))
+
+
 def keep_for_admission(nodeid: str) -> bool:
     """Whether ``run --admit``'s second pass runs the test ``nodeid``: it names a kernel not yet run, or it is
     compute-sanitizer's (which then checks those kernels alone)."""
-    markers = {m for name in pending_kernels() for m in admission_markers(name)}
-    return "test_sanitizer_gpu" in nodeid or any(m in nodeid for m in markers)
+    return "test_sanitizer_gpu" in nodeid or any(m in nodeid for m in pending_markers())
 
 
 def kernel_identity(name: str) -> tuple[str, str] | None:
@@ -256,23 +262,24 @@ def junit_outcomes(xml: str) -> tuple[dict[str, int], list[tuple[str, str]]]:
     return counts, cases
 
 
+def sanitizer_runs(family: str, prefix: str) -> list[tuple[list[str], str]]:
+    """One pytest run of compute-sanitizer's test per tool on ``family``, named ``prefix-tool``."""
+    return [(["tests/test_sanitizer_gpu.py", "-k", f"{family} and {tool}"], f"{prefix}-{tool}")
+            for tool in SANITIZER_TOOLS]
+
+
 def family_runs(family: str) -> list[tuple[list[str], str]]:
     """The pytest runs that validate a family: its GPU tests and, for CUDA C++, each sanitizer tool."""
-    runs = [([*GPU_TESTS[family]], f"{family}-tests")]
-    if family in SANITIZED:
-        runs += [(["tests/test_sanitizer_gpu.py", "-k", f"{family} and {tool}"], f"{family}-{tool}")
-                 for tool in SANITIZER_TOOLS]
-    return runs
+    return [([*GPU_TESTS[family]], f"{family}-tests"), *(sanitizer_runs(family, family) if family in SANITIZED
+                                                         else [])]
 
 
 def admission_runs(family: str) -> list[tuple[list[str], str]]:
     """``run --admit``'s second pass for a family with kernels not yet run: its GPU tests (only those that name
     them run) and, where some of them are sanitized variants, each sanitizer tool on those alone."""
-    runs = [([*GPU_TESTS[family]], f"{family}-admit")]
-    if family in SANITIZED and set(pending_kernels(family)) & set(registry.names(family)):
-        runs += [(["tests/test_sanitizer_gpu.py", "-k", f"{family} and {tool}"], f"{family}-admit-{tool}")
-                 for tool in SANITIZER_TOOLS]
-    return runs
+    sanitize = family in SANITIZED and set(pending_kernels(family)) & set(registry.names(family))
+    return [([*GPU_TESTS[family]], f"{family}-admit"), *(sanitizer_runs(family, f"{family}-admit") if sanitize
+                                                         else [])]
 
 
 def admitted(family: str, results: list[dict[str, Any]]) -> list[str]:

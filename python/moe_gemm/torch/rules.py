@@ -284,9 +284,10 @@ def check_scaled(op: ScaledOperands) -> None:
         raise ValueError(f"{name}: the scales must be float32, got {op.scale_a_dtype} and {op.scale_b_dtype}")
 
 
-def route_scaled(op: ScaledOperands) -> Route:
-    """k8 when it can take these operands (kernels/k8_fp8.cu), else torch (rowwise: torch._scaled_grouped_mm;
-    blockwise, which torch has no kernel for on sm_90: the dequantized product) and the reason."""
+def route_scaled(op: ScaledOperands, epilogue: str = "store") -> Route:
+    """k8 when it can take these operands (kernels/k8_fp8.cu; ``epilogue``: its store or its SwiGLU), else torch
+    (rowwise: torch._scaled_grouped_mm; blockwise, which torch has no kernel for on sm_90: the dequantized
+    product) and the reason."""
     from moe_gemm.variants.k8.config import refusals as k8_refusals
 
     check_scaled(op)
@@ -307,7 +308,7 @@ def route_scaled(op: ScaledOperands) -> Route:
                   and tuple(op.scale_b_strides) == tuple(_contiguous_strides(op.scale_b_shape)))
     if not contiguous:
         reasons.append("the scales must be contiguous")
-    reasons += k8_refusals(experts, K, N, op.addresses[0], op.addresses[1])
+    reasons += k8_refusals(experts, K, N, op.addresses[0], op.addresses[1], epilogue=epilogue)
     if any(address % 8 for address in op.addresses[2:]):  # k8 reads rowwise B's scales as 8-byte pairs
         reasons.append("the scales must start on 8-byte boundaries")
     if reasons:
@@ -320,22 +321,16 @@ def route_swiglu(op: ScaledOperands) -> Route:
     [W_gate | W_up] [E, K, 2I], the scales blockwise. k8's SwiGLU kernel where route_scaled would take k8 and I is
     a multiple of 128; else the blockwise product then the separate SwiGLU pass, and the reason. A ValueError for
     operands no path takes."""
-    from moe_gemm.variants.k8.config import refusals as k8_refusals
-
     name = "swiglu_scaled_grouped_mm"
     check_scaled(op)
     if op.scaling != "blockwise":
         raise ValueError(f"{name}: the scales must be blockwise (scale_a [ceil(K / 128), M_pad], scale_b "
                          f"[E, ceil(2I / 128), ceil(K / 128)]): GEMM 2 reads the activation in 1 x 128 groups")
-    (_, K), (experts, _, N) = op.a_shape, op.b_shape
+    N = op.b_shape[2]
     if N % 16:
         raise ValueError(f"{name}: b's N = 2I = {N} must be [gate | up] with I a multiple of 8 (16-byte pieces of "
                          f"each half)")
-    reasons = [route.reason] if (route := route_scaled(op)).reason else []
-    reasons += [r for r in k8_refusals(experts, K, N, epilogue="swiglu") if r not in k8_refusals(experts, K, N)]
-    if reasons:
-        return Route("torch", reason="; ".join(reasons))
-    return Route("k8", out="bf16")
+    return route_scaled(op, epilogue="swiglu")
 
 
 def k8_passed_on_gpu() -> bool:

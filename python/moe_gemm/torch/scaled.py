@@ -66,12 +66,17 @@ def operands(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
 def dequantized(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                 scale_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The real values the product multiplies, in fp32: a [M_tot, K] and b [E, K, N] times their scales."""
-    (tokens, K), (_, _, N) = a.shape, b.shape
+    K, N = b.shape[1:]
     if scale_a.dim() == 1:  # rowwise
         return a.float() * scale_a[:, None], b.float() * scale_b[:, None, :]
-    rows = scale_a[:, :tokens].t().repeat_interleave(BLOCK, dim=1)[:, :K]
     blocks = scale_b.transpose(1, 2).repeat_interleave(BLOCK, dim=1).repeat_interleave(BLOCK, dim=2)[:, :K, :N]
-    return a.float() * rows, b.float() * blocks
+    return dequantized_rows(a, scale_a), b.float() * blocks
+
+
+def dequantized_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Rows quantized in 1 x 128 groups, q [M, K] e4m3 with their MN-major scales [ceil(K / 128), M_pad], in
+    fp32: a blockwise ``a``, or the activation swiglu_scaled_grouped_mm returns."""
+    return q.float() * scale[:, :q.shape[0]].t().repeat_interleave(BLOCK, dim=1)[:, :q.shape[1]]
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, offs: torch.Tensor,
