@@ -129,6 +129,41 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
 }
 // --8<-- [end:producer]
 
+// --8<-- [start:block_product]
+// The two pieces both promoted loops share. A stage's descriptors for this warpgroup's rows of A and for B^T
+// (both 128-byte K-major rows: a k32 step is 32 bytes along them, as a bf16 k16 step is in k6):
+template <class Cfg>
+__device__ __forceinline__ void stage_descriptors(unsigned ring, int stage, int warpgroup, unsigned long long& desc_a,
+                                                  unsigned long long& desc_b) {
+    constexpr OperandPlan PLAN = sm90::K_MAJOR_PLAN;
+    const unsigned stage_base = ring + stage * Cfg::STAGE_BYTES;
+    desc_a = sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base + warpgroup * Cfg::M_ITERS * PLAN.mn64_bytes));
+    desc_b = sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base + Cfg::A_BYTES));
+}
+
+// m64 slice i of the stage times its box b of B^T, one 128-deep k-block, into `scratch` as one wgmma group.
+template <class Cfg>
+__device__ __forceinline__ void block_product(float (&scratch)[Cfg::BN / 2], unsigned long long desc_a,
+                                              unsigned long long desc_b, int i, int b) {
+    constexpr OperandPlan PLAN = sm90::K_MAJOR_PLAN;
+    wgmma_fence();  // a promotion read `scratch`: order it before these wgmmas write it
+#pragma unroll
+    for (int kk = 0; kk < Cfg::K_STEPS; ++kk)
+        wgmma_e4m3<Cfg::BN>(scratch, desc_a + sm90::descriptor_step(i * PLAN.mn64_bytes + kk * PLAN.k16_bytes),
+                            desc_b + sm90::descriptor_step(b * Cfg::B_BYTES + kk * PLAN.k16_bytes), kk > 0);
+    wgmma_commit();
+}
+
+// The promotion: the finished scratch sums into the fp32 accumulators, times the rows' scale_a x scale_b
+// (blockwise; rowwise scales wait for the epilogue). A thread's element v lies in row half (v / 2) % 2.
+template <class Cfg>
+__device__ __forceinline__ void promote(float (&acc)[Cfg::BN / 2], const float (&scratch)[Cfg::BN / 2],
+                                        const float (&scale)[2]) {
+#pragma unroll
+    for (int v = 0; v < Cfg::BN / 2; ++v) acc[v] += Cfg::BLOCKWISE_SCALES ? scratch[v] * scale[(v / 2) % 2] : scratch[v];
+}
+// --8<-- [end:block_product]
+
 // --8<-- [start:consumer]
 // A warpgroup's rows of one tile: SLICES m64 slices (0, 1 or 2: only those with rows; 0 waits for the
 // stages and hands them back), each multiplied by the stage's B_BLOCKS boxes of B^T. SLICES is a template
@@ -190,28 +225,17 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::PRODUCTS][Cfg::BN / 2
         }
         mbarrier_wait_parity(smem_u32(&full[stage]), phase);
         if constexpr (SLICES > 0) {
-            const unsigned stage_base = ring + stage * Cfg::STAGE_BYTES;
-            const unsigned long long desc_a = sm90::warp_uniform(
-                matrix_descriptor(PLAN.bits, stage_base + warpgroup * Cfg::M_ITERS * PLAN.mn64_bytes));
-            const unsigned long long desc_b = sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base + Cfg::A_BYTES));
+            unsigned long long desc_a, desc_b;
+            stage_descriptors<Cfg>(ring, stage, warpgroup, desc_a, desc_b);
             if constexpr (Cfg::PROMOTES) {
                 float scratch[Cfg::BN / 2];
 #pragma unroll
                 for (int p = 0; p < PRODUCTS; ++p) {
-                    const int i = p / Cfg::B_BLOCKS, b = p % Cfg::B_BLOCKS;
-                    wgmma_fence();  // the promotion below read `scratch`: order it before the next wgmmas write it
-#pragma unroll
-                    for (int kk = 0; kk < Cfg::K_STEPS; ++kk)
-                        wgmma_e4m3<Cfg::BN>(scratch, desc_a + sm90::descriptor_step(i * PLAN.mn64_bytes + kk * PLAN.k16_bytes),
-                                            desc_b + sm90::descriptor_step(b * Cfg::B_BYTES + kk * PLAN.k16_bytes),
-                                            kk > 0);
-                    wgmma_commit();
+                    block_product<Cfg>(scratch, desc_a, desc_b, p / Cfg::B_BLOCKS, p % Cfg::B_BLOCKS);
                     wgmma_wait<0>();
                     fence_accumulators(scratch);
                     if (p == PRODUCTS - 1) sm90::release<1>(empty, stage);
-#pragma unroll
-                    for (int v = 0; v < Cfg::BN / 2; ++v)
-                        acc[p][v] += Cfg::BLOCKWISE_SCALES ? scratch[v] * row_scale[p][(v / 2) % 2] : scratch[v];
+                    promote<Cfg>(acc[p], scratch, row_scale[p]);
                 }
             } else {
                 wgmma_fence();
@@ -255,7 +279,6 @@ __device__ __forceinline__ void multiply_overlapped(float (&acc)[1][Cfg::BN / 2]
                                                     int rows_in_range, const float* __restrict__ scale_b_row,
                                                     unsigned long long* full, unsigned long long* empty, int& stage,
                                                     unsigned& phase) {
-    constexpr OperandPlan PLAN = sm90::K_MAJOR_PLAN;
     const int warp = (threadIdx.x % sm90::WARPGROUP) / 32, g = threadIdx.x % 32 / 4;
     const float* my_scales = scale_a_rows + 16 * warp + g;
     bool row_in[2];
@@ -276,29 +299,20 @@ __device__ __forceinline__ void multiply_overlapped(float (&acc)[1][Cfg::BN / 2]
                 scale[h] = (row_in[h] ? __ldg(my_scales + static_cast<long long>(ks) * m_pad + 8 * h) : 0.0f) * scale_b;
         }
         mbarrier_wait_parity(smem_u32(&full[stage]), phase);
-        const unsigned stage_base = ring + stage * Cfg::STAGE_BYTES;
-        const unsigned long long desc_a = sm90::warp_uniform(
-            matrix_descriptor(PLAN.bits, stage_base + warpgroup * Cfg::M_ITERS * PLAN.mn64_bytes));
-        const unsigned long long desc_b = sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base + Cfg::A_BYTES));
-        wgmma_fence();  // the promotion before read `scratch`: order it before these wgmmas write it
-#pragma unroll
-        for (int kk = 0; kk < Cfg::K_STEPS; ++kk)
-            wgmma_e4m3<Cfg::BN>(scratch, desc_a + sm90::descriptor_step(kk * PLAN.k16_bytes),
-                                desc_b + sm90::descriptor_step(kk * PLAN.k16_bytes), kk > 0);
-        wgmma_commit();
+        unsigned long long desc_a, desc_b;
+        stage_descriptors<Cfg>(ring, stage, warpgroup, desc_a, desc_b);
+        block_product<Cfg>(scratch, desc_a, desc_b, 0, 0);
         issued_stage = stage;
         if (++stage == STAGES) {
             stage = 0;
             phase ^= 1;
         }
     };
-    // k-block `scratch` holds is done (`wait<1>`: the next one may still run): hand its stage back, promote it.
-    auto promote = [&](float (&scratch)[Cfg::BN / 2], const float (&scale)[2], int done_stage) {
+    // The k-block `scratch` holds is done (`wait<1>`: the next one may still run): hand its stage back, promote it.
+    auto finish = [&](float (&scratch)[Cfg::BN / 2], const float (&scale)[2], int done_stage) {
         fence_accumulators(scratch);
         sm90::release<1>(empty, done_stage);
-#pragma unroll
-        for (int v = 0; v < Cfg::BN / 2; ++v)
-            acc[0][v] += Cfg::BLOCKWISE_SCALES ? scratch[v] * scale[(v / 2) % 2] : scratch[v];
+        promote<Cfg>(acc[0], scratch, scale);
     };
     // The loop keeps one group in flight at its head (k-block ks, in `even`) and takes two k-blocks a turn; the
     // last one or two are the tail's. No wgmma is issued under a condition that leaves it in flight where the
@@ -308,20 +322,20 @@ __device__ __forceinline__ void multiply_overlapped(float (&acc)[1][Cfg::BN / 2]
     for (; ks + 2 < k_steps; ks += 2) {
         issue(odd, odd_scale, odd_stage, ks + 1);
         wgmma_wait<1>();
-        promote(even, even_scale, even_stage);
+        finish(even, even_scale, even_stage);
         issue(even, even_scale, even_stage, ks + 2);
         wgmma_wait<1>();
-        promote(odd, odd_scale, odd_stage);
+        finish(odd, odd_scale, odd_stage);
     }
     if (ks + 1 < k_steps) {
         issue(odd, odd_scale, odd_stage, ks + 1);
         wgmma_wait<1>();
-        promote(even, even_scale, even_stage);
+        finish(even, even_scale, even_stage);
         wgmma_wait<0>();
-        promote(odd, odd_scale, odd_stage);
+        finish(odd, odd_scale, odd_stage);
     } else {
         wgmma_wait<0>();
-        promote(even, even_scale, even_stage);
+        finish(even, even_scale, even_stage);
     }
 }
 // --8<-- [end:overlapped]
