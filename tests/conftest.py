@@ -49,3 +49,52 @@ def cuda():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90a GPU")
     return torch.device("cuda")
+
+
+# Expert ends a graph captured on other ends is replayed with (900 rows, 4 experts): an empty first expert and a
+# one-row one, every row in the last expert, ends on both sides of 64- and 128-row tiles.
+REROUTINGS = ((0, 500, 501, 900), (900, 900, 900, 900), (64, 128, 700, 900))
+
+
+@pytest.fixture
+def graph_replays():
+    """``graph_replays(call, offs)``: ``call()`` once eagerly, then captured in one CUDA graph, which is replayed
+    with each of REROUTINGS written into ``offs``; yields (ends, what the captured call returned) after each
+    replay has finished. The device walk must read the new ends on every replay."""
+    import torch
+
+    def replays(call, offs):
+        call()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = call()
+        for ends in REROUTINGS:
+            offs.copy_(torch.tensor(ends, dtype=torch.int32))
+            graph.replay()
+            torch.cuda.synchronize()
+            yield ends, out
+
+    return replays
+
+
+@pytest.fixture
+def sanitize():
+    """``sanitize(script, kernels, tool="memcheck", env=None)``: the Python ``script`` run under compute-sanitizer's
+    ``tool``, checking only the kernels whose names start with ``kernels`` (not torch's) and not reporting driver
+    API errors; returns (exit status, stdout and stderr). Skips the test where compute-sanitizer is not found."""
+    import subprocess
+    import sys
+
+    from moe_gemm.measure.sanitize_target import find_compute_sanitizer
+
+    found = find_compute_sanitizer()
+    if found is None:
+        pytest.skip("compute-sanitizer not found")
+
+    def run(script: str, kernels: str, tool: str = "memcheck", env: dict | None = None) -> tuple[int, str]:
+        proc = subprocess.run([found, "--tool", tool, "--report-api-errors", "no", "--kernel-name", f"kns={kernels}",
+                               sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    return run

@@ -89,7 +89,7 @@ def test_many_tiles_per_block_each_with_its_own_h(cuda, config):
     assert relative(dh, want_dh) < 1e-2 and relative(act, want_act) < 1e-2
 
 
-def test_one_graph_replayed_with_changing_routings(cuda, config):
+def test_one_graph_replayed_with_changing_routings(cuda, config, graph_replays):
     """Captured once, replayed after writing other expert ends into the same offs: the device walk reads them
     on every replay."""
     torch.manual_seed(3)
@@ -97,38 +97,20 @@ def test_one_graph_replayed_with_changing_routings(cuda, config):
     w_down = (torch.randn(4, 256, 256, device=cuda) / 16).to(torch.bfloat16)
     preact = torch.randn(900, 512, device=cuda).to(torch.bfloat16)
     offs = torch.tensor([200, 400, 600, 900], dtype=torch.int32, device=cuda)
-    fused(dy, w_down, offs, preact, config)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dh, act = fused(dy, w_down, offs, preact, config)
-    for ends in ([0, 500, 501, 900], [900, 900, 900, 900], [64, 128, 700, 900]):
-        offs.copy_(torch.tensor(ends, dtype=torch.int32))
-        graph.replay()
+    for ends, (dh, act) in graph_replays(lambda: fused(dy, w_down, offs, preact, config), offs):
         want_dh, want_act = reference(dy, w_down, offs, preact)
         assert relative(dh, want_dh) < 1e-2 and relative(act, want_act) < 1e-2, ends
 
 
-def test_the_fused_backward_is_clean_under_memcheck(cuda, config, tmp_path):
+def test_the_fused_backward_is_clean_under_memcheck(cuda, config, sanitize):
     """compute-sanitizer memcheck on the fused kernel alone, with ragged experts, rows past the last end and
     I not a multiple of the tile: no access may leave dy, W_down, h, dh or the activation."""
-    import subprocess
-    import sys
-
-    from moe_gemm.measure.sanitize_target import find_compute_sanitizer
-
-    tool = find_compute_sanitizer()
-    if tool is None:
-        pytest.skip("compute-sanitizer not found")
     script = ("import torch\nfrom moe_gemm.torch.fused_backward import fused\n"
               "dy = torch.randn(700, 256, device='cuda').to(torch.bfloat16)\n"
               "w = torch.randn(5, 200, 256, device='cuda').to(torch.bfloat16)\n"
               "h = torch.randn(700, 400, device='cuda').to(torch.bfloat16)\n"
               "offs = torch.tensor([0, 70, 71, 200, 650], dtype=torch.int32, device='cuda')\n"
               f"fused(dy, w, offs, h, {config!r}); torch.cuda.synchronize(); print('fused')\n")
-    proc = subprocess.run([tool, "--tool", "memcheck", "--report-api-errors", "no",
-                           "--kernel-name", "kns=k6_persistent_dswiglu", sys.executable, "-c", script],
-                          capture_output=True, text=True, timeout=600)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "fused" in output, output[-3000:]
+    returncode, output = sanitize(script, "k6_persistent_dswiglu")
+    assert returncode == 0 and "fused" in output, output[-3000:]
     assert "ERROR SUMMARY: 0 errors" in output, output[-3000:]

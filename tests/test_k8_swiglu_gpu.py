@@ -114,17 +114,9 @@ def test_many_tiles_per_block_at_a_real_models_width(gpu):
     assert relative(act, reference(a, b, sa, sb, offs)[2]) < 5e-3
 
 
-def test_one_graph_replayed_with_changing_routings(gpu):
+def test_one_graph_replayed_with_changing_routings(gpu, graph_replays):
     a, b, sa, sb, offs = operands((0, 500, 501, 900), 4, 256, 256, gpu)
-    fused_swiglu(a, b, sa, sb, offs)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        q, scale = fused_swiglu(a, b, sa, sb, offs)
-    for ends in ([0, 500, 501, 900], [900, 900, 900, 900], [64, 128, 700, 900]):
-        offs.copy_(torch.tensor(ends, dtype=torch.int32))
-        graph.replay()
-        torch.cuda.synchronize()
+    for _, (q, scale) in graph_replays(lambda: fused_swiglu(a, b, sa, sb, offs), offs):
         assert_quantized_alike(q, scale, a, b, sa, sb, offs)
 
 
@@ -147,17 +139,9 @@ def test_the_fp8_layer_on_the_fused_epilogue_stays_close_to_the_bf16_layer(gpu, 
     assert relative(got, want.float()) < 0.1
 
 
-def test_the_fused_epilogue_is_clean_under_memcheck(gpu, tmp_path):
+def test_the_fused_epilogue_is_clean_under_memcheck(gpu, sanitize):
     """compute-sanitizer memcheck on the kernel alone, in both outputs, with ragged experts and rows past the last
     end: no access may leave a, B^T, the scales, the activation or its scales."""
-    import subprocess
-    import sys
-
-    from moe_gemm.measure.sanitize_target import find_compute_sanitizer
-
-    tool = find_compute_sanitizer()
-    if tool is None:
-        pytest.skip("compute-sanitizer not found")
     script = ("import torch\nfrom moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t\n"
               "from moe_gemm.torch.scaled import fused_swiglu\n"
               "x = torch.randn(700, 256, device='cuda').to(torch.bfloat16)\n"
@@ -167,9 +151,6 @@ def test_the_fused_epilogue_is_clean_under_memcheck(gpu, tmp_path):
               "fused_swiglu(a, b.transpose(1, 2), sa, sb, offs)\n"
               "fused_swiglu(a, b.transpose(1, 2), sa, sb, offs, quantize=False)\n"
               "torch.cuda.synchronize(); print('fused')\n")
-    proc = subprocess.run([tool, "--tool", "memcheck", "--report-api-errors", "no",
-                           "--kernel-name", "kns=k8_fp8_swiglu", sys.executable, "-c", script],
-                          capture_output=True, text=True, timeout=600)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "fused" in output, output[-3000:]
+    returncode, output = sanitize(script, "k8_fp8_swiglu")
+    assert returncode == 0 and "fused" in output, output[-3000:]
     assert "ERROR SUMMARY: 0 errors" in output, output[-3000:]

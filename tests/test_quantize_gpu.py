@@ -79,15 +79,7 @@ def test_the_swiglu_kernel_matches_the_reference_up_to_the_last_bit_of_exp(fp8_g
     assert torch.allclose(scale.cpu()[:, :M], want_scale[:, :M], rtol=2.0**-23, atol=0)
 
 
-def test_the_kernel_is_clean_under_memcheck(fp8_gpu):
-    import subprocess
-    import sys
-
-    from moe_gemm.measure.sanitize_target import find_compute_sanitizer
-
-    tool = find_compute_sanitizer()
-    if tool is None:
-        pytest.skip("compute-sanitizer not found")
+def test_the_kernel_is_clean_under_memcheck(fp8_gpu, sanitize):
     script = ("import torch\nfrom moe_gemm.torch.quantize import quantize_1x128\n"
               "from moe_gemm.torch.quantize import quantize_128x128_t, swiglu_quantize_1x128\n"
               "for M, K in ((300, 7168), (7, 200), (1, 8), (33, 136)):\n"
@@ -97,8 +89,5 @@ def test_the_kernel_is_clean_under_memcheck(fp8_gpu):
               "for E, K, N in ((2, 256, 384), (1, 144, 200)):\n"
               "    quantize_128x128_t(torch.randn(E, K, N, device='cuda').to(torch.bfloat16))\n"
               "torch.cuda.synchronize(); print('quantized')\n")
-    proc = subprocess.run([tool, "--tool", "memcheck", "--report-api-errors", "no", "--kernel-name",
-                           "kns=quantize_", sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=600)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "quantized" in output and "ERROR SUMMARY: 0 errors" in output, output[-3000:]
+    returncode, output = sanitize(script, "quantize_")
+    assert returncode == 0 and "quantized" in output and "ERROR SUMMARY: 0 errors" in output, output[-3000:]

@@ -300,44 +300,27 @@ def sanitizer_findings(output: str) -> str:
     return "\n".join(dict.fromkeys(heads)) or output[-3000:]
 
 
-def test_the_combine_kernel_is_clean_under_memcheck(cuda):
+def test_the_combine_kernel_is_clean_under_memcheck(cuda, sanitize):
     """compute-sanitizer memcheck on the combine kernel alone: its memory accesses (``--kernel-name``;
     torch's own kernels are not checked), not driver API errors (``--report-api-errors no``): the first run
     reported 34 errors, and the part of its log that was kept showed a driver call failing at start-up,
     outside the kernel (cause not established). A memory error in the kernel still fails this test."""
-    import subprocess
-    import sys
-
-    from moe_gemm.measure.sanitize_target import find_compute_sanitizer
-
-    tool = find_compute_sanitizer()
-    if tool is None:
-        pytest.skip("compute-sanitizer not found")
     script = ("import torch, moe_gemm.torch.combine\n"
               "y = torch.randn(40 * 8, 7168, device='cuda').to(torch.bfloat16)\n"
               "r = torch.randperm(320, device='cuda')\n"
               "w = torch.rand(40, 8, device='cuda')\n"
               "torch.ops.moe_gemm.combine(y, r, w, 8); torch.cuda.synchronize(); print('combined')\n")
-    proc = subprocess.run([tool, "--tool", "memcheck", "--report-api-errors", "no", "--kernel-name", "kns=moe_combine",
-                           sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "combined" in output, sanitizer_findings(output)
+    returncode, output = sanitize(script, "moe_combine")
+    assert returncode == 0 and "combined" in output, sanitizer_findings(output)
     assert "ERROR SUMMARY: 0 errors" in output, sanitizer_findings(output)
 
 
-def test_k6_is_clean_under_memcheck_for_any_offs_in_a_captured_graph(cuda, tmp_path):
+def test_k6_is_clean_under_memcheck_for_any_offs_in_a_captured_graph(cuda, tmp_path, sanitize):
     """compute-sanitizer memcheck on k6 launched by the op inside a captured CUDA graph, replayed with expert
     ends that decrease, pass M_tot, are negative, or stop short of M_tot: nothing checks them on the host,
     and the device walk clamps them, so no access may leave a, b or the output."""
     import os
-    import subprocess
-    import sys
 
-    from moe_gemm.measure.sanitize_target import find_compute_sanitizer
-
-    tool = find_compute_sanitizer()
-    if tool is None:
-        pytest.skip("compute-sanitizer not found")
     script = ("import torch\nfrom moe_gemm.torch import grouped_mm\n"
               "a = torch.randn(640, 128, device='cuda').to(torch.bfloat16)\n"
               "b = torch.randn(4, 128, 256, device='cuda').to(torch.bfloat16)\n"
@@ -350,9 +333,6 @@ def test_k6_is_clean_under_memcheck_for_any_offs_in_a_captured_graph(cuda, tmp_p
               "    offs.copy_(torch.tensor(ends, dtype=torch.int32)); graph.replay()\n"
               "torch.cuda.synchronize(); print('replayed')\n")
     env = {**os.environ, "MOE_GEMM_OP_TUNE": "0", "MOE_GEMM_CACHE": str(tmp_path)}  # no tuning launches under the tool
-    proc = subprocess.run([tool, "--tool", "memcheck", "--report-api-errors", "no",
-                           "--kernel-name", "kns=k6_persistent", sys.executable, "-c", script],
-                          capture_output=True, text=True, timeout=600, env=env)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "replayed" in output, sanitizer_findings(output)
+    returncode, output = sanitize(script, "k6_persistent", env=env)
+    assert returncode == 0 and "replayed" in output, sanitizer_findings(output)
     assert "ERROR SUMMARY: 0 errors" in output, sanitizer_findings(output)

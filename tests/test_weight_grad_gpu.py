@@ -185,25 +185,15 @@ def test_errors_before_any_launch_and_fallbacks(cuda):
 
 
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_the_accumulate_mode_is_clean_under_compute_sanitizer(cuda, tool):
+def test_the_accumulate_mode_is_clean_under_compute_sanitizer(cuda, tool, sanitize):
     """k7's accumulate instance under compute-sanitizer (``--kernel-name``: k7 alone, not torch's kernels), on
     several tiles per block, an empty expert and rows past offs[-1]."""
-    import subprocess
-    import sys
-
-    from moe_gemm.measure.sanitize_target import find_compute_sanitizer
-
-    found = find_compute_sanitizer()
-    if found is None:
-        pytest.skip("compute-sanitizer not found")
     script = ("import torch\nfrom moe_gemm.torch import weight_grad\n"
               "a = torch.randn(900, 256, device='cuda').to(torch.bfloat16)\n"
               "dc = torch.randn(900, 392, device='cuda').to(torch.bfloat16)\n"
               "offs = torch.tensor([300, 300, 377, 378, 808], dtype=torch.int32, device='cuda')\n"
               "out = torch.zeros(5, 256, 392, device='cuda')\n"
               "weight_grad(a, dc, offs, out=out, accumulate=True); torch.cuda.synchronize(); print('accumulated')\n")
-    proc = subprocess.run([found, "--tool", tool, "--report-api-errors", "no", "--kernel-name", "kns=k7_weight_grad",
-                           sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "accumulated" in output, output[-3000:]
+    returncode, output = sanitize(script, "k7_weight_grad", tool=tool)
+    assert returncode == 0 and "accumulated" in output, output[-3000:]
     assert "ERROR SUMMARY: 0 errors" in output or "RACECHECK SUMMARY: 0 hazards" in output, output[-3000:]
