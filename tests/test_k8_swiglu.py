@@ -167,6 +167,12 @@ def test_the_rules_refuse_what_no_path_takes_and_say_why_the_kernel_cannot():
         swiglu_scaled_grouped_mm(a2, b2, sa2, sb2, offs)
     with pytest.raises(ValueError, match="offs must be int32"):
         swiglu_scaled_grouped_mm(a, b, sa, sb, offs.long())
+    with pytest.raises(ValueError, match="float8_e4m3fn"):  # bf16 tokens passed where their e4m3 values belong
+        swiglu_scaled_grouped_mm(a.float().to(torch.bfloat16), b, sa, sb, offs)
+    with pytest.raises(ValueError, match="blockwise scales must be"):  # the scales of another GEMM
+        swiglu_scaled_grouped_mm(a, b, sa, sb[:, :1], offs)
+    empty_q, empty_scale = swiglu_scaled_grouped_mm(a[:0], b, sa[:, :0], sb, torch.zeros(2, dtype=torch.int32))
+    assert empty_q.shape == (0, 200) and empty_scale.shape[1] == 0
 
 
 @torch_needed
