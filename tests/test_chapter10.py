@@ -121,3 +121,115 @@ def test_the_profile_runs_each_blockwise_rung_that_has_run_on_e4m3_operands(monk
     assert all(r["format"] == "e4m3-blockwise" for r in rows)
     text = RUN.profile_table([{**rows[0], "gmma_pipe_pct": 71.5, "duration_ns": 2.5e6}]).text()
     assert rows[0]["variant"] in text and "71.5" in text and "2500.0" in text
+
+
+# ---- the page's sentences on the recorded run (each can fail when a new run changes what it says)
+
+def cells(part: str) -> list[Workload]:
+    return RUN.cells_of(DATA["records"], part)
+
+
+def best(names, fmt, cell) -> float:
+    return RUN.tflops(DATA["records"], names, fmt, cell)
+
+
+@recorded_only
+def test_fp8_beats_bf16_at_every_cell_and_misses_both_throughput_targets():
+    for cell in cells("grid") + cells("models"):
+        over_bf16 = RUN.ratio(DATA["records"], (RUN.BLOCKWISE, FP8_BLOCKWISE), ((RUN.K6,), BF16_OPERANDS), cell)
+        assert 1.0 < over_bf16 < 1.7, cell
+        assert best(RUN.BLOCKWISE, FP8_BLOCKWISE, cell) < 1150, cell
+
+
+@recorded_only
+def test_the_256_row_rung_wins_at_65536_rows_and_the_128_row_rung_at_4096():
+    def rung(name, tokens):
+        return best((name,), FP8_BLOCKWISE, Workload(tokens, 0.0).in_format(FP8_BLOCKWISE))
+
+    assert rung("k8/blockwise-bm256", 65536) > rung("k8/blockwise-bm128", 65536)
+    assert rung("k8/blockwise-bm128", 4096) > rung("k8/blockwise-bm256", 4096)
+
+
+@recorded_only
+def test_torchs_promoted_mode_is_slow_on_the_grid_only_and_ours_trails_its_fast_mode_only_at_the_projections():
+    for part in ("grid", "models"):
+        for cell in cells(part):
+            torch = best((RUN.TORCH,), FP8_ROWWISE, cell)
+            ours = best(RUN.ROWWISE_PROMOTED, FP8_ROWWISE, cell)
+            assert torch < 300 if part == "grid" else 900 < torch < ours < 1.2 * torch
+            over_fast = RUN.ratio(DATA["records"], (RUN.ROWWISE_PROMOTED, FP8_ROWWISE),
+                                  ((RUN.TORCH_FAST,), FP8_ROWWISE), cell)
+            assert (over_fast >= 1.0) == (part == "grid"), (cell, over_fast)
+
+
+@recorded_only
+def test_the_profile_finds_the_tensor_pipe_half_idle_the_long_scoreboard_first_and_l2_unsaturated():
+    for row in DATA["profile"]:
+        assert row["gmma_pipe_pct"] < 55 and row["issue_active_pct"] < 33 and row["l2_throughput_pct"] < 60
+        stalls = {k: v for k, v in row.items() if k.startswith("stall_") and k != "stall_selected"}
+        assert max(stalls, key=stalls.get) in ("stall_long_scoreboard", "stall_barrier")
+    first = next(r for r in DATA["profile"] if r["variant"] == "k8/blockwise-bm128")
+    assert first["stall_long_scoreboard"] > first["stall_barrier"]
+    seed = Workload(65536, 0.0)
+    block, row, fast = (best((name,), fmt, seed.in_format(fmt)) for name, fmt in
+                        (("k8/blockwise-bm128", FP8_BLOCKWISE), ("k8/rowwise-bm128", FP8_ROWWISE),
+                         ("k8/rowwise-fast-bm128", FP8_ROWWISE)))
+    assert block < row < fast < 0.6 * DATA["dense"]["wgmma_e4m3_tflops"]
+
+
+@recorded_only
+def test_promotion_keeps_the_error_level_and_fast_accumulation_grows_more_slowly_than_the_model():
+    from moe_gemm.model.accumulation import promotion_errors
+
+    def errors(variant):
+        return [r["rel_error"] for r in sorted(DATA["accuracy"], key=lambda r: r["K"]) if r["variant"] == variant]
+
+    for variant in RUN.BLOCKWISE + RUN.ROWWISE_PROMOTED:
+        assert max(errors(variant)) < 1.05 * min(errors(variant)) and max(errors(variant)) < 2e-3
+    fast = errors("k8/rowwise-fast-bm128")
+    assert fast == sorted(fast) and fast[-1] > 10 * errors("k8/rowwise-bm128")[-1]
+    (model,) = [r["rel_error"] for r in promotion_errors([16384]) if not r["promoted"] and r["inputs"] == "zero-mean"]
+    assert fast[-1] < model
+
+
+@recorded_only
+def test_the_overlap_rung_gains_inside_its_predicted_range_at_the_mixtral_projections():
+    projections = [cell for cell in cells("models") if cell.experts == 8]
+    assert len(projections) == 2
+    for cell in projections:
+        gain = best(("k8/blockwise-bm128-overlap",), FP8_BLOCKWISE, cell) / best(("k8/blockwise-bm128",), FP8_BLOCKWISE,
+                                                                                  cell) - 1
+        assert 0 < gain < 0.2, (cell, gain)
+    up = next(cell for cell in projections if cell.N > cell.K)
+    assert best(("k8/blockwise-bm256",), FP8_BLOCKWISE, up) >= best(("k8/blockwise-bm128-overlap",), FP8_BLOCKWISE, up)
+
+
+@recorded_only
+def test_the_fp8_layer_is_faster_than_bf16_but_short_of_1_4_at_32768_tokens():
+    def ms(variant, hidden):
+        return next(r["median_ms"] for r in DATA["layer"]
+                    if r["variant"] == variant and r["hidden"] == hidden and r["tokens"] == 32768)
+
+    for hidden in (4096, 7168):
+        assert 1.0 < ms("layer/ours", hidden) / ms("layer/fp8", hidden) < 1.4
+
+
+@recorded_only
+def test_every_quantizer_misses_80_percent_of_the_copy_and_the_transposing_one_is_the_slowest():
+    rows = DATA["quantize"]
+    assert all(r["of_copy"] < 0.8 for r in rows)
+    assert min(rows, key=lambda r: r["of_copy"])["kernel"] == "quantize_128x128_t"
+    fused = next(r for r in rows if r["kernel"] == "swiglu_quantize_1x128")
+    assert fused["unfused_us"] > 2 * fused["median_us"]
+
+
+@recorded_only
+def test_the_ops_blockwise_rung_is_the_faster_one_at_every_recorded_cell():
+    """moe_gemm.torch.scaled.blockwise_config picks the tile by the rows per expert: at each cell of the recorded
+    run, the rung it names is the faster of the two."""
+    from moe_gemm.torch.scaled import BLOCKWISE_CONFIGS, blockwise_config
+
+    for cell in cells("grid") + cells("models"):
+        chosen = blockwise_config(cell.tokens, cell.experts)
+        other = next(name for name in BLOCKWISE_CONFIGS.values() if name != chosen)
+        assert best((chosen,), FP8_BLOCKWISE, cell) > best((other,), FP8_BLOCKWISE, cell), cell

@@ -51,17 +51,35 @@ def reference(a, b, sa, sb, offs):
     return q, scale, gate * torch.sigmoid(gate) * up
 
 
+# The FP8 GEMM's own error, as a share of a 1 x 128 group's largest value (448 once scaled): its sums keep about
+# 14 bits inside a 128-deep block, where the reference sums in fp32. Seen on an H100 at K = 256: up to 1.8e-4 (an
+# activation of -0.0045 in a group whose largest is 24 written as -0.0002), several codes for a small value.
+GEMM_ERROR = 1e-3
+
+
+def e4m3_step(v: torch.Tensor) -> torch.Tensor:
+    """The spacing of e4m3 values at magnitude v: 2^(e - 3) for a normal value of exponent e, 2^-9 for the
+    subnormals below 2^-6. Neighbouring codes differ by at most the larger one's step, also across zero (a value
+    whose sign the two sums disagree on rounds to 0x01 in one and 0x81 in the other)."""
+    return torch.exp2(torch.floor(torch.log2(v.clamp(min=2.0**-6))) - 3)
+
+
 def assert_quantized_alike(q, scale, a, b, sa, sb, offs):
-    """The kernel's sums are not the reference's (FP8 wgmma keeps about 14 bits inside a 128-deep block), so an
-    activation next to an e4m3 rounding boundary may round the other way: neighbouring codes, in under 1% of the
-    values; every scale within 1e-3 of the reference's."""
-    want_q, want_scale, _ = reference(a, b, sa, sb, offs)
+    """The kernel's sums are not the reference's, so an activation may round to another e4m3 value, a small one by
+    several codes: each value within one e4m3 step of the reference's plus GEMM_ERROR of its group's largest; the
+    dequantized activation as close to the fp32 one as the reference's own quantization is (within 10%); every
+    scale within 1e-3 of the reference's."""
+    want_q, want_scale, act = reference(a, b, sa, sb, offs)
     rows = want_q.shape[0]
-    got, want = q[:rows].cpu().view(torch.uint8).int(), want_q.cpu().view(torch.uint8).int()
-    differ = got != want
-    assert int(differ.sum()) <= max(1, got.numel() // 100), int(differ.sum())
-    assert torch.all((got[differ] - want[differ]).abs() == 1)
+    got, want = q[:rows].cpu().float(), want_q.cpu().float()
+    assert torch.all((got - want).abs() <= e4m3_step(torch.maximum(got.abs(), want.abs())) + GEMM_ERROR * 448)
     assert torch.allclose(scale[:, :rows].cpu(), want_scale[:, :rows].cpu(), rtol=1e-3, atol=0)
+
+    def per_element(s: torch.Tensor) -> torch.Tensor:  # scale[group][row] -> [row, column]
+        return s[:, :rows].cpu().T.repeat_interleave(128, dim=1)[:, :got.shape[1]]
+
+    ours, theirs = relative(got * per_element(scale), act.cpu()), relative(want * per_element(want_scale), act.cpu())
+    assert ours <= 1.1 * theirs, (ours, theirs)
 
 
 # The forward's edge cases that matter to this epilogue: experts with no rows, ends in the middle of an m64 slice

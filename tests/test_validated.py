@@ -217,7 +217,7 @@ def test_the_admission_pass_collects_the_tests_that_name_a_pending_kernel():
     """Every pending kernel has markers its tests' ids contain, no marker is part of the name of a kernel that has
     run (so a test of one is never taken for the other's), and compute-sanitizer's tests are always kept."""
     pending = validation.pending_kernels()
-    assert "k8/gemm-swiglu-e4m3" in pending and "k8/blockwise-bm128-overlap" in pending
+    assert "k8/gemm-swiglu-e4m3" in pending and "k6/pingpong-bn192-pdl" in pending
     assert validation.admission_markers("torch/dswiglu-prefetch-fp16") == ("k6/dswiglu-prefetch-bn128",)
     assert validation.admission_markers("k8/gemm-swiglu-bf16") == ("test_k8_swiglu_gpu",)
     markers = {m for name in pending for m in validation.admission_markers(name)}

@@ -78,9 +78,11 @@ def promotion_model_figure():
 
 
 def grid_figure(records: list[dict[str, Any]]):
+    """One panel per skew on a shared axis, the rows on a log axis; the legend beside the last panel, where no
+    line runs through it."""
     cells = RUN.cells_of(records, "grid")
     skews = sorted({c.skew for c in cells})
-    fig, axes = new_figure(9.0, 3.8, ncols=len(skews))
+    fig, axes = new_figure(10.0, 3.8, ncols=len(skews), sharey=True)
     axes = axes if len(skews) > 1 else [axes]
     for ax, skew in zip(axes, skews):
         row_cells = sorted((c for c in cells if c.skew == skew), key=lambda c: c.tokens)
@@ -90,10 +92,11 @@ def grid_figure(records: list[dict[str, Any]]):
             ax.plot(rows, values, style, color=color, label=label)
         ax.set_xscale("log", base=2)
         ax.set_xticks(rows, [f"{t // 1024}k" for t in rows])
+        ax.set_xlim(rows[0] / 1.6, rows[-1] * 1.6)
         ax.set_xlabel("M_tot (rows)")
         ax.set_title(f"s = {skew:g}", fontsize=12)
     axes[0].set_ylabel("useful TFLOP/s")
-    axes[-1].legend(fontsize=9, loc="lower right", frameon=False)
+    axes[-1].legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     return fig
 
 

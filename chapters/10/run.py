@@ -147,8 +147,10 @@ def parse_args(argv: Sequence[str] | None):
 # --------------------------------------------------------------------------- ratios and targets
 
 def cells_of(records: Sequence[dict[str, Any]], part: str) -> list[Workload]:
-    """The shapes and routings a part measured, in bf16 terms (each was measured in every format)."""
-    return list(dict.fromkeys(Workload.of(r).in_format(BF16_OPERANDS) for r in records if r.get("part") == part))
+    """The shapes and routings a part measured, in bf16 terms (each was measured in every format): the grid's by
+    rows then skew, whatever order its runs took them in; the model projections in the order they were run."""
+    found = list(dict.fromkeys(Workload.of(r).in_format(BF16_OPERANDS) for r in records if r.get("part") == part))
+    return sorted(found, key=lambda w: (w.tokens, w.skew)) if part == "grid" else found
 
 
 def tflops(records: Sequence[dict[str, Any]], names: Sequence[str], fmt: OperandFormat, cell: Workload) -> float | None:

