@@ -12,6 +12,7 @@ from moe_gemm.core.chapters import measured_chapters
 from moe_gemm.core.paths import REPO_ROOT
 from moe_gemm.measure.ceilings import ceiling_value, recorded_ceilings, roofline_basis
 from moe_gemm.measure.results import recorded
+from moe_gemm.model.problem import FP8_BLOCKWISE
 from moe_gemm.model.roofline import RooflineBasis, compulsory_bytes
 from moe_gemm.model.workloads import SEED, Workload
 from moe_gemm.site.pages import Pages
@@ -71,3 +72,21 @@ def test_the_bound_switches_at_the_ridge():
     assert basis.bound(Workload(2048, 0.0)) == "memory"
     assert basis.bound(Workload(1 << 20, 0.0)) == "compute"
     assert basis.tflops(Workload(1 << 20, 0.0)) == pytest.approx(900.0, rel=1e-9)
+
+
+def test_the_e4m3_peak_comes_from_the_ceilings_record_where_it_was_measured(tmp_path):
+    """A record with ceiling/wgmma_e4m3 gives e4m3 workloads their own peak; one without it refuses them (chapter
+    10's tables then take the peak its own run measured)."""
+    import json
+
+    def basis(ceilings):
+        (tmp_path / "ceilings").mkdir(exist_ok=True)
+        (tmp_path / "ceilings" / "x.json").write_text(json.dumps({"provenance": {}, "records": [],
+                                                                   "ceilings": ceilings}))
+        return roofline_basis("x", tmp_path)
+
+    bf16 = [{"variant": "ceiling/wgmma", "tflops": 900.0}, {"variant": "ceiling/copy", "tbps": 4.0}]
+    fp8 = SEED.in_format(FP8_BLOCKWISE)
+    assert basis([*bf16, {"variant": "ceiling/wgmma_e4m3", "tflops": 1800.0}]).peak(fp8) == 1800.0
+    with pytest.raises(ValueError, match="no e4m3 wgmma peak"):
+        basis(bf16).peak(fp8)
