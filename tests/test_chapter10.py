@@ -233,3 +233,13 @@ def test_the_ops_blockwise_rung_is_the_faster_one_at_every_recorded_cell():
         chosen = blockwise_config(cell.tokens, cell.experts)
         other = next(name for name in BLOCKWISE_CONFIGS.values() if name != chosen)
         assert best((chosen,), FP8_BLOCKWISE, cell) > best((other,), FP8_BLOCKWISE, cell), cell
+
+
+@recorded_only
+def test_the_roofline_is_memory_bound_up_to_16384_rows_and_lifts_by_close_to_two_as_the_page_says():
+    rows = RUN.roofline_table(DATA["dense"]).rows
+    bounds = {int(r[0].replace(",", "")): (r[2], r[4]) for r in rows}
+    assert all(b == ("memory", "memory") for t, b in bounds.items() if t <= 16384)
+    assert bounds[65536] == ("compute", "compute")
+    ratios = [float(r[5]) for r in rows]
+    assert all(1.6 < x < 2.0 for x in ratios) and min(ratios) == ratios[RUN.ROOFLINE_TOKENS.index(16384)]

@@ -299,6 +299,34 @@ def swiglu_table(rows: Sequence[dict[str, Any]]) -> Table:
                         "activation; extra: (e4m3 epi - bf16 epi) / quantize, the target's measure")
 
 
+# The roofline at twice the compute (the page's table): the seed shape, balanced, from decode-sized batches up.
+ROOFLINE_TOKENS = (512, 2048, 4096, 16384, 65536)
+
+
+def roofline_table(dense: dict[str, Any]) -> Table:
+    """The seed shape's roofline in bf16 and in e4m3 (blockwise scales, C in bf16) at ROOFLINE_TOKENS balanced
+    rows: both wgmma peaks as the run measured them (``dense``, its quantize part) and the GPU's recorded copy."""
+    import dataclasses
+
+    from moe_gemm.measure.ceilings import roofline_basis
+
+    basis = dataclasses.replace(roofline_basis(), tensor_tflops=dense["wgmma_tflops"],
+                                fp8_tensor_tflops=dense["wgmma_e4m3_tflops"])
+    body = []
+    for tokens in ROOFLINE_TOKENS:
+        bf16 = Workload(tokens, 0.0)
+        fp8 = bf16.in_format(FP8_BLOCKWISE)
+        body.append((f"{tokens:,}", f"{basis.tflops(bf16):.0f}", basis.bound(bf16), f"{basis.tflops(fp8):.0f}",
+                     basis.bound(fp8), f"{basis.tflops(fp8) / basis.tflops(bf16):.2f}"))
+    return Table(("rows", "bf16 limit", "bf16 bound", "e4m3 limit", "e4m3 bound", "e4m3/bf16"), tuple(body),
+                 title="The roofline at the seed shape (E = 64, K = 1024, N = 2688), balanced",
+                 legend=f"limit: useful TFLOP/s that max(FLOP / wgmma peak, compulsory bytes / copy) allows, at the "
+                        f"run's wgmma peaks ({dense['wgmma_tflops']:.0f} bf16, {dense['wgmma_e4m3_tflops']:.0f} "
+                        f"e4m3 TFLOP/s) and the copy ({basis.copy_tbps:.2f} TB/s); compulsory bytes: A and each "
+                        "routed expert's B read once, C written once in bf16, the e4m3 operands one byte an element "
+                        "and their fp32 scales; bound: the term that sets the limit")
+
+
 def layer_table(rows: Sequence[dict[str, Any]]) -> Table:
     body = []
     for name in LAYER_SHAPES:
@@ -435,6 +463,7 @@ def run_on_gpu(args, gpu) -> int:
     if results.data.get("dense"):
         dense = results.data["dense"]
         print(f"cuBLAS at {dense['size']}^3: FP8 {dense['fp8_tflops']:.0f}, bf16 {dense['bf16_tflops']:.0f} TFLOP/s\n")
+        show(roofline_table(dense))
     for part in ("grid", "models"):
         if cells_of(records, part):
             show(cell_table(records, part))
