@@ -243,3 +243,14 @@ def test_the_roofline_is_memory_bound_up_to_16384_rows_and_lifts_by_close_to_two
     assert bounds[65536] == ("compute", "compute")
     ratios = [float(r[5]) for r in rows]
     assert all(1.6 < x < 2.0 for x in ratios) and min(ratios) == ratios[RUN.ROOFLINE_TOKENS.index(16384)]
+
+
+@recorded_only
+def test_at_the_e4m3_peak_the_128_row_tile_would_ask_more_than_l2_gives_and_the_256_row_one_less():
+    flop = 2 * 65536 * 1024 * 2688  # the profiled cell: the seed shape at 65,536 rows
+
+    def l2_at_peak(variant):
+        row = next(r for r in DATA["profile"] if r["variant"] == variant)
+        return row["l2_throughput_pct"] * DATA["dense"]["wgmma_e4m3_tflops"] / (flop / row["duration_ns"] / 1e3)
+
+    assert l2_at_peak("k8/blockwise-bm128") > 100 > l2_at_peak("k8/blockwise-bm256")
