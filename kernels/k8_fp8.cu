@@ -54,7 +54,7 @@ enum Epilogue : int { STORE_C = 0, SWIGLU = 1 };  // C = A B; act = silu(gate) x
 constexpr int E4M3 = 3;
 
 template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int EPILOGUE = STORE_C,
-          bool OVERLAP = false>
+          bool OVERLAP = false, bool PREFETCH = false>
 struct Config {
     static_assert(SCALING == ROWWISE || PROMOTE, "blockwise scales change every 128 of K: they apply by promotion");
     static_assert(BM == 128 || BM == 256, "BM is 128 or 256 rows: one or two m64 slices per consumer warpgroup");
@@ -65,7 +65,11 @@ struct Config {
     // (multiply_overlapped); 64 more registers a thread, which a 128-row tile of one block of B has to spare.
     static_assert(!OVERLAP || (PROMOTE && BM == 128 && EPILOGUE == STORE_C),
                   "the overlapped promotion holds two scratch sets beside one 64-float accumulator");
-    static constexpr bool PROMOTES = PROMOTE, OVERLAPS = OVERLAP;
+    // PREFETCH: each k-block's scales are loaded a k-block ahead, during the one before (multiply), so that an
+    // L2 round trip has a whole k-block to hide in rather than its own four wgmmas; a few registers more.
+    static_assert(!PREFETCH || (SCALING == BLOCKWISE && PROMOTE && !OVERLAP && EPILOGUE == STORE_C),
+                  "the scales are prefetched by the blockwise promoted loop of one block of B");
+    static constexpr bool PROMOTES = PROMOTE, OVERLAPS = OVERLAP, PREFETCHES = PREFETCH;
     static constexpr int BK = 128;   // e4m3 of K per stage: one 128-byte swizzle row, one scale block
     static constexpr int BN = 128;   // one block of B's scales wide, so one scale_b per stage and block
     static constexpr int B_BLOCKS = EPILOGUE == SWIGLU ? 2 : 1;  // B^T boxes per stage: gate and up, or one
@@ -206,22 +210,44 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::PRODUCTS][Cfg::BN / 2
     for (int i = 0; i < SLICES; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h) row_in[i][h] = 64 * i + 16 * warp + 8 * h + g < rows_in_range;
+    // k-block ks's scales as loaded, A's for the thread's rows and B's for each block (my_scales moves on to the
+    // next k-block's rows), and their products, the factor each accumulator set is promoted with.
+    constexpr int SETS = PRODUCTS > 0 ? PRODUCTS : 1;
+    auto fetch = [&](float (&row)[SLICES > 0 ? SLICES : 1][2], float (&block)[Cfg::B_BLOCKS], int ks) {
+#pragma unroll
+        for (int b = 0; b < Cfg::B_BLOCKS; ++b) block[b] = __ldg(scale_b_row + b * b_scale_stride + ks);
+#pragma unroll
+        for (int i = 0; i < SLICES; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) row[i][h] = row_in[i][h] ? __ldg(my_scales + 64 * i + 8 * h) : 0.0f;
+        my_scales += m_pad;
+    };
+    auto products = [&](const float (&row)[SLICES > 0 ? SLICES : 1][2], const float (&block)[Cfg::B_BLOCKS],
+                        float (&row_scale)[SETS][2]) {
+#pragma unroll
+        for (int i = 0; i < SLICES; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int b = 0; b < Cfg::B_BLOCKS; ++b) row_scale[Cfg::B_BLOCKS * i + b][h] = row[i][h] * block[b];
+    };
+    // PREFETCH: k-block ks's scales as loaded during ks - 1, multiplied only when ks begins. A product taken at
+    // the load would wait for it before this k-block's wgmmas are issued, and the prefetch would buy nothing.
+    float next_row[SLICES > 0 ? SLICES : 1][2], next_block[Cfg::B_BLOCKS];
+    if constexpr (Cfg::PREFETCHES && SLICES > 0) fetch(next_row, next_block, 0);
     for (int ks = 0; ks < k_steps; ++ks) {
-        // This k-block's scales, loaded before the wait hides their latency: each row's times each block's.
-        float row_scale[PRODUCTS > 0 ? PRODUCTS : 1][2];
+        // This k-block's scales, loaded before the wait (PREFETCH: during the k-block before, this one loading
+        // the next's).
+        float row_scale[SETS][2];
         if constexpr (Cfg::BLOCKWISE_SCALES && SLICES > 0) {
-            float scale_b[Cfg::B_BLOCKS];
-#pragma unroll
-            for (int b = 0; b < Cfg::B_BLOCKS; ++b) scale_b[b] = __ldg(scale_b_row + b * b_scale_stride + ks);
-#pragma unroll
-            for (int i = 0; i < SLICES; ++i)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float row = row_in[i][h] ? __ldg(my_scales + 64 * i + 8 * h) : 0.0f;
-#pragma unroll
-                    for (int b = 0; b < Cfg::B_BLOCKS; ++b) row_scale[Cfg::B_BLOCKS * i + b][h] = row * scale_b[b];
-                }
-            my_scales += m_pad;
+            if constexpr (Cfg::PREFETCHES) {
+                products(next_row, next_block, row_scale);
+                if (ks + 1 < k_steps) fetch(next_row, next_block, ks + 1);
+            } else {
+                float row[SLICES][2], block[Cfg::B_BLOCKS];
+                fetch(row, block, ks);
+                products(row, block, row_scale);
+            }
         }
         mbarrier_wait_parity(smem_u32(&full[stage]), phase);
         if constexpr (SLICES > 0) {
@@ -428,14 +454,14 @@ __device__ __forceinline__ void store_e4m3(const float (&act)[BN / 2], int row0,
 // N is B^T's rows: C's columns, or SWIGLU's 2I (C = act [M_tot, I], `width` = I, and scale_c its scales for
 // OUT = E4M3).
 template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT, int EPILOGUE = STORE_C,
-          bool OVERLAP = false>
+          bool OVERLAP = false, bool PREFETCH = false>
 __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C,
                                         const float* scale_a, const float* scale_b, const int* ends, int tokens,
                                         int experts, int group, int K, int N, float* scale_c = nullptr) {
     static_assert(EPILOGUE == SWIGLU ? OUT == sm90::BF16 || OUT == E4M3 : OUT == sm90::BF16 || OUT == sm90::F32,
                   "C in bf16 or fp32; the activation in bf16 or e4m3");
-    using Cfg = Config<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, EPILOGUE, OVERLAP>;
+    using Cfg = Config<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, EPILOGUE, OVERLAP, PREFETCH>;
     __shared__ alignas(8) unsigned long long full[STAGES];
     __shared__ alignas(8) unsigned long long empty[STAGES];
     __shared__ walk::Walk<BM, Cfg::BN> order;  // 2 KB
@@ -544,10 +570,12 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
     const int* __restrict__ ends,                 /* [E] cumulative row ends (torch's offs), on the device */ \
     int tokens, int experts, int group, int K, int N
 
-// OVERLAP (trailing, default false: the other instances keep their names): multiply_overlapped's loop.
-template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT, bool OVERLAP = false>
+// OVERLAP and PREFETCH (trailing, default false: the other instances keep their names): multiply_overlapped's
+// loop; the scales loaded a k-block ahead (Config).
+template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT, bool OVERLAP = false,
+          bool PREFETCH = false>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k8_fp8(K8_PARAMS) {
-    k8::k8_body<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, OUT, k8::STORE_C, OVERLAP>(
+    k8::k8_body<SCALING, PROMOTE, BM, STAGES, STAGING_BOXES, OUT, k8::STORE_C, OVERLAP, PREFETCH>(
         &tmap_a, &tmap_b, &tmap_c, C, scale_a, scale_b, ends, tokens, experts, group, K, N);
 }
 

@@ -94,10 +94,17 @@ def test_each_configuration_names_its_template_instance():
     assert config.kernel_name == "k8_fp8<0, true, 256, 4, 1, 2>"
     assert K8Config("rowwise", False, 128, stages=6).kernel_name == "k8_fp8<1, false, 128, 6, 1, 0>"
     assert K8Config("blockwise", True, 128, stages=6, overlap=True).kernel_name == "k8_fp8<0, true, 128, 6, 1, 0, true>"
+    prefetch = K8Config("blockwise", True, 256, stages=4, prefetch=True)
+    assert prefetch.kernel_name == "k8_fp8<0, true, 256, 4, 1, 0, false, true>"
+    assert prefetch.label == "256x128 blockwise promoted prefetched scales g8 s4 bf16"
     with pytest.raises(ValueError, match="overlapped promotion"):
         K8Config("blockwise", True, 256, stages=4, overlap=True)
+    with pytest.raises(ValueError, match="prefetches the scales"):
+        K8Config("rowwise", True, 128, stages=6, prefetch=True)
+    with pytest.raises(ValueError, match="prefetches the scales"):
+        K8Config("blockwise", True, 128, stages=6, overlap=True, prefetch=True)
     assert re.search(r"template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT, "
-                     r"bool OVERLAP = false>\s*"
+                     r"bool OVERLAP = false,\s*bool PREFETCH = false>\s*"
                      r"__global__ void __launch_bounds__\(3 \* sm90::WARPGROUP, 1\) k8_fp8", SOURCE)
     assert THREADS == 384
     assert config.label == "256x128 blockwise promoted g8 s4 fp32"
@@ -168,3 +175,29 @@ def test_every_rung_runs_the_edge_cases_of_its_own_format():
     for variant in ladder():
         assert variant.edge_cases and all(case.fmt == variant.formats[0] for case in variant.edge_cases)
         assert variant.sanitize_cases and all(case.fmt == variant.formats[0] for case in variant.sanitize_cases)
+
+
+def test_the_prefetching_loop_multiplies_scales_loaded_a_k_block_before():
+    """The page's reading of the plain blockwise loop: s_A x s_B is formed before the k-block's first wgmma from
+    registers its own loads filled that turn, so the wgmmas wait for the scales' L2 round trip. The prefetching
+    rungs multiply, before their wgmmas, only values loaded a turn earlier."""
+    from moe_gemm.cuda.sass import loops
+
+    def waits_before_first_wgmma(name: str) -> list[str]:
+        wgmmas = 4 * LADDER[name].bm // 128
+        sass = K8Fp8(name).compile("sm_90a").sass()
+        body = min((b for b in loops(sass) if sum("QGMMA" in t for t in b) == wgmmas), key=len)
+        loaded, waits = set(), []
+        for t in body:
+            if "QGMMA" in t:
+                break
+            if m := re.match(r"(?:@!?U?P\w+\s+)?LDG\S*\s+(R\d+)", t):
+                loaded.add(m.group(1))
+            if m := re.match(r"(?:@!?U?P\w+\s+)?FMUL\S*\s+R\d+,\s*(R\d+)(?:\.reuse)?,\s*(R\d+)", t):
+                waits += [r for r in m.groups() if r in loaded]
+        return waits
+
+    assert waits_before_first_wgmma("k8/blockwise-bm128")
+    assert waits_before_first_wgmma("k8/blockwise-bm256")
+    assert not waits_before_first_wgmma("k8/blockwise-bm128-prefetch")
+    assert not waits_before_first_wgmma("k8/blockwise-bm256-prefetch")
