@@ -4,6 +4,8 @@ what the page says)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from moe_gemm.chapter import Workload, chapter_module, recorded
@@ -254,3 +256,27 @@ def test_at_the_e4m3_peak_the_128_row_tile_would_ask_more_than_l2_gives_and_the_
         return row["l2_throughput_pct"] * DATA["dense"]["wgmma_e4m3_tflops"] / (flop / row["duration_ns"] / 1e3)
 
     assert l2_at_peak("k8/blockwise-bm128") > 100 > l2_at_peak("k8/blockwise-bm256")
+
+
+def test_the_fp8_layer_is_split_into_the_steps_its_forward_takes(monkeypatch):
+    """fp8_step_times times each of FP8_STEPS on its own inputs (here on the CPU, each call run once instead of
+    captured), and the chapter's step table sets each beside the bf16 layer's steps that do the same work."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from moe_gemm.measure import fp8
+    from moe_gemm.measure.layer import STEPS
+    from moe_gemm.torch import bench
+    from moe_gemm.torch.fp8_layer import FP8MoELayer
+    from moe_gemm.torch.layer import MoELayer
+
+    called = []
+    monkeypatch.setattr(bench, "time_call", lambda call, graph: called.append(call()) or SimpleNamespace(median_ms=1.0))
+    torch.manual_seed(0)
+    layer = FP8MoELayer.from_layer(MoELayer(256, 256, 4, 2))
+    with warnings.catch_warnings():  # the op's CPU path says so, once per reason and process
+        warnings.simplefilter("ignore")
+        times = fp8.fp8_step_times(layer, torch.randn(40, 256).to(torch.bfloat16))
+    assert list(times) == [f"{step}_ms" for step in fp8.FP8_STEPS] and len(called) == len(fp8.FP8_STEPS)
+    assert [step for _, _, steps in RUN.LAYER_STEPS for step in steps] == list(fp8.FP8_STEPS)
+    assert [step for _, steps, _ in RUN.LAYER_STEPS for step in steps] == list(STEPS)

@@ -327,6 +327,36 @@ def roofline_table(dense: dict[str, Any]) -> Table:
                         "and their fp32 scales; bound: the term that sets the limit")
 
 
+# Each step of the FP8 layer (moe_gemm.measure.fp8.FP8_STEPS) beside the bf16 layer's steps that do the same work.
+LAYER_STEPS = (("route", ("router", "permutation"), ("dispatch",)),
+               ("GEMM 1", ("GEMM 1 + SwiGLU",), ("GEMM 1 + SwiGLU + quantize",)),
+               ("GEMM 2", ("GEMM 2",), ("GEMM 2",)),
+               ("combine", ("combine",), ("combine",)))
+
+
+def layer_steps_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """The two layers' forward passes step by step, where the run split them (rows with each step's time)."""
+    body = []
+    for name in LAYER_SHAPES:
+        shape = LAYERS[name]
+        for tokens in sorted({r["tokens"] for r in rows}):
+            found = {r["variant"]: r for r in rows if (r["hidden"], r["experts"], r["tokens"]) ==
+                     (shape.hidden, shape.experts, tokens)}
+            bf16, fp8 = found.get("layer/ours", {}), found.get("layer/fp8", {})
+            if not all(f"{s}_ms" in bf16 for _, steps, _ in LAYER_STEPS for s in steps):
+                continue
+            cells = []
+            for _, bf16_steps, fp8_steps in LAYER_STEPS:
+                cells += [f"{sum(bf16[f'{s}_ms'] for s in bf16_steps):.3f}",
+                          f"{sum(fp8[f'{s}_ms'] for s in fp8_steps):.3f}"]
+            body.append((shape.label, f"{tokens:,}", *cells))
+    headers = tuple(f"{step} {fmt}" for step, _, _ in LAYER_STEPS for fmt in ("bf16", "FP8"))
+    return Table(("layer", "tokens", *headers), tuple(body), title="The two layers step by step",
+                 legend="ms per step, each captured and replayed on its own inputs, same run: route = the router and "
+                        "the permutation (FP8: and the tokens' quantization); GEMM 1 with SwiGLU (FP8: and the "
+                        "quantization for GEMM 2, one kernel or GEMM 1 then one pass); GEMM 2; the combine")
+
+
 def layer_table(rows: Sequence[dict[str, Any]]) -> Table:
     body = []
     for name in LAYER_SHAPES:
@@ -473,6 +503,8 @@ def run_on_gpu(args, gpu) -> int:
         show(swiglu_table(results.rows("swiglu")))
     if results.rows("layer"):
         show(layer_table(results.rows("layer")))
+        if layer_steps_table(results.rows("layer")).rows:
+            show(layer_steps_table(results.rows("layer")))
     show(targets_table(target_rows(records, results.rows("accuracy"), results.rows("quantize"),
                                    results.rows("layer"), results.rows("swiglu")), TARGETS_LEGEND))
     print(f"results written to {path}")

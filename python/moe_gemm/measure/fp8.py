@@ -134,13 +134,40 @@ def dense_fp8_ceiling(size: int = 8192, **timing: int) -> dict[str, Any]:
             "wgmma_e4m3_tflops": wgmma_e4m3_tflops(**timing), "wgmma_tflops": wgmma_tflops(**timing)}
 
 
+# The FP8 layer's forward pass in the steps it takes (moe_gemm.torch.fp8_layer.FP8MoELayer.forward), beside the
+# bf16 layer's (moe_gemm.measure.layer.STEPS): the routing, the permutation and the tokens' quantization are one
+# step here (dispatch), and GEMM 1 hands GEMM 2 its operand already quantized.
+FP8_STEPS = ("dispatch", "GEMM 1 + SwiGLU + quantize", "GEMM 2", "combine")
+
+
+def fp8_step_times(layer: Any, x: Any) -> dict[str, float]:
+    """The FP8 layer's forward pass split into FP8_STEPS, each captured and replayed on its own inputs."""
+    from moe_gemm.torch.bench import time_call
+    from moe_gemm.torch.layer import combine
+    from moe_gemm.torch.scaled import scaled_grouped_mm, swiglu_scaled_grouped_mm
+
+    rows, row_scales, offs, order, weights = layer.dispatch(x)
+    w_gate_up, w_down = layer.w_gate_up_t.transpose(1, 2), layer.w_down_t.transpose(1, 2)
+    a2, s2 = swiglu_scaled_grouped_mm(rows, w_gate_up, row_scales, layer.scale_gate_up, offs)
+    y = scaled_grouped_mm(a2, w_down, s2, layer.scale_down, offs)
+    calls = {
+        "dispatch": lambda: layer.dispatch(x),
+        "GEMM 1 + SwiGLU + quantize": lambda: swiglu_scaled_grouped_mm(rows, w_gate_up, row_scales,
+                                                                       layer.scale_gate_up, offs),
+        "GEMM 2": lambda: scaled_grouped_mm(a2, w_down, s2, layer.scale_down, offs),
+        "combine": lambda: combine(y, order, weights, layer.top_k),
+    }
+    return {f"{step}_ms": time_call(call, graph=True).median_ms for step, call in calls.items()}
+
+
 def layer_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[str, Any]]:
     """Chapter 08's bf16 layer (ours, the fused SwiGLU) and the FP8 layer built from its weights
-    (moe_gemm.torch.fp8_layer), each forward pass on the same tokens, eagerly and as CUDA-graph replays, and the
-    FP8 layer's relative error against the bf16 layer's output."""
+    (moe_gemm.torch.fp8_layer), each forward pass on the same tokens, eagerly and as CUDA-graph replays, then
+    split into its steps (moe_gemm.measure.layer.step_times, fp8_step_times), and the FP8 layer's relative error
+    against the bf16 layer's output."""
     import torch
 
-    from moe_gemm.measure.layer import eager_and_graph, seeded_layer
+    from moe_gemm.measure.layer import eager_and_graph, seeded_layer, step_times
     from moe_gemm.measure.layer import relative_error as layer_error
     from moe_gemm.torch.fp8_layer import FP8MoELayer
     from moe_gemm.torch.ops import offsets_unchecked
@@ -152,11 +179,12 @@ def layer_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[str, Any]]:
         x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
         with torch.no_grad(), offsets_unchecked():
             reference = layer(x)
-            for name, forward in (("layer/ours", layer), ("layer/fp8", fp8)):
+            for name, forward, steps in (("layer/ours", layer, step_times), ("layer/fp8", fp8, fp8_step_times)):
                 progress(f"[layer] {shape.label}, {tokens:,} tokens: {name}")
                 error = layer_error(forward(x), reference)
                 rows.append({"variant": name, **shape.fields(tokens),
-                             **eager_and_graph(lambda f=forward, x=x: f(x)), "rel_error_vs_bf16": error})
+                             **eager_and_graph(lambda f=forward, x=x: f(x)), "rel_error_vs_bf16": error,
+                             **steps(forward, x)})
     del layer, fp8
     torch.cuda.empty_cache()
     return rows
