@@ -334,21 +334,25 @@ LAYER_STEPS = (("route", ("router", "permutation"), ("dispatch",)),
                ("combine", ("combine",), ("combine",)))
 
 
-def layer_steps_table(rows: Sequence[dict[str, Any]]) -> Table:
-    """The two layers' forward passes step by step, where the run split them (rows with each step's time)."""
-    body = []
+def layer_pairs(rows: Sequence[dict[str, Any]]):
+    """(the layer's size, tokens, the bf16 layer's row, the FP8 layer's row) for each size and token count the
+    layer part measured both at."""
     for name in LAYER_SHAPES:
         shape = LAYERS[name]
         for tokens in sorted({r["tokens"] for r in rows}):
             found = {r["variant"]: r for r in rows if (r["hidden"], r["experts"], r["tokens"]) ==
                      (shape.hidden, shape.experts, tokens)}
-            bf16, fp8 = found.get("layer/ours", {}), found.get("layer/fp8", {})
-            if not all(f"{s}_ms" in bf16 for _, steps, _ in LAYER_STEPS for s in steps):
-                continue
-            cells = []
-            for _, bf16_steps, fp8_steps in LAYER_STEPS:
-                cells += [f"{sum(bf16[f'{s}_ms'] for s in bf16_steps):.3f}",
-                          f"{sum(fp8[f'{s}_ms'] for s in fp8_steps):.3f}"]
+            if {"layer/ours", "layer/fp8"} <= set(found):
+                yield shape, tokens, found["layer/ours"], found["layer/fp8"]
+
+
+def layer_steps_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """The two layers' forward passes step by step, where the run split them (rows with each step's time)."""
+    body = []
+    for shape, tokens, bf16, fp8 in layer_pairs(rows):
+        if all(f"{s}_ms" in bf16 for _, steps, _ in LAYER_STEPS for s in steps):
+            cells = [f"{sum(row[f'{s}_ms'] for s in steps):.3f}" for _, bf16_steps, fp8_steps in LAYER_STEPS
+                     for row, steps in ((bf16, bf16_steps), (fp8, fp8_steps))]
             body.append((shape.label, f"{tokens:,}", *cells))
     headers = tuple(f"{step} {fmt}" for step, _, _ in LAYER_STEPS for fmt in ("bf16", "FP8"))
     return Table(("layer", "tokens", *headers), tuple(body), title="The two layers step by step",
@@ -358,16 +362,9 @@ def layer_steps_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def layer_table(rows: Sequence[dict[str, Any]]) -> Table:
-    body = []
-    for name in LAYER_SHAPES:
-        shape = LAYERS[name]
-        for tokens in sorted({r["tokens"] for r in rows}):
-            found = {r["variant"]: r for r in rows if (r["hidden"], r["experts"], r["tokens"]) ==
-                     (shape.hidden, shape.experts, tokens)}
-            if {"layer/ours", "layer/fp8"} <= set(found):
-                bf16, fp8 = found["layer/ours"], found["layer/fp8"]
-                body.append((shape.label, f"{tokens:,}", f"{bf16['median_ms']:.3f}", f"{fp8['median_ms']:.3f}",
-                             f"{bf16['median_ms'] / fp8['median_ms']:.2f}", f"{fp8['rel_error_vs_bf16']:.3f}"))
+    body = [(shape.label, f"{tokens:,}", f"{bf16['median_ms']:.3f}", f"{fp8['median_ms']:.3f}",
+             f"{bf16['median_ms'] / fp8['median_ms']:.2f}", f"{fp8['rel_error_vs_bf16']:.3f}")
+            for shape, tokens, bf16, fp8 in layer_pairs(rows)]
     return Table(("layer", "tokens", "bf16 ms", "FP8 ms", "bf16/FP8", "FP8 error"), tuple(body),
                  title="The MoE layer in FP8",
                  legend="forward pass as CUDA-graph replays, same tokens, same run: chapter 08's layer (k6, fused "
