@@ -141,3 +141,21 @@ def test_the_fp8_layer_follows_the_bf16_layer_within_e4m3s_rounding():
     assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 0.1
     with pytest.raises(ValueError, match="bf16"):
         FP8MoELayer.from_layer(layer)(x.float())
+
+
+def test_the_op_keeps_one_launcher_per_configuration_and_shape(monkeypatch):
+    """A launcher holds the tensor maps and packed arguments of each pointer set it has seen (moe_gemm.torch.launches),
+    so the op gets the same one back for the same configuration, GPU and shape, and builds none per call."""
+    from moe_gemm.torch import scaled
+
+    made = []
+    monkeypatch.setattr(scaled, "TensorMapLaunches", lambda *args: made.append(args) or object())
+    monkeypatch.setattr(scaled, "_k8", lambda config, out: (config, out))
+    for runner, key in ((scaled._runner, ("k8/blockwise-bm128", "bf16", 0, 1000, 8, 1024, 384)),
+                        (scaled._swiglu_runner, ("k8/swiglu-e4m3-bm128", 0, 1000, 8, 1024, 512))):
+        runner.cache_clear()
+        try:
+            assert runner(*key) is runner(*key)
+        finally:
+            runner.cache_clear()
+    assert len(made) == 2

@@ -125,13 +125,13 @@ def _k8(config: str, out: str) -> Any:
     return K8Fp8(config, {**LADDER, **SWIGLU}[config].replace(out=out))
 
 
-@functools.lru_cache(maxsize=256)
 def blockwise_config(tokens: int, experts: int) -> str:
     """The blockwise rung for ``tokens`` routed rows over ``experts`` (BLOCKWISE_CONFIGS): known on the host, from
     the operands' shapes, with no look at ``offs``."""
     return BLOCKWISE_CONFIGS[256 if tokens >= TALL_TILE_ROWS_PER_EXPERT * experts else 128]
 
 
+@functools.lru_cache(maxsize=256)
 def _runner(config: str, out: str, index: int, tokens: int, experts: int, K: int, N: int) -> TensorMapLaunches:
     """k8 on one shape, configuration and GPU, launched on (a, b, scale_a, scale_b, out, offs): four tensor maps
     per pointer set."""
