@@ -13,10 +13,11 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get("MOE_GEMM_ADMIT") == "only":  # `validation run --admit`'s second pass: the kernels not yet run
         from moe_gemm.measure.validation import keep_for_admission
 
-        deselected = [item for item in items if not keep_for_admission(item.nodeid)]
+        kept = {item.nodeid for item in items if keep_for_admission(item.nodeid)}
+        deselected = [item for item in items if item.nodeid not in kept]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if keep_for_admission(item.nodeid)]
+            items[:] = [item for item in items if item.nodeid in kept]
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return

@@ -500,8 +500,9 @@ def run_on_gpu(args, gpu) -> int:
         show(swiglu_table(results.rows("swiglu")))
     if results.rows("layer"):
         show(layer_table(results.rows("layer")))
-        if layer_steps_table(results.rows("layer")).rows:
-            show(layer_steps_table(results.rows("layer")))
+        steps = layer_steps_table(results.rows("layer"))
+        if steps.rows:  # a run that split the layers into their steps
+            show(steps)
     show(targets_table(target_rows(records, results.rows("accuracy"), results.rows("quantize"),
                                    results.rows("layer"), results.rows("swiglu")), TARGETS_LEGEND))
     print(f"results written to {path}")

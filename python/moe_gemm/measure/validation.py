@@ -418,7 +418,8 @@ def run(families: Sequence[str], jobs: int, admit: bool = False) -> int:
         print("validation runs on an sm_90a GPU (compute capability 9.0), where every family can run; "
               f"this machine has {gpu.name if gpu else 'no NVIDIA GPU'}", file=sys.stderr)
         return 2
-    hashes, pending_hashes, record = current_hashes(), current_hashes(pending=True), load_record()
+    pending_hashes, record = current_hashes(pending=True), load_record()
+    hashes = {name: digest for name, digest in pending_hashes.items() if not not_yet_run(name)}
     record.setdefault("about", "Kernel configurations whose GPU tests and compute-sanitizer last passed, keyed by "
                                "the hash of their preprocessed source: python -m moe_gemm.measure.validation")
     status = 0

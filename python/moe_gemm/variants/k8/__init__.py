@@ -8,7 +8,9 @@
                                 the sums promoted (torch._scaled_grouped_mm's ``use_fast_accum=False``)
 ``k8/rowwise-fast-bm128``       the same, the tensor core accumulating all of K (``use_fast_accum=True``)
 ``k8/blockwise-bm128-overlap``  blockwise-bm128 with a second scratch accumulator: each k-block promoted
-                                while the next one's wgmmas run (built, not yet run on a GPU)
+                                while the next one's wgmmas run
+``k8/blockwise-bm*-prefetch``   blockwise-bm128 and -bm256 loading each k-block's scales during the one
+                                before (built, not yet run on a GPU: NOT_YET_RUN)
 ==============================  =======================================================================
 
 A ragged-M problem with e4m3 operands (``Problem(fmt=FP8_BLOCKWISE)`` or ``FP8_ROWWISE``): A [M_tot, K] and
