@@ -204,6 +204,14 @@ def test_the_sonicmoe_part_takes_its_configurations_by_name_and_refuses_others(c
     assert "invalid choice: '70b'" in capsys.readouterr().err
 
 
+def test_only_the_grid_and_the_models_are_timed_workload_by_workload():
+    """`--parts sonicmoe` alone once timed k7 at the model projections under the part's name (the loop over the
+    workload parts took every part but dswiglu) and ran out of time before the training steps: the layers' parts
+    have their own loops."""
+    assert RUN.timed_parts(["sonicmoe"]) == [] and RUN.timed_parts(["dswiglu", "sonicmoe"]) == []
+    assert RUN.timed_parts(["sonicmoe", "models", "dswiglu", "grid"]) == ["models", "grid"]
+
+
 def test_the_tile_timed_as_a_plain_gemm_is_the_fused_kernels_own():
     """The dswiglu part's 'dA tile' is the fused kernel's tile, stages, cluster and walk as a validated plain rung."""
     from moe_gemm.measure.training import FUSED_TILE

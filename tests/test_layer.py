@@ -227,3 +227,26 @@ def test_the_training_step_of_every_way_gives_our_gradients():
         trainable(layer, "train/quack")  # quack is not installed with the CPU tests
     with pytest.raises(ValueError, match="train/ours"):
         trainable(layer, "train/jax")
+
+
+def test_a_way_that_runs_out_of_memory_building_its_weights_is_left_out(monkeypatch, capsys):
+    """Chapter 08's training part on an 80 GB GPU: transformers' block ran out of memory while copying the
+    Mixtral-like weights at 32,768 tokens, and the whole run stopped. Building a way is inside the guard now:
+    out of memory (or quack failing) leaves that way out with a line saying why; our own failure still raises."""
+    from moe_gemm.measure import training
+
+    def out_of_memory(layer, name):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 14.00 GiB")
+
+    monkeypatch.setattr(training, "trainable", out_of_memory)
+    x = torch.zeros(4, 8)
+    assert training.time_way(None, "train/transformers", x, x, reference=None) is None
+    assert "train/transformers is not timed at 4 tokens: OutOfMemoryError" in capsys.readouterr().err
+
+    def broken(layer, name):
+        raise RuntimeError("an illegal memory access")
+
+    monkeypatch.setattr(training, "trainable", broken)
+    assert training.time_way(None, "train/quack", x, x, reference=None) is None  # a peer's failure, reported
+    with pytest.raises(RuntimeError, match="illegal"):
+        training.time_way(None, "train/ours", x, x, reference=None)

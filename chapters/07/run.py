@@ -255,6 +255,34 @@ def models_table(records: Sequence[dict[str, Any]]) -> Table:
                         "B layout of torch._grouped_mm")
 
 
+# Four rungs that each change one template parameter of a rung above: PDL, a staging ring per warpgroup (four
+# stages instead of five), and the M pair ending on the producer's tail instead of a cluster barrier.
+TWINS = {"k6/pingpong-bn192-pdl": "k6/pingpong-bn192",
+         "k6/pingpong-mcluster-bn192-pdl": "k6/pingpong-mcluster-bn192",
+         "k6/pingpong-bn192-rings": "k6/pingpong-bn192",
+         "k6/pingpong-mcluster-bn192-tail": "k6/pingpong-mcluster-bn192"}
+
+
+def twins_table(records: Sequence[dict[str, Any]]) -> Table:
+    """Each TWINS rung's useful TFLOP/s over its twin's at the seed five (the ladder's records), and k6/auto's
+    over the rung it chose: one kernel timed twice in the same rounds, the spread to read the others against."""
+    records = of_part(records, "ladder")
+    cells = [w for w in SEED_FIVE if any(find(records, n, w) for n in TWINS)]
+
+    def over(name: str | None, other: str | None, cell: Workload) -> str:
+        a = find(records, name, cell) if name else None
+        b = find(records, other, cell) if other else None
+        return "-" if a is None or b is None else f"{a['useful_tflops'] / b['useful_tflops']:.3f}"
+
+    rows = [(rung, twin, *(over(rung, twin, c) for c in cells)) for rung, twin in TWINS.items()]
+    chosen = [(find(records, AUTO, c) or {}).get("choice") for c in cells]
+    rows.append((AUTO, "the rung it chose", *(over(AUTO, name, c) for name, c in zip(chosen, cells))))
+    return Table(("rung", "over", *(c.short_label for c in cells)), tuple(rows),
+                 title="Four rungs over the rung each changes: useful TFLOP/s ratio",
+                 legend="eager launches in the ladder's interleaved rounds, same inputs, same run; the last row: "
+                        "k6/auto over the ladder rung it launches, the same kernel timed twice")
+
+
 def chain_table(records: Sequence[dict[str, Any]]) -> Table:
     """Microseconds per launch of each CHAINED contender, replayed alone and in a chain of CHAIN, per cell."""
     from moe_gemm.measure.graph_replay import graph_name
@@ -347,6 +375,8 @@ def compile_report_table(rows: list[dict[str, Any]]) -> Table:
 def show_tables(records: Sequence[dict[str, Any]], basis) -> None:
     """The ladder, the grid over each peer and the model shapes, each from its own part's records."""
     show(ladder_table(records, [*ladder_names(), AUTO, AUTO_HOST, *EARLIER, *TORCH, *QUACK], basis))
+    if any(find(of_part(records, "ladder"), name, w) for name in TWINS for w in SEED_FIVE):
+        show(twins_table(records))
     show(grid_table(records, QUACK, "quack"))
     show(grid_table(records, TORCH, "torch._grouped_mm"))
     show(models_table(records))

@@ -69,6 +69,13 @@ K7 = tuple(LADDER)  # our rungs: the fastest at each workload counts, as quack's
 TORCH = PEER_GROUPED_MM_WGRAD
 QUACK = QUACK_WGRAD_PEERS
 PARTS = ("grid", "models", "dswiglu", "sonicmoe")
+TIMED_PARTS = ("grid", "models")  # the parts that time k7 and the peers' weight gradients, workload by workload
+
+
+def timed_parts(parts: Sequence[str]) -> list[str]:
+    """Of the parts asked for, those timed workload by workload (TIMED_PARTS), in order; dswiglu and sonicmoe
+    measure layers, each in its own loop."""
+    return [part for part in parts if part in TIMED_PARTS]
 FUSED_TOKENS = (4096, 32768)  # the dswiglu part's token counts, at each of chapter 08's layer sizes
 FUSED_TARGET = 0.4  # the fused kernel's time over the dA GEMM alone, in separate passes, at most
 GRID_ROWS = (2048, 4096, 16384, 65536)
@@ -227,7 +234,7 @@ def sonicmoe_table(rows: Sequence[dict[str, Any]]) -> Table:
     body = tuple((r["config"], r["variant"].removeprefix("train/"), f"{r['forward_eager_ms']:.2f}",
                   f"{r['backward_ms']:.2f}", f"{r['forward_tflops']:.0f}", f"{r['backward_tflops']:.0f}",
                   f"{r['step_tflops']:.0f}", f"{r['peak_extra_bytes'] / 2**30:.1f}",
-                  f"{r['grad_rel_error_vs_ours']:.1e}") for r in rows)
+                  "-" if r["grad_rel_error_vs_ours"] is None else f"{r['grad_rel_error_vs_ours']:.1e}") for r in rows)
     return Table(("configuration", "way", "fwd ms", "bwd ms", "fwd TFLOP/s", "bwd TFLOP/s", "step TFLOP/s", "peak GiB",
                   "grads vs ours"), body, title="The layer's training step at SonicMoE's configurations",
                  legend="eager launches, as SonicMoE's benchmark times them: fwd, the forward with autograd recording; "
@@ -305,7 +312,7 @@ def run_on_gpu(args, gpu) -> int:
 
     path = save()  # the checks, whatever the parts measure after them
 
-    for part in [p for p in args.parts if p != "dswiglu"]:
+    for part in timed_parts(args.parts):
         # saved after every workload: a run stopped part-way (a time limit, a host out of memory at a model's
         # 7.5 G-element dB) keeps every workload it finished, and its provenance names only those
         workloads = grid(args.tokens) if part == "grid" else list(chosen_shapes(MODELS, args.models).values())

@@ -119,9 +119,6 @@ def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transforme
     to split a step into its forward and its backward."""
     import torch
 
-    from moe_gemm.torch.bench import time_call
-    from moe_gemm.torch.ops import offsets_unchecked
-
     layer = seeded_layer(shape)
     rows = []
     for tokens in tokens_list:
@@ -130,37 +127,54 @@ def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transforme
         reference = None
         for name in train_ways(with_transformers):
             progress(f"[{shape.label}, {tokens:,} tokens] {name}: forward + backward")
-            way = trainable(layer, name)
-            step, tensors = training_step(way, x, dy), [*way.parameters, x]
-            try:
-                with offsets_unchecked():
-                    memory = peak_memory(step, tensors)
-                    gradients = checked(way.gradients())
-                    reference = [g.clone() for g in gradients] if reference is None else reference
-                    error = max(relative_error(g, r) for g, r in zip(gradients, reference))
-                    del gradients
-                    timed = eager_and_graph(step, release=lambda tensors=tensors: drop_gradients(tensors))
-                    if forward_too:
-                        timed["forward_eager_ms"] = time_call(lambda way=way: way.forward(x), graph=False).median_ms
-            except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as error:
-                # a way that cannot hold this size is left out, and so is quack's where its kernels fail (a peer's
-                # failure, reported); any other failure is ours or torch's, and stops the run
-                if not isinstance(error, torch.cuda.OutOfMemoryError) and name != "train/quack":
-                    raise
-                progress(f"  {name} is not timed at {tokens:,} tokens: {type(error).__name__}: "
-                         f"{(str(error).splitlines() or [''])[0]}")
-                drop_gradients(tensors)
-                del way, step, tensors
-                torch.cuda.empty_cache()
+            row = time_way(layer, name, x, dy, reference, forward_too)
+            if row is None:
                 continue
-            if timed["graph_error"]:
-                progress(f"  {name} is timed eagerly: it does not capture ({timed['graph_error']})")
-            rows.append({"variant": name, **shape.fields(tokens), **timed, "peak_extra_bytes": memory,
-                         "grad_rel_error_vs_ours": error})
-            drop_gradients(tensors)
-            del way, step, tensors
-            torch.cuda.empty_cache()  # transformers' copy of the weights and the graphs' pools go before the next way
+            reference = row.pop("gradients") if name == "train/ours" else reference
+            rows.append({"variant": name, **shape.fields(tokens), **row})
     return rows
+
+
+def time_way(layer: Any, name: str, x: Any, dy: Any, reference: list[Any] | None,
+             forward_too: bool = False) -> Row | None:
+    """One way's training step on ``x`` and ``dy``: its peak memory, eager and graph times, its gradients'
+    error against ``reference`` (ours' checked gradients; None where ours was not timed) and, for ours, a copy
+    of its checked gradients under "gradients", the others' reference. None, after saying why, where the way
+    cannot hold this size (out of memory, building its copy of the weights included) or where quack's kernels
+    fail (a peer's failure, reported); any other failure is ours or torch's, and is raised."""
+    import torch
+
+    from moe_gemm.torch.bench import time_call
+    from moe_gemm.torch.ops import offsets_unchecked
+
+    way = step = None
+    tensors: list[Any] = []
+    try:
+        way = trainable(layer, name)  # transformers' and quack's ways copy the weights: that can run out too
+        step, tensors = training_step(way, x, dy), [*way.parameters, x]
+        with offsets_unchecked():
+            memory = peak_memory(step, tensors)
+            gradients = checked(way.gradients())
+            kept = [g.clone() for g in gradients] if name == "train/ours" else None
+            error = (0.0 if kept is not None else None if reference is None
+                     else max(relative_error(g, r) for g, r in zip(gradients, reference)))
+            del gradients
+            timed = eager_and_graph(step, release=lambda: drop_gradients(tensors))
+            if forward_too:
+                timed["forward_eager_ms"] = time_call(lambda: way.forward(x), graph=False).median_ms
+    except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as failure:
+        if not isinstance(failure, torch.cuda.OutOfMemoryError) and name != "train/quack":
+            raise
+        progress(f"  {name} is not timed at {x.shape[0]:,} tokens: {type(failure).__name__}: "
+                 f"{(str(failure).splitlines() or [''])[0]}")
+        return None
+    finally:
+        drop_gradients(tensors)
+        way = step = None  # transformers' copy of the weights and the graphs' pools go before the next way
+        torch.cuda.empty_cache()
+    if timed["graph_error"]:
+        progress(f"  {name} is timed eagerly: it does not capture ({timed['graph_error']})")
+    return {**timed, "peak_extra_bytes": memory, "grad_rel_error_vs_ours": error, "gradients": kept}
 
 
 def measure_training_config(config: TrainingConfig) -> list[Row]:

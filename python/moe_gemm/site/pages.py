@@ -191,12 +191,13 @@ class Pages:
 
     # ---- records
 
-    def _raw_record(self, ch: str, variant: str, workload: Workload, part: str | None) -> dict[str, Any]:
-        for record in self.data(ch)["records"]:
+    def _raw_record(self, ch: str, variant: str, workload: Workload, part: str | None,
+                    gpu: str | None = None) -> dict[str, Any]:
+        for record in self.data(ch, gpu)["records"]:
             if record["variant"] == variant and workload.matches(record) and part in (None, record.get("part")):
                 return record
         where = f" in part {part!r}" if part else ""
-        raise PageDataError(f"{self._name(ch)} has no record of {variant} at {workload.label}{where}")
+        raise PageDataError(f"{self._name(ch, gpu)} has no record of {variant} at {workload.label}{where}")
 
     def measured(self, ch: str, variant: str, part: str | None = None, **workload: Any) -> bool:
         """Whether chapter ``ch``'s file holds a record of ``variant`` at the workload (in ``part``)."""
@@ -204,19 +205,23 @@ class Pages:
         return any(r["variant"] == variant and w.matches(r) and part in (None, r.get("part"))
                    for r in self.data(ch)["records"])
 
-    def record(self, ch: str, variant: str, part: str | None = None, **workload: Any) -> Record:
+    def record(self, ch: str, variant: str, part: str | None = None, gpu: str | None = None,
+               **workload: Any) -> Record:
+        """The record of ``variant`` at the workload (in ``part``), from the results file of ``gpu`` (default: the
+        recorded GPU's)."""
         w = _workload(**workload)
-        return Record(self._raw_record(ch, variant, w, part), f"{self._name(ch)}: {variant} at {w.label}")
+        return Record(self._raw_record(ch, variant, w, part, gpu), f"{self._name(ch, gpu)}: {variant} at {w.label}")
 
-    def best(self, ch: str, variants: Sequence[str], part: str | None = None, **workload: Any) -> Record:
+    def best(self, ch: str, variants: Sequence[str], part: str | None = None, gpu: str | None = None,
+             **workload: Any) -> Record:
         w = _workload(**workload)
-        found = [r for r in self.data(ch)["records"]
+        found = [r for r in self.data(ch, gpu)["records"]
                  if r["variant"] in variants and w.matches(r) and part in (None, r.get("part"))]
         if not found:
             where = f" in part {part!r}" if part else ""
-            raise PageDataError(f"{self._name(ch)} has no record of {', '.join(variants)} at {w.label}{where}")
+            raise PageDataError(f"{self._name(ch, gpu)} has no record of {', '.join(variants)} at {w.label}{where}")
         fastest = max(found, key=lambda r: r["useful_tflops"])
-        return Record(fastest, f"{self._name(ch)}: {fastest['variant']} at {w.label}")
+        return Record(fastest, f"{self._name(ch, gpu)}: {fastest['variant']} at {w.label}")
 
     def value(self, ch: str, variant: str, field: str, fmt: str | None = None, **workload: Any) -> Number:
         number = self.record(ch, variant, **workload)[field]

@@ -23,8 +23,7 @@ FP8_SWIGLU_PENDING = "k8/gemm-swiglu"
 # Kernels the op would launch that are built, compiled and inspected on every machine but have not yet passed
 # their GPU tests: the op runs the same computation as torch operations instead, and the GPU validation record
 # leaves them out. To admit one: `python -m moe_gemm.measure.validation run torch --admit` on an sm_90a GPU
-# (its GPU tests run and, where they pass, it is recorded), then remove it here. ("torch/dswiglu", the SwiGLU's
-# backward fused into the dA GEMM, passed on an H100; its twin that prefetches h by TMA has not run. The FP8
-# layer's GEMM 1 with the SwiGLU epilogue, validated with chapter 10's family, k8, ran on an H100: its e4m3
-# output missed a bound that did not allow for the FP8 sums' own error, and the revised test has not run yet.)
-NOT_YET_RUN: frozenset[str] = frozenset({"torch/dswiglu-prefetch", FP8_SWIGLU_PENDING})
+# (its GPU tests run and, where they pass, it is recorded), then remove it here. Empty: the prefetching fused
+# backward and the FP8 layer's GEMM 1 with the SwiGLU epilogue (its e4m3 output held to one e4m3 step plus the
+# FP8 sums' own error) passed on an H100 (2026-12-06).
+NOT_YET_RUN: frozenset[str] = frozenset()
