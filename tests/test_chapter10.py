@@ -282,3 +282,49 @@ def test_the_fp8_layer_is_split_into_the_steps_its_forward_takes(monkeypatch):
     assert list(times) == [f"{step}_ms" for step in fp8.FP8_STEPS] and len(called) == len(fp8.FP8_STEPS)
     assert [step for _, _, steps in RUN.LAYER_STEPS for step in steps] == list(fp8.FP8_STEPS)
     assert [step for _, steps, _ in RUN.LAYER_STEPS for step in steps] == list(STEPS)
+
+
+def h100(section: str) -> list[dict]:
+    data = recorded("10", "h100")
+    if data is None or section not in data:
+        pytest.skip(f"no H100 {section} records")
+    return data[section]
+
+
+def test_the_swiglu_epilogue_on_the_h100_reads_as_the_page_says():
+    """GEMM 1 with the SwiGLU and quantization fused is faster than GEMM 1 then the pass at every point, by 1.0
+    to 1.4; its quantization costs more than the predicted 0.1 of a pass everywhere and meets the 0.5 target only
+    at the Mixtral-like size and 32,768 tokens; at the Qwen3-like size and 32,768 tokens it costs over 100 us
+    (the prediction: 18); the e4m3 activation is within 2% of the one-pass quantizer's."""
+    from moe_gemm.measure.fp8 import swiglu_epilogue_extra
+
+    rows = h100("swiglu")
+    assert len(rows) == 6
+    for r in rows:
+        assert 1.0 <= (r["gemm_ms"] + r["pass_ms"]) / r["fused_ms"] < 1.4
+        assert swiglu_epilogue_extra(r) > 0.2 and r["e4m3_error_vs_pass"] < 0.02
+    met = [(r["hidden"], r["tokens"]) for r in rows if swiglu_epilogue_extra(r) <= 0.5]
+    assert met == [(4096, 32768)]
+    qwen = next(r for r in rows if r["hidden"] == 2048 and r["tokens"] == 32768)
+    assert qwen["fused_ms"] - qwen["swiglu_ms"] > 0.1
+
+
+def test_the_fp8_layer_on_the_h100_reads_as_the_page_says():
+    """At 32,768 tokens: 1.4 missed at the Mixtral-like size and met at the DeepSeek-V3-like one; at the first
+    GEMM 1 gains less than GEMM 2 and the SwiGLU kernel alone is slower than the plain GEMM 1; the route step is
+    faster in FP8; the output within 7% of the bf16 layer's."""
+    layer = h100("layer")
+
+    def at(variant, hidden, field="median_ms"):
+        return next(r[field] for r in layer if r["variant"] == variant and r["hidden"] == hidden
+                    and r["tokens"] == 32768)
+
+    assert at("layer/ours", 4096) / at("layer/fp8", 4096) < 1.4 < at("layer/ours", 7168) / at("layer/fp8", 7168)
+    gemm1 = at("layer/ours", 4096, "GEMM 1 + SwiGLU_ms") / at("layer/fp8", 4096, "GEMM 1 + SwiGLU + quantize_ms")
+    assert gemm1 < at("layer/ours", 4096, "GEMM 2_ms") / at("layer/fp8", 4096, "GEMM 2_ms")
+    mix = next(r for r in h100("swiglu") if r["hidden"] == 4096 and r["tokens"] == 32768)
+    assert mix["swiglu_ms"] > mix["gemm_ms"]
+    for hidden in (4096, 7168):
+        assert at("layer/fp8", hidden, "dispatch_ms") < at("layer/ours", hidden, "router_ms") + at(
+            "layer/ours", hidden, "permutation_ms")
+    assert max(r["rel_error_vs_bf16"] for r in layer if r["variant"] == "layer/fp8") < 0.07
