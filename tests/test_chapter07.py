@@ -435,7 +435,8 @@ def test_pieces_of_a_part_merge_by_cell_and_name_their_run(tmp_path, monkeypatch
     assert len(models) == len(RUN.of_part(data["records"], "models"))
     assert all((r["useful_tflops"] == 1.0) == (RUN.Workload.of(r) in qwen3) for r in models)
     assert RUN.of_part(written["records"], "grid") == RUN.of_part(data["records"], "grid")
-    assert set(written["part_runs"]) == {"ladder", "grid", "models", "models-1-2", "profile"}
+    # saved shape by shape (a run stopped by a time limit keeps what it finished), each named by its own run
+    assert set(written["part_runs"]) == {"ladder", "grid", "models", "models-1", "models-2", "profile"}
 
 
 def _chain_record(name: str, tokens: int, ms: float) -> dict:
@@ -527,3 +528,38 @@ def test_the_chain_reads_as_the_page_says():
             assert 0.96 < ms / by_name[name[:-2], tokens] <= 1.005, (name, tokens)
         if name.endswith("-pdl+graphx8"):
             assert abs(ms / by_name[name.replace("-pdl", ""), tokens] - 1) < 0.015, (name, tokens)
+
+
+def test_a_run_stopped_part_way_keeps_the_model_shapes_it_finished(tmp_path, monkeypatch):
+    """A run of the models part that a time limit stops on its third shape (quack tuning DBRX's, once) has saved
+    the two before it, each under its own part_runs entry."""
+    import json
+
+    import moe_gemm.measure.results as results
+    from moe_gemm.cuda.gpu import GpuInfo
+
+    data = recorded("07")
+    if data is None:
+        pytest.skip("no recorded results")
+    gpu = GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
+    monkeypatch.setattr(results, "CHAPTERS_DIR", tmp_path)
+    monkeypatch.setattr(RUN, "compile_report", lambda arch: data["compile_report"])
+    shapes = list(RUN.chosen_models(["gpt-oss", "dbrx"]).items())
+    done = []
+
+    def measure_part(part, args, timing):
+        (label,) = args.models
+        if len(done) == 2:
+            raise KeyboardInterrupt  # what `timeout` leaves of a run: nothing after this point
+        done.append(label)
+        workload = RUN.MODELS[label]
+        return [{"variant": "k6/auto", **{k: getattr(workload, k) for k in ("experts", "K", "N", "tokens", "skew")},
+                 "median_ms": 1.0, "useful_tflops": 1.0, "part": part}]
+
+    monkeypatch.setattr(RUN, "measure_part", measure_part)
+    with pytest.raises(KeyboardInterrupt):
+        RUN.run_on_gpu(RUN.parse_args(["--parts", "models", "--models", "gpt-oss", "dbrx"]), gpu)
+    written = json.loads(results.results_path("07", gpu.slug).read_text())
+    assert [RUN.Workload.of(r) for r in written["records"]] == [w for _, w in shapes[:2]]
+    assert {k for k in written["part_runs"] if k.startswith("models")} == {
+        f"models-{list(RUN.MODELS).index(label)}" for label, _ in shapes[:2]}

@@ -34,6 +34,7 @@ did not measure reads "not measured"), and exits 0.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from typing import Any
 
@@ -160,6 +161,17 @@ def piece(part: str, args) -> tuple[str, str]:
     what = f"the model projections: {', '.join(label.split(' (')[0] for label in shapes)}"
     return (part if len(shapes) == len(MODELS) else "models-" + "-".join(str(list(MODELS).index(label))
                                                                           for label in shapes)), what
+
+
+def pieces(part: str, args: argparse.Namespace) -> list[argparse.Namespace]:
+    """The part as the run measures and saves it: the grid a row at a time and the model shapes one at a time
+    (a run stopped by a time limit keeps every row and shape it finished; quack's first tuning at a new shape
+    takes up to 40 s), the ladder and the chain whole."""
+    if part == "grid":
+        return [argparse.Namespace(**{**vars(args), "tokens": [tokens]}) for tokens in args.tokens]
+    if part == "models":
+        return [argparse.Namespace(**{**vars(args), "models": [label]}) for label in chosen_models(args.models)]
+    return [args]
 
 
 def ladder_names() -> list[str]:
@@ -497,10 +509,15 @@ def run_on_gpu(args, gpu) -> int:
         return results.save(compile_report=report, targets=targets(), rounds=args.rounds, parts=parts)
 
     for part in args.parts:
-        # a cell or shape measured again replaces every variant's record of it, in its part only
-        results.replace("records", measure_part(part, args, timing), key=lambda r: (r["part"], Workload.of(r)))
-        results.ran(*piece(part, args))  # which commit and command measured it: parts come from several runs
-        path = save()
+        chunks = pieces(part, args)
+        for chunk in chunks:
+            # a cell or shape measured again replaces every variant's record of it, in its part only
+            results.replace("records", measure_part(part, chunk, timing), key=lambda r: (r["part"], Workload.of(r)))
+            results.ran(*piece(part, chunk))  # which commit and command measured it: parts come from several runs
+            path = save()
+        if len(chunks) > 1 and piece(part, args)[0] == part:  # the whole part: one entry replaces the pieces'
+            results.ran(*piece(part, args))
+            path = save()
     show_tables(results.rows("records"), basis_for(gpu))
     if args.profile:
         results.put(profile=profile_rows())
