@@ -563,3 +563,23 @@ def test_a_run_stopped_part_way_keeps_the_model_shapes_it_finished(tmp_path, mon
     assert [RUN.Workload.of(r) for r in written["records"]] == [w for _, w in shapes[:2]]
     assert {k for k in written["part_runs"] if k.startswith("models")} == {
         f"models-{list(RUN.MODELS).index(label)}" for label, _ in shapes[:2]}
+
+
+def test_the_device_walk_on_the_h100_reads_as_the_page_says():
+    """Same rung chosen with and without the walk; the walk's extra time past 2% at two cells, each well above
+    the spread of one kernel timed twice; about 2 us where there are under 2,000 tiles, 8 us or more at the two
+    cells of over 7,000."""
+    ladder = RUN.of_part(h100_records(), "ladder")
+    extra, us = {}, {}
+    for w in RUN.SEED_FIVE:
+        auto, host = RUN.find(ladder, "k6/auto", w), RUN.find(ladder, "k6/auto-host", w)
+        rung = RUN.find(ladder, auto["choice"], w)
+        assert auto["choice"] == host["choice"]
+        extra[w] = auto["median_ms"] / host["median_ms"] - 1
+        us[auto["tiles"]] = 1e3 * (auto["median_ms"] - host["median_ms"])
+        if extra[w] > 0.02:
+            assert extra[w] > 3 * abs(auto["median_ms"] / rung["median_ms"] - 1)
+    assert sum(value > 0.02 for value in extra.values()) == 2
+    assert all(0 < t < 3 for tiles, t in us.items() if tiles < 2000) and all(t > 2.5 for tiles, t in us.items()
+                                                                             if 2000 <= tiles <= 7000)
+    assert all(t > 7.5 for tiles, t in us.items() if tiles > 7000) and len([t for t in us if t > 7000]) == 2
