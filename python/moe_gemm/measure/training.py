@@ -234,7 +234,7 @@ def fused_backward(layer: Any, x: Any) -> dict[str, float]:
     want = dswiglu(dact, h)
     calls, errors = {}, {}
     for config in (c for c in FUSED_BACKWARD if has_run(c)):  # the twin that prefetches h once it has passed
-        key = FUSED_KEYS[FUSED_BACKWARD[config].prefetch_h]
+        key = FUSED_KEYS[config]
         error = max(relative_error(g, w) for g, w in zip(fused(dy, layer.w_down, offs, h, config), want))
         if error > FUSED_BACKWARD_CHECK:
             raise RuntimeError(f"{config} is {error:.2e} from the unfused SwiGLU backward (allowed "
@@ -249,8 +249,10 @@ def fused_backward(layer: Any, x: Any) -> dict[str, float]:
             "dswiglu_pass_bytes": m * inter * 2 * 6, "fused_adds_bytes": m * inter * 2 * 4}
 
 
-# The dswiglu part's names for the fused configurations' times: h loaded by the epilogue, or prefetched by TMA.
-FUSED_KEYS = {False: "fused", True: "fused_prefetch"}
+# The dswiglu part's names for the fused configurations' times: h loaded by the epilogue, prefetched by TMA, or
+# loaded by the epilogue with the units walked in raster groups of 8 M tiles.
+FUSED_KEYS = {"k6/dswiglu-bn128": "fused", "k6/dswiglu-prefetch-bn128": "fused_prefetch",
+              "k6/dswiglu-g8-bn128": "fused_g8"}
 
 
 FUSED_TILE = "k6/pingpong-bn128"  # the fused kernel's tile, stages and walk (k6/dswiglu-bn128) as a plain GEMM

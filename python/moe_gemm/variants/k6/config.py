@@ -223,6 +223,10 @@ FUSED_BACKWARD: dict[str, K6Config] = {
     # h by TMA into a 64 KB buffer while the tile's main loop runs: four stages fit beside it
     "k6/dswiglu-prefetch-bn128": K6Config("pingpong", 128, stages=4, staging_boxes=1, b_layout="nk",
                                           epilogue="dswiglu", prefetch_h=True),
+    # the first's kernel walking its units in raster groups of 8 M tiles (a launch argument, not a template one):
+    # with one M tile at a time, every M tile of an expert streams all of W_down[e] again once it outgrows L2
+    "k6/dswiglu-g8-bn128": K6Config("pingpong", 128, stages=6, staging_boxes=1, b_layout="nk", epilogue="dswiglu",
+                                    group=8),
 }
 
 # What k6/auto chooses among (its chooser: moe_gemm.variants.k6.auto).
