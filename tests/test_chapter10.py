@@ -328,3 +328,35 @@ def test_the_fp8_layer_on_the_h100_reads_as_the_page_says():
         assert at("layer/fp8", hidden, "dispatch_ms") < at("layer/ours", hidden, "router_ms") + at(
             "layer/ours", hidden, "permutation_ms")
     assert max(r["rel_error_vs_bf16"] for r in layer if r["variant"] == "layer/fp8") < 0.07
+
+
+def test_decode_sized_cells_are_timed_as_graph_replays_under_their_own_names(monkeypatch):
+    """The grid starts at 512 rows; at 2,048 rows and fewer every contender of every format is wrapped in a
+    CUDA-graph replay and its records keep the variant's own name (the tables and targets look them up by it),
+    with the record's timing saying how it was timed; above that, eager launches as before."""
+    import argparse
+
+    from moe_gemm.measure.graph_replay import GraphReplay
+
+    assert RUN.GRID_ROWS[:2] == (512, 2048) and RUN.GRAPH_MAX_TOKENS == 2048
+    seen = []
+
+    def run_variants(variants, workloads, rounds, **timing):
+        seen.append([type(v).__name__ for v in variants])
+        return [{"variant": v.name, "timing": "cuda graph replay" if isinstance(v, GraphReplay) else "eager"}
+                for v in variants for _ in workloads]
+
+    class Named:
+        def __init__(self, name):
+            self.name = name
+
+    monkeypatch.setattr(RUN, "run_variants", run_variants)
+    variants = {fmt: [Named(f"k8/{i}-a"), Named(f"k8/{i}-b")] for i, fmt in enumerate(RUN.FORMATS)}
+    args = argparse.Namespace(rounds=1)
+    small = RUN.measure_cell("grid", Workload(512, 0.0), variants, args, {})
+    assert all(kinds == ["GraphReplay", "GraphReplay"] for kinds in seen) and len(seen) == len(RUN.FORMATS)
+    assert sorted(r["variant"] for r in small) == sorted(v.name for vs in variants.values() for v in vs)
+    assert all(r["timing"] == "cuda graph replay" and r["part"] == "grid" for r in small)
+    seen.clear()
+    large = RUN.measure_cell("grid", Workload(4096, 0.0), variants, args, {})
+    assert all(kinds == ["Named", "Named"] for kinds in seen) and all(r["timing"] == "eager" for r in large)

@@ -15,7 +15,8 @@ random data, then measures, each part saved as it finishes:
             quantizer, and cuBLAS's dense FP8 and bf16 GEMMs at 8192^3 (the two tensor-core rates in practice);
   accuracy  each rung's error against the fp32 product of the dequantized inputs as K grows, promoted and not,
             beside torch._scaled_grouped_mm's two accumulation modes;
-  grid      M_tot 4,096 .. 65,536 rows x skew 0 .. 1.6 at the seed's E = 64, K = 1024, N = 2688;
+  grid      M_tot 512 .. 65,536 rows x skew 0 .. 1.6 at the seed's E = 64, K = 1024, N = 2688 (at 2,048
+            rows and fewer every contender timed as CUDA-graph replays);
   models    the up and down projections of two real MoE models at 65,536 balanced rows;
   swiglu    the FP8 layer's GEMM 1 with SwiGLU and the quantization in its epilogue, against the GEMM writing
             [gate | up] in bf16 then the separate pass, and against the epilogue writing the activation in bf16
@@ -76,7 +77,8 @@ TORCH, TORCH_FAST = PEER_SCALED_GROUPED_MM, PEER_SCALED_GROUPED_MM_FAST
 K6 = "k6/auto"  # our bf16 kernel, its configuration chosen for the shape
 PARTS = ("quantize", "accuracy", "grid", "models", "swiglu", "layer")
 FORMATS = (FP8_BLOCKWISE, FP8_ROWWISE, BF16_OPERANDS)  # each cell is measured in each, on inputs of its own
-GRID_ROWS = (4096, 16384, 65536)
+GRID_ROWS = (512, 2048, 4096, 16384, 65536)  # the first two decode-sized: launches the host's cost would decide
+GRAPH_MAX_TOKENS = 2048  # cells this small are timed as CUDA-graph replays, every contender alike (chapter 07's rule)
 MODEL_ROWS = 65536  # the blockwise target's rows: DeepGEMM's published numbers are for 4-8 groups of 4-8k rows
 # The up and down projections of the two models whose weights are small enough to draw and quantize on the host
 # at 65,536 rows: Mixtral's E = 8 experts of 4,096 x 14,336 (its w1 alone, as chapter 09 takes it) and Qwen3's
@@ -413,11 +415,17 @@ def variants_by_format(args) -> dict[OperandFormat, list[Any]]:
 
 def measure_cell(part: str, cell: Workload, variants: dict[OperandFormat, list[Any]], args,
                  timing: dict[str, int]) -> list[dict[str, Any]]:
-    """One shape and routing in every format, each on inputs of its own (a later run of the cell replaces all)."""
+    """One shape and routing in every format, each on inputs of its own (a later run of the cell replaces all). At
+    GRAPH_MAX_TOKENS rows and fewer every contender is timed as CUDA-graph replays and keeps its own name (its
+    record's "timing" says how it was timed), so that the tables compare like with like at every cell."""
+    from moe_gemm.measure.graph_replay import SUFFIX, GraphReplay
+
+    graphs = cell.tokens <= GRAPH_MAX_TOKENS
     records = []
     for fmt in FORMATS:
-        records += run_variants(variants[fmt], [cell.in_format(fmt)], rounds=args.rounds, **timing)
-    return [{**r, "part": part} for r in records]
+        chosen = [GraphReplay(v) for v in variants[fmt]] if graphs else variants[fmt]
+        records += run_variants(chosen, [cell.in_format(fmt)], rounds=args.rounds, **timing)
+    return [{**r, "variant": r["variant"].removesuffix(SUFFIX), "part": part} for r in records]
 
 
 def run_on_gpu(args, gpu) -> int:
