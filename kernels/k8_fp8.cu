@@ -177,11 +177,12 @@ __device__ __forceinline__ void promote(float (&acc)[Cfg::BN / 2], const float (
 // PROMOTE: per stage, slice i and block b, four k32 wgmmas into `scratch`, wait for them, then
 //     acc[B_BLOCKS i + b] += scratch x scale_a[row] x scale_b[b]        (rowwise: += scratch)
 // The stage goes back to the producer once the last product's wgmmas are done. Blockwise, the k-block's
-// scales come from global memory, issued before the stage's wait: B's one float per block for the tile (the up block's row of scales `b_scale_stride` floats after the gate's), and A's for
-// the thread's two rows of each slice, scale_a[ks][row], from the MN-major layout [K / 128, M_pad] (a
-// warp's loads are 8 consecutive floats, the rows g: one or two 32-byte sectors). Their products, taken
-// at the load, are scheduled by ptxas ahead of the k-block's first wgmma, which then waits for the loads
-// when the stage was already full; PREFETCH loads them a k-block ahead and multiplies them a k-block later.
+// scales come from global memory, issued before the stage's wait: B's one float per block for the tile (the
+// up block's row of scales `b_scale_stride` floats after the gate's), and A's for the thread's two rows of each
+// slice, scale_a[ks][row], from the MN-major layout [K / 128, M_pad] (a warp's loads are 8 consecutive floats,
+// the rows g: one or two 32-byte sectors). Their products, taken at the load, are scheduled by ptxas ahead of
+// the k-block's first wgmma, which then waits for the loads when the stage was already full; PREFETCH loads
+// them a k-block ahead and multiplies them a k-block later.
 // The tensor core is idle while a warpgroup promotes, unless the other warpgroup's wgmmas are running:
 // with two warpgroups on every stage, one's promotion overlaps the other's products.
 // Not promoting: k6's loop, the tensor core accumulating all of K, each stage released once the next

@@ -10,7 +10,7 @@
 ``k8/blockwise-bm128-overlap``  blockwise-bm128 with a second scratch accumulator: each k-block promoted
                                 while the next one's wgmmas run
 ``k8/blockwise-bm*-prefetch``   blockwise-bm128 and -bm256 loading each k-block's scales during the one
-                                before (built, not yet run on a GPU: NOT_YET_RUN)
+                                before
 ==============================  =======================================================================
 
 A ragged-M problem with e4m3 operands (``Problem(fmt=FP8_BLOCKWISE)`` or ``FP8_ROWWISE``): A [M_tot, K] and
