@@ -191,36 +191,36 @@ class Pages:
 
     # ---- records
 
-    def _raw_record(self, ch: str, variant: str, workload: Workload, part: str | None,
-                    gpu: str | None = None) -> dict[str, Any]:
-        for record in self.data(ch, gpu)["records"]:
-            if record["variant"] == variant and workload.matches(record) and part in (None, record.get("part")):
-                return record
-        where = f" in part {part!r}" if part else ""
-        raise PageDataError(f"{self._name(ch, gpu)} has no record of {variant} at {workload.label}{where}")
+    def _matching(self, ch: str, variants: Sequence[str], w: Workload, part: str | None,
+                  gpu: str | None = None) -> list[dict[str, Any]]:
+        """The records of any of ``variants`` at ``w`` (in ``part``), from the results file of ``gpu``."""
+        return [r for r in self.data(ch, gpu)["records"]
+                if r["variant"] in variants and w.matches(r) and part in (None, r.get("part"))]
+
+    def _found(self, ch: str, variants: Sequence[str], w: Workload, part: str | None,
+               gpu: str | None) -> list[dict[str, Any]]:
+        """_matching's records; a PageDataError naming what is missing where there are none."""
+        found = self._matching(ch, variants, w, part, gpu)
+        if not found:
+            where = f" in part {part!r}" if part else ""
+            raise PageDataError(f"{self._name(ch, gpu)} has no record of {', '.join(variants)} at {w.label}{where}")
+        return found
 
     def measured(self, ch: str, variant: str, part: str | None = None, **workload: Any) -> bool:
         """Whether chapter ``ch``'s file holds a record of ``variant`` at the workload (in ``part``)."""
-        w = _workload(**workload)
-        return any(r["variant"] == variant and w.matches(r) and part in (None, r.get("part"))
-                   for r in self.data(ch)["records"])
+        return bool(self._matching(ch, [variant], _workload(**workload), part))
 
     def record(self, ch: str, variant: str, part: str | None = None, gpu: str | None = None,
                **workload: Any) -> Record:
         """The record of ``variant`` at the workload (in ``part``), from the results file of ``gpu`` (default: the
         recorded GPU's)."""
         w = _workload(**workload)
-        return Record(self._raw_record(ch, variant, w, part, gpu), f"{self._name(ch, gpu)}: {variant} at {w.label}")
+        return Record(self._found(ch, [variant], w, part, gpu)[0], f"{self._name(ch, gpu)}: {variant} at {w.label}")
 
     def best(self, ch: str, variants: Sequence[str], part: str | None = None, gpu: str | None = None,
              **workload: Any) -> Record:
         w = _workload(**workload)
-        found = [r for r in self.data(ch, gpu)["records"]
-                 if r["variant"] in variants and w.matches(r) and part in (None, r.get("part"))]
-        if not found:
-            where = f" in part {part!r}" if part else ""
-            raise PageDataError(f"{self._name(ch, gpu)} has no record of {', '.join(variants)} at {w.label}{where}")
-        fastest = max(found, key=lambda r: r["useful_tflops"])
+        fastest = max(self._found(ch, variants, w, part, gpu), key=lambda r: r["useful_tflops"])
         return Record(fastest, f"{self._name(ch, gpu)}: {fastest['variant']} at {w.label}")
 
     def value(self, ch: str, variant: str, field: str, fmt: str | None = None, **workload: Any) -> Number:
