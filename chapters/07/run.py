@@ -107,9 +107,11 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 # DRAM and L2 bytes set beside (b)'s are its before and after), chapter 04's k3 and quack; at 16,384
 # rows, where quack's configuration is our M pair, k6/auto, that rung and quack.
 # The M pair's producer-tail twin beside it at both cells: its barrier stalls without the idle producer warps
-# (left out, as from every part, while it has not run on a GPU: ladder_names).
+# (left out, as from every part, while it has not run on a GPU: ladder_names). k6/auto-host beside k6/auto at
+# 65,536 rows: the same rung on the host list, where the device walk costs the most (8-18 us a launch).
 PROFILED = {
-    Workload(65536, 0.0): ("k6/auto", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192", "k6/pingpong-mcluster-bn192",
+    Workload(65536, 0.0): ("k6/auto", "k6/auto-host", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192",
+                           "k6/pingpong-mcluster-bn192",
                            "k6/pingpong-mcluster-bn192-tail", "k6/coop256-cluster-bn128",
                            "k6/pingpong-cluster-bn192-g8", "k3/tmastore-bn192", "peer/quack"),
     Workload(16384, 0.0): ("k6/auto", "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-tail", "peer/quack"),
@@ -125,17 +127,21 @@ def parse_args(argv: Sequence[str] | None):
     parser = chapter_parser(__doc__)
     add_timing_arguments(parser, peers="torch._grouped_mm and quack")
     add_rounds_argument(parser)
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="which measurements to make (default: all four): ladder (every rung and the peers "
+    parser.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS),
+                        help="which measurements to make (default: all four; none, with --profile, to profile "
+                             "only): ladder (every rung and the peers "
                              "at the seed five), grid (k6/auto and the peers at the --tokens rows x 5 skews), "
                              f"models (k6/auto and the peers at the {len(MODELS)} model projections), chain (graph "
                              f"replays of one launch and of {CHAIN} back to back at three cells)")
     add_grid_arguments(parser, GRID_TOKENS)
     add_models_argument(parser, "gpt-oss dbrx")
     parser.add_argument("--profile", action="store_true",
-                        help="also Nsight Compute on k6/auto, a rung per ladder step, k3 and quack at 65,536 rows, "
-                             "s=0, and on k6/auto, the M-paired rung and quack at 16,384 rows")
+                        help="also Nsight Compute on k6/auto (on the device walk and on the host list), a rung per "
+                             "ladder step, k3 and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung and "
+                             "quack at 16,384 rows")
     args = parser.parse_args(argv)
+    if not args.parts and not args.profile:
+        parser.error("--parts with no part measures nothing: name a part, or add --profile")
     chosen_models(args.models)  # a name that matches no shape is refused before anything runs
     return args
 
@@ -521,8 +527,9 @@ def run_on_gpu(args, gpu) -> int:
     show_tables(results.rows("records"), basis_for(gpu))
     if args.profile:
         results.put(profile=profile_rows())
-        results.ran("profile", "Nsight Compute on k6/auto, a rung per ladder step, k3 and quack at 65,536 rows, "
-                               "s=0, and on k6/auto, the M-paired rung and quack at 16,384 rows")
+        results.ran("profile", "Nsight Compute on k6/auto (device walk and host list), a rung per ladder step, k3 "
+                               "and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung and quack at 16,384 "
+                               "rows")
         show(profile_table(results.rows("profile")))
         path = save()
     show(targets_table(targets(), TARGETS_LEGEND))
