@@ -206,9 +206,10 @@ class Pages:
             raise PageDataError(f"{self._name(ch, gpu)} has no record of {', '.join(variants)} at {w.label}{where}")
         return found
 
-    def measured(self, ch: str, variant: str, part: str | None = None, **workload: Any) -> bool:
-        """Whether chapter ``ch``'s file holds a record of ``variant`` at the workload (in ``part``)."""
-        return bool(self._matching(ch, [variant], _workload(**workload), part))
+    def measured(self, ch: str, variant: str, part: str | None = None, gpu: str | None = None,
+                 **workload: Any) -> bool:
+        """Whether chapter ``ch``'s file (of ``gpu``) holds a record of ``variant`` at the workload (in ``part``)."""
+        return bool(self._matching(ch, [variant], _workload(**workload), part, gpu))
 
     def record(self, ch: str, variant: str, part: str | None = None, gpu: str | None = None,
                **workload: Any) -> Record:
