@@ -267,7 +267,7 @@ def test_a_run_of_one_part_keeps_the_other_parts_and_writes_only_its_sections(tm
     monkeypatch.setattr(RUN, "measure_part", lambda part, args, timing: RUN.of_part(data["records"], part))
     saved_before_profiling = []
 
-    def profile_rows():
+    def profile_rows(only=()):
         saved_before_profiling.append("profile" not in json.loads(path.read_text()))
         return data["profile"]
 
@@ -584,3 +584,22 @@ def test_the_device_walk_on_the_h100_reads_as_the_page_says():
     assert all(0 < t < 3 for tiles, t in us.items() if tiles < 2000) and all(t > 2.5 for tiles, t in us.items()
                                                                              if 2000 <= tiles <= 7000)
     assert all(t > 7.5 for tiles, t in us.items() if tiles > 7000) and len([t for t in us if t > 7000]) == 2
+
+
+def test_a_profile_of_some_variants_replaces_only_theirs(monkeypatch):
+    """--profile with names puts only those variants under ncu (k6/auto at both cells, k6/auto-host at 65,536 rows),
+    refuses a name the profile does not hold, and --parts with nothing to measure is refused."""
+    import moe_gemm.measure.profile as profile
+
+    asked = {}
+    monkeypatch.setattr(profile, "profile_cells", lambda cells: asked.update(cells) or [])
+    args = RUN.parse_args(["--parts", "--profile", "k6/auto", "k6/auto-host"])
+    assert args.parts == [] and args.profile == ["k6/auto", "k6/auto-host"]
+    RUN.profile_rows(args.profile)
+    assert {w.tokens: names for w, names in asked.items()} == {65536: ["k6/auto", "k6/auto-host"], 16384: ["k6/auto"]}
+    RUN.profile_rows([])
+    assert sum(map(len, asked.values())) > 10  # no names: every profiled variant
+    with pytest.raises(SystemExit):
+        RUN.parse_args(["--profile", "k6/walk"])
+    with pytest.raises(SystemExit):
+        RUN.parse_args(["--parts"])

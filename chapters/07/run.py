@@ -135,13 +135,18 @@ def parse_args(argv: Sequence[str] | None):
                              f"replays of one launch and of {CHAIN} back to back at three cells)")
     add_grid_arguments(parser, GRID_TOKENS)
     add_models_argument(parser, "gpt-oss dbrx")
-    parser.add_argument("--profile", action="store_true",
+    profiled = sorted({name for names in PROFILED.values() for name in names})
+    parser.add_argument("--profile", nargs="*", metavar="VARIANT", default=None,
                         help="also Nsight Compute on k6/auto (on the device walk and on the host list), a rung per "
                              "ladder step, k3 and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung and "
-                             "quack at 16,384 rows")
+                             "quack at 16,384 rows; with names, only those variants (their profiles replace only "
+                             f"their own in the file): {', '.join(profiled)}")
     args = parser.parse_args(argv)
-    if not args.parts and not args.profile:
+    if not args.parts and args.profile is None:
         parser.error("--parts with no part measures nothing: name a part, or add --profile")
+    unknown = sorted(set(args.profile or ()) - set(profiled))
+    if unknown:
+        parser.error(f"--profile: {', '.join(unknown)} is not profiled; choose from {', '.join(profiled)}")
     chosen_models(args.models)  # a name that matches no shape is refused before anything runs
     return args
 
@@ -464,11 +469,13 @@ def _measure(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
                         rounds=args.rounds, **timing)
 
 
-def profile_rows() -> list[dict[str, Any]]:
+def profile_rows(only: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Nsight Compute's rows for PROFILED (only the variants named in ``only``, where it names any)."""
     from moe_gemm.measure.profile import profile_cells
     from moe_gemm.variants.k6.config import NOT_YET_RUN
 
-    return profile_cells({cell: [n for n in names if n not in NOT_YET_RUN] for cell, names in PROFILED.items()})
+    return profile_cells({cell: [n for n in names if n not in NOT_YET_RUN and (not only or n in only)]
+                          for cell, names in PROFILED.items()})
 
 
 def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
@@ -525,11 +532,11 @@ def run_on_gpu(args, gpu) -> int:
             results.ran(*piece(part, args))
             path = save()
     show_tables(results.rows("records"), basis_for(gpu))
-    if args.profile:
-        results.put(profile=profile_rows())
-        results.ran("profile", "Nsight Compute on k6/auto (device walk and host list), a rung per ladder step, k3 "
-                               "and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung and quack at 16,384 "
-                               "rows")
+    if args.profile is not None:  # a profile of some variants replaces only theirs
+        results.replace("profile", profile_rows(args.profile), key=lambda r: (r["variant"], r["tokens"], r["skew"]))
+        results.ran("profile", f"Nsight Compute on {', '.join(args.profile)}" if args.profile else
+                    "Nsight Compute on k6/auto (device walk and host list), a rung per ladder step, k3 and quack at "
+                    "65,536 rows, s=0, and on k6/auto, the M-paired rung and quack at 16,384 rows")
         show(profile_table(results.rows("profile")))
         path = save()
     show(targets_table(targets(), TARGETS_LEGEND))
