@@ -340,6 +340,26 @@ def test_the_device_walk_clamps_in_the_kernel_as_its_mirror_does():
     assert "max(offsets[e + 1], high)" in walk and "end = max(end, up)" in walk
 
 
+
+def _producer_opcodes(sass: str) -> list[str]:
+    """The producer warpgroup's opcodes, in listing order: the SASS after its setmaxnreg.dec (USETMAXREG.DEALLOC)."""
+    start = sass.index("USETMAXREG.DEALLOC")
+    return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass[start:])]
+
+
+def test_the_producer_looks_a_unit_up_before_it_waits_for_a_free_stage():
+    """What chapter 07's page reads from the compile of the rung k6/auto chose at the walk's misses: the device
+    walk's per-unit lookup (the binary search's shared-memory loads and the divisions' reciprocals, MUFU.RCP) is
+    placed ahead of the producer's first wait on a stage's empty barrier (SYNCS.PHASECHK), as the host list's
+    load of the unit (LDG) is, so both run while the producer would be waiting for the consumers anyway."""
+    device = LADDER["k6/pingpong-mcluster-bn192"]
+    for config, lookup in ((device, ("LDS", "MUFU.RCP")), (device.replace(schedule="host"), ("LDG.E.128.CONSTANT",))):
+        ops = _producer_opcodes(K6Persistent("k6/pingpong-mcluster-bn192", config).compile("sm_90a").sass())
+        wait = ops.index("SYNCS.PHASECHK.TRANS64.TRYWAIT")
+        for op in lookup:
+            assert op in ops[:wait], (config.schedule, op)
+        assert "UTMALDG.2D" in ops[wait:]  # the unit's A load follows the wait
+
 # ---- (h) programmatic dependent launch --------------------------------------------------------------------------
 
 GLOBAL_MEMORY_OPCODES = ("LDG", "STG", "UTMALDG", "UTMASTG")
