@@ -603,3 +603,44 @@ def test_a_profile_of_some_variants_replaces_only_theirs(monkeypatch):
         RUN.parse_args(["--profile", "k6/walk"])
     with pytest.raises(SystemExit):
         RUN.parse_args(["--parts"])
+
+
+def test_the_two_new_models_read_as_the_page_says():
+    """The H100 run of gpt-oss-20b's and DBRX's projections: one prediction of eight held (gpt-oss's down projection
+    over torch, above 1.10), that projection ahead of both peers (above its quack range, 0.95-1.00); gpt-oss's up
+    projection just below its quack range and level with torch; DBRX below both predicted ranges, with the lowest
+    ratios of the four."""
+    data = recorded("07", "h100")
+    if data is None:
+        pytest.skip("no recorded H100 results")
+    records = [r for r in data["records"] if r.get("part") == "models"]
+
+    def ratio(experts, K, N, peers):
+        at = [r for r in records if (r["experts"], r["K"], r["N"]) == (experts, K, N)]
+        ours = next(r["useful_tflops"] for r in at if r["variant"] == RUN.AUTO)
+        return ours / max(r["useful_tflops"] for r in at if r["variant"] in peers)
+
+    assert 0.93 <= ratio(32, 2880, 5760, RUN.QUACK) < 0.95 and 0.97 < ratio(32, 2880, 5760, RUN.TORCH) < 1.03
+    assert ratio(32, 2880, 2880, RUN.QUACK) > 1.0 and ratio(32, 2880, 2880, RUN.TORCH) > 1.10
+    dbrx = [ratio(16, 6144, 21504, p) for p in (RUN.QUACK, RUN.TORCH)] + [ratio(16, 10752, 6144, p)
+                                                                           for p in (RUN.QUACK, RUN.TORCH)]
+    assert dbrx[0] < 0.92 and dbrx[2] < 0.92 and dbrx[1] < 0.95 and dbrx[3] < 0.95
+    shapes = {(r["experts"], r["K"], r["N"]) for r in records}
+    assert min(ratio(*s, RUN.QUACK) for s in shapes) == min(dbrx[0], dbrx[2])
+
+
+def test_the_walk_profile_reads_as_the_page_says():
+    """k6/auto beside k6/auto-host under ncu on the H100 at 65,536 balanced rows: the device walk's launch longer
+    and its pipe less busy, with 100-250 more instructions per tile (the lookup's length in SASS) and the same DRAM
+    bytes, L2 traffic within 3%."""
+    data = recorded("07", "h100")
+    if data is None or "profile" not in data:
+        pytest.skip("no recorded H100 profile")
+    dev, host = (next(p for p in data["profile"] if p["variant"] == v and p["tokens"] == 65536)
+                 for v in (RUN.AUTO, RUN.AUTO_HOST))
+    tiles = next(r["tiles"] for r in data["records"] if r.get("part") == "ladder" and r["variant"] == RUN.AUTO
+                 and r["tokens"] == 65536 and r["skew"] == 0.0)
+    assert dev["duration_ns"] > host["duration_ns"] and dev["gmma_pipe_pct"] < host["gmma_pipe_pct"]
+    assert 100 < (dev["instructions"] - host["instructions"]) / tiles < 250
+    assert abs(dev["dram_bytes_read"] / host["dram_bytes_read"] - 1) < 0.01
+    assert abs(dev["l2_bytes"] / host["l2_bytes"] - 1) < 0.03

@@ -151,33 +151,37 @@ def test_at_the_measured_projections_k7_beats_torch_trails_quack_and_trails_most
 
 
 def test_the_fused_backward_misses_its_target_and_beats_the_unfused_path_where_the_page_says():
-    """The H100 measurement on the page: the target (0.4 passes) missed at every point; the fused launch cheaper
-    than the GEMM then the pass (extra below 1) at the Qwen3-like size and the Mixtral-like one at 4,096 tokens,
-    dearer at the DeepSeek-V3-like size."""
+    """The H100 measurement on the page: the target (0.4 passes) missed at every point by the fastest of the three
+    fused launches; it is cheaper than the GEMM then the pass (extra below 1) at the Qwen3-like size and at 4,096
+    tokens at the other two (at the DeepSeek-V3-like one only on the raster walk), dearer at 32,768 tokens at the
+    Mixtral-like and DeepSeek-V3-like sizes."""
     from moe_gemm.measure.training import fused_backward_extra
 
     rows = (recorded("09", "h100") or {}).get("fused_backward")
     assert rows and len(rows) == 6
     extra = {(r["hidden"], r["tokens"]): fused_backward_extra(r) for r in rows}
     assert all(value > RUN.FUSED_TARGET for value in extra.values())
-    assert extra[2048, 4096] < 1 and extra[2048, 32768] < 1 and extra[4096, 4096] < 1
-    assert extra[7168, 4096] > 1 and extra[7168, 32768] > 1
+    assert extra[2048, 4096] < 1 and extra[2048, 32768] < 1 and extra[4096, 4096] < 1 and extra[7168, 4096] < 1
+    assert extra[4096, 32768] > 1 and extra[7168, 32768] > 1
+    two = {(r["hidden"], r["tokens"]): min(r["fused_ms"], r["fused_prefetch_ms"]) for r in rows}
+    assert all(two[key] > value for key, value in {(r["hidden"], r["tokens"]): r["fused_g8_ms"] for r in rows
+                                                  if r["hidden"] == 7168}.items())  # only the raster walk, there
     assert all(r["fused_error_vs_unfused"] < 1e-2 for r in rows)
 
 
 def test_the_tile_not_the_epilogue_and_the_prefetching_twin_read_as_the_page_says():
-    """The same H100 run: the plain GEMM on the fused kernel's tile takes 1.0-1.8x the tuned one, most at the
-    Mixtral-like and DeepSeek-V3-like sizes at 32,768 tokens, nearly none at the Qwen3-like size at 4,096;
-    against that tile the faster fused kernel adds 0.4 passes or less at three of six points; the twin that
+    """The same H100 run: the plain GEMM on the fused kernel's tile takes 0.9-1.9x the tuned one, most at the
+    Mixtral-like and DeepSeek-V3-like sizes at 32,768 tokens, about the tuned one at the Qwen3-like size at 4,096;
+    against that tile the faster fused kernel adds under 0.7 of a pass, 0.4 or less at some points; the twin that
     prefetches h is faster than the plain fused kernel at five of six (slower at the Mixtral-like size, 32,768
     tokens) and at the Qwen3-like size its extra time is above 0.4 and below 0.5."""
     rows = {(r["hidden"], r["tokens"]): r for r in (recorded("09", "h100") or {}).get("fused_backward", [])}
     assert len(rows) == 6
     tile = {key: r["dgemm_tile_ms"] / r["dgemm_ms"] for key, r in rows.items()}
-    assert all(1.0 <= value < 1.8 for value in tile.values()) and tile[2048, 4096] < 1.05
+    assert all(0.9 <= value < 1.9 for value in tile.values()) and tile[2048, 4096] < 1.05
     assert sorted(tile, key=tile.get)[-2:] in ([(4096, 32768), (7168, 32768)], [(7168, 32768), (4096, 32768)])
     own = [(min(r["fused_ms"], r["fused_prefetch_ms"]) - r["dgemm_tile_ms"]) / r["dswiglu_ms"] for r in rows.values()]
-    assert sum(value <= 0.4 for value in own) == 3 and max(own) < 0.65
+    assert 1 <= sum(value <= 0.4 for value in own) < len(own) and max(own) < 0.7
     slower = [key for key, r in rows.items() if r["fused_prefetch_ms"] > r["fused_ms"]]
     assert slower == [(4096, 32768)]
     for tokens in (4096, 32768):
@@ -242,3 +246,17 @@ def test_the_tile_timed_as_a_plain_gemm_is_the_fused_kernels_own():
 
     plain, fused = LADDER[FUSED_TILE], FUSED_BACKWARD["k6/dswiglu-bn128"]
     assert plain == fused.replace(epilogue="none", b_layout="kn", staging_boxes=plain.staging_boxes)
+
+
+def test_the_raster_walk_reads_as_the_page_says():
+    """The g8 launch against the plain fused kernel, same run: a little faster at the Mixtral-like size at 32,768
+    tokens (the prediction, about the tuned GEMM plus a third of a pass, is far off), faster at 4,096 tokens there
+    and at the DeepSeek-V3-like size, slower at the Qwen3-like size."""
+    rows = {(r["hidden"], r["tokens"]): r for r in (recorded("09", "h100") or {}).get("fused_backward", [])}
+    ratio = {key: r["fused_g8_ms"] / r["fused_ms"] for key, r in rows.items()}
+    assert 0.95 < ratio[4096, 32768] <= 1.0
+    mixtral = rows[4096, 32768]
+    assert mixtral["fused_g8_ms"] > 1.5 * (mixtral["dgemm_ms"] + mixtral["dswiglu_ms"] / 3)
+    assert ratio[4096, 4096] < 0.9 and ratio[7168, 4096] < 0.9 and ratio[7168, 32768] < 1.0
+    assert ratio[2048, 4096] > 1.05 and ratio[2048, 32768] > 1.05
+    assert all(r["fused_g8_error_vs_unfused"] < 1e-2 for r in rows.values())

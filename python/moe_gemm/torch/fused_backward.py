@@ -34,9 +34,10 @@ from moe_gemm.torch.swiglu import dswiglu
 
 CONFIG = "k6/dswiglu-bn128"  # the configuration the op launches; chapter 09 also times the others of FUSED_BACKWARD
 # Whether the op launches the fused kernel where it can: not while it is slower than the GEMM then the separate
-# pass somewhere. Chapter 09 measured it on an H100 (chapters/09/results/h100.json) at 0.57-2.21 separate passes
-# over the dA GEMM alone: faster than the unfused path (which costs one pass) at the Qwen3-like size, slower at
-# the DeepSeek-V3-like one. One switch for every shape stays off until the op chooses per shape;
+# pass somewhere. Chapter 09 measured it on an H100 (chapters/09/results/h100.json) at 0.41-2.04 separate passes
+# over the dA GEMM alone, the fastest of its three launches (plain, prefetching, raster walk): cheaper than the
+# unfused path (which costs one pass) at the Qwen3-like size and at 4,096 tokens, dearer at 32,768 tokens at the
+# Mixtral- and DeepSeek-V3-like sizes. One switch for every shape stays off until the op chooses per shape;
 # tests/test_dswiglu.py holds it to the recorded measurement.
 LAUNCH_FUSED = False
 _warned: set[str] = set()

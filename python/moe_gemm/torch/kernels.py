@@ -28,4 +28,4 @@ FP8_SWIGLU_PENDING = "k8/gemm-swiglu"
 # backward and the FP8 layer's GEMM 1 with the SwiGLU epilogue (its e4m3 output held to one e4m3 step plus the
 # FP8 sums' own error) passed on an H100 (2026-12-06). The raster-walked fused backward is the first one's kernel
 # with another launch argument, not yet run that way.
-NOT_YET_RUN: frozenset[str] = frozenset({"torch/dswiglu-g8"})
+NOT_YET_RUN: frozenset[str] = frozenset()
