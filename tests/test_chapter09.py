@@ -163,9 +163,8 @@ def test_the_fused_backward_misses_its_target_and_beats_the_unfused_path_where_t
     assert all(value > RUN.FUSED_TARGET for value in extra.values())
     assert extra[2048, 4096] < 1 and extra[2048, 32768] < 1 and extra[4096, 4096] < 1 and extra[7168, 4096] < 1
     assert extra[4096, 32768] > 1 and extra[7168, 32768] > 1
-    two = {(r["hidden"], r["tokens"]): min(r["fused_ms"], r["fused_prefetch_ms"]) for r in rows}
-    assert all(two[key] > value for key, value in {(r["hidden"], r["tokens"]): r["fused_g8_ms"] for r in rows
-                                                  if r["hidden"] == 7168}.items())  # only the raster walk, there
+    # at the DeepSeek-V3-like size only the raster walk beats the other two
+    assert all(r["fused_g8_ms"] < min(r["fused_ms"], r["fused_prefetch_ms"]) for r in rows if r["hidden"] == 7168)
     assert all(r["fused_error_vs_unfused"] < 1e-2 for r in rows)
 
 

@@ -343,8 +343,9 @@ def test_the_device_walk_clamps_in_the_kernel_as_its_mirror_does():
 
 def _producer_opcodes(sass: str) -> list[str]:
     """The producer warpgroup's opcodes, in listing order: the SASS after its setmaxnreg.dec (USETMAXREG.DEALLOC)."""
-    start = sass.index("USETMAXREG.DEALLOC")
-    return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass[start:])]
+    from moe_gemm.cuda.sass import mnemonics
+
+    return mnemonics(sass[sass.index("USETMAXREG.DEALLOC"):])
 
 
 def test_the_producer_looks_a_unit_up_before_it_waits_for_a_free_stage():

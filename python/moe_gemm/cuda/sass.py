@@ -42,10 +42,15 @@ def sass(cubin: bytes, tool: str = "cuobjdump") -> str:
                               check=True).stdout
 
 
+def mnemonics(sass_text: str) -> list[str]:
+    """Every instruction's mnemonic with its modifiers (e.g. 'SYNCS.PHASECHK.TRANS64.TRYWAIT'), in listing order."""
+    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass_text)
+
+
 def opcode_counts(sass_text: str, opcodes: Iterable[str]) -> dict[str, int]:
     """Static count of instructions whose mnemonic starts with each prefix (e.g. 'HMMA.16816.F32.BF16')."""
-    mnemonics = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass_text)
-    return {op: sum(m.startswith(op) for m in mnemonics) for op in opcodes}
+    found = mnemonics(sass_text)
+    return {op: sum(m.startswith(op) for m in found) for op in opcodes}
 
 
 def function_sass(sass_text: str, symbol: str) -> str:

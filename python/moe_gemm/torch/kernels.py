@@ -26,6 +26,6 @@ FP8_SWIGLU_PENDING = "k8/gemm-swiglu"
 # leaves them out. To admit one: `python -m moe_gemm.measure.validation run torch --admit` on an sm_90a GPU
 # (its GPU tests run and, where they pass, it is recorded), then remove it here. Empty: the prefetching fused
 # backward and the FP8 layer's GEMM 1 with the SwiGLU epilogue (its e4m3 output held to one e4m3 step plus the
-# FP8 sums' own error) passed on an H100 (2026-12-06). The raster-walked fused backward is the first one's kernel
-# with another launch argument, not yet run that way.
+# FP8 sums' own error) passed on an H100 (2026-12-06), and so did the raster-walked fused backward (the first
+# one's kernel with another launch argument).
 NOT_YET_RUN: frozenset[str] = frozenset()
