@@ -23,6 +23,8 @@
 //   PRIVATE_RINGS           a staging ring per ping-pong warpgroup instead of one they take turns on.
 //   PRODUCER_TAIL           a cluster's blocks end on the producer's wait for its ring to drain, not on a
 //                           cluster barrier that every warp (the idle producer warps too) waits in.
+//   CURSOR                  the device walk's producer finds each unit from the last one's place (a
+//                           block's units advance by a fixed stride) instead of searching the experts.
 //   IN, OUT                 the element types: bf16 or fp16 operands (wgmma's .bf16 or .f16, one
 //                           rate), a bf16, fp16 or fp32 C (an fp32 C is stored from registers).
 //   EPILOGUE                C as it is, or an MoE layer's SwiGLU fused in: its forward after GEMM 1
@@ -338,7 +340,7 @@ __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TI
 // scheduled (they start as this kernel's blocks leave their SMs).
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
           bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT, bool PDL = false, bool PREFETCH_H = false,
-          bool PRIVATE_RINGS = false, bool PRODUCER_TAIL = false>
+          bool PRIVATE_RINGS = false, bool PRODUCER_TAIL = false, bool CURSOR = false>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C, const int4* units_list,
                                         int num_units, const int* ends, int tokens, int experts, int group, int K,
@@ -401,8 +403,10 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     if (warpgroup == 2) {
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (threadIdx.x % sm90::WARPGROUP == 0) {
+            typename decltype(order)::Cursor cursor;
             auto unit_at = [&](int unit) {
-                if constexpr (DEVICE_SCHEDULE) return order.unit(unit);
+                if constexpr (DEVICE_SCHEDULE && CURSOR) return order.unit(unit, cursor);
+                else if constexpr (DEVICE_SCHEDULE) return order.unit(unit);
                 else return units_list[unit];
             };
             unsigned h_phase = 0;
@@ -519,23 +523,24 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     int tokens,                                  /* M_tot: the rows of A and C; every end is clamped to it  */ \
     int experts, int group, int K, int N
 
-// PDL (rung h) and PRIVATE_RINGS (a staging ring per ping-pong warpgroup), trailing parameters with defaults:
-// the other rungs' instances keep their names and code.
+// PDL (rung h), PRIVATE_RINGS (a staging ring per ping-pong warpgroup) and CURSOR (the device walk's units
+// looked up from the last one's place: Walk::unit with a Cursor), trailing parameters with defaults: the
+// other rungs' instances keep their names and code.
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, int IN, int OUT,
-          bool PDL = false, bool PRIVATE_RINGS = false>
+          bool PDL = false, bool PRIVATE_RINGS = false, bool CURSOR = false>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, k6::STORE_C, IN, OUT, PDL, false,
-                PRIVATE_RINGS>(
+                PRIVATE_RINGS, false, CURSOR>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 
 // ALONG_M: the cluster's two blocks take two M tiles of one N column (B shared), else two N tiles
 // of one M tile (A shared). PRODUCER_TAIL: the producer's tail instead of the closing cluster barrier.
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M,
-          int IN, int OUT, bool PDL = false, bool PRODUCER_TAIL = false>
+          int IN, int OUT, bool PDL = false, bool PRODUCER_TAIL = false, bool CURSOR = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_cluster2(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE,
-                k6::STORE_C, IN, OUT, PDL, false, false, PRODUCER_TAIL>(
+                k6::STORE_C, IN, OUT, PDL, false, false, PRODUCER_TAIL, CURSOR>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 

@@ -97,6 +97,50 @@ struct Walk {
         const int m = g * group + within % in_group, n = within / in_group;
         return make_int4(lo, row0 + m * BM, min(BM, rows - m * BM), n * UNIT_COLS);
     }
+
+    // The same unit for a caller whose indices only grow by a fixed step (a persistent block's: first,
+    // first + stride, ...), found from the last one instead of from scratch: the expert by stepping
+    // forward (at most E steps over the whole launch, none for most units), the place inside it by
+    // adding the step, split once into whole raster groups and a remainder, to the last place. Within
+    // one expert that is a load, two compares and four adds; unit() costs a binary search over the
+    // experts and three integer divisions. Divisions are left only where the expert changes and, in
+    // raster groups of more than one M tile, for the place within the group.
+    struct Cursor {
+        int expert = -1;  // the last unit's expert (-1: none yet; starts[0] = 0 sends the first unit to the search)
+        int index = 0;    // the last unit's index
+        int g = 0;        // its raster group within the expert
+        int within = 0;   // and its place within that group (< group * n_units)
+        int step = 0;     // the step between units, as whole groups and a remainder
+        int step_groups = 0;
+        int step_within = 0;
+    };
+    __device__ int4 unit(int index, Cursor& c) const {
+        const unsigned span = group * n_units;  // units of one full group
+        if (starts[c.expert + 1] <= index) {    // a later expert: step to it, then place the unit once
+            do ++c.expert; while (starts[c.expert + 1] <= index);
+            const unsigned local = index - starts[c.expert];
+            c.g = local / span;
+            c.within = local - c.g * span;
+        } else {  // the same expert, one step on
+            if (index - c.index != c.step) {
+                c.step = index - c.index;
+                c.step_groups = static_cast<unsigned>(c.step) / span;
+                c.step_within = c.step - c.step_groups * span;
+            }
+            c.g += c.step_groups;
+            c.within += c.step_within;
+            if (c.within >= static_cast<int>(span)) c.within -= span, ++c.g;
+        }
+        c.index = index;
+        const int row0 = offsets[c.expert], rows = offsets[c.expert + 1] - row0;
+        int m = c.g, n = c.within;  // groups of one M tile: a group is one M tile's row of units
+        if (group > 1) {
+            const int in_group = min(group, (rows + BM - 1) / BM - c.g * group);  // the last group may be short
+            m = c.g * group + c.within % in_group;
+            n = c.within / in_group;
+        }
+        return make_int4(c.expert, row0 + m * BM, min(BM, rows - m * BM), n * UNIT_COLS);
+    }
 };
 // --8<-- [end:walk]
 

@@ -230,7 +230,8 @@ def test_every_kernel_name_fills_its_template_in_order():
                   "B_K_MAJOR": config.b_layout == "nk", "STAGING_BOXES": config.staging_boxes,
                   "DEVICE_SCHEDULE": config.schedule == "device", "ALONG_M": config.cluster_along == "m",
                   "IN": ELEMENT_CODES[config.element], "OUT": ELEMENT_CODES[config.out], "PDL": config.pdl,
-                  "PRIVATE_RINGS": config.private_rings, "PRODUCER_TAIL": config.producer_tail}
+                  "PRIVATE_RINGS": config.private_rings, "PRODUCER_TAIL": config.producer_tail,
+                  "CURSOR": config.cursor}
         for (kind, parameter, _), value in zip(parameters, values):
             given = {"true": True, "false": False}[value] if kind == "bool" else int(value)
             assert given == wanted[parameter] and type(given) is type(wanted[parameter]), (name, parameter, value)
@@ -360,6 +361,33 @@ def test_the_producer_looks_a_unit_up_before_it_waits_for_a_free_stage():
         for op in lookup:
             assert op in ops[:wait], (config.schedule, op)
         assert "UTMALDG.2D" in ops[wait:]  # the unit's A load follows the wait
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_walks_cursor_finds_the_units_the_list_holds(seed):
+    """The cursor's mirror (walk.cursor_walk, kernels/tile_walk.cuh's Walk::unit with a Cursor) against the host
+    list for blocks of persistent grids: many experts, a third of them empty, raster groups of one to eight M tiles,
+    strides below and above the units of one group; the GPU tests hold the kernel to the host list."""
+    from moe_gemm.variants.k6.walk import cursor_walk, unit_list
+
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        experts = int(rng.integers(1, 60))
+        counts = rng.integers(0, 3000, experts) * (rng.random(experts) > 0.3)
+        N, group, stride = int(rng.integers(1, 3000)), int(rng.choice([1, 2, 3, 8])), int(rng.integers(1, 200))
+        every = unit_list(counts, N, 256, 192, group)
+        for first in {0, int(rng.integers(0, stride)), stride - 1}:
+            np.testing.assert_array_equal(cursor_walk(counts, N, 256, 192, group, first, stride), every[first::stride])
+
+
+def test_the_cursor_rung_is_the_m_pair_with_the_cursor():
+    """k6/pingpong-mcluster-bn192-cursor differs from the M pair in the template's CURSOR alone; the cursor belongs
+    to the plain GEMM's device walk (the host list has no lookup to shorten)."""
+    cursor, pair = LADDER["k6/pingpong-mcluster-bn192-cursor"], LADDER["k6/pingpong-mcluster-bn192"]
+    assert cursor == pair.replace(cursor=True) and cursor.kernel_name.endswith(", false, false, true>")
+    for wrong in ({"schedule": "host"}, {"epilogue": "swiglu", "bn": 128}):
+        with pytest.raises(ValueError, match="cursor"):
+            cursor.replace(**wrong)
+
 
 # ---- (h) programmatic dependent launch --------------------------------------------------------------------------
 

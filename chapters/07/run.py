@@ -111,10 +111,11 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 # 65,536 rows: the same rung on the host list, where the device walk costs the most (8-18 us a launch).
 PROFILED = {
     Workload(65536, 0.0): ("k6/auto", "k6/auto-host", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192",
-                           "k6/pingpong-mcluster-bn192",
+                           "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-cursor",
                            "k6/pingpong-mcluster-bn192-tail", "k6/coop256-cluster-bn128",
                            "k6/pingpong-cluster-bn192-g8", "k3/tmastore-bn192", "peer/quack"),
-    Workload(16384, 0.0): ("k6/auto", "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-tail", "peer/quack"),
+    Workload(16384, 0.0): ("k6/auto", "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-tail",
+                           "k6/pingpong-mcluster-bn192-cursor", "peer/quack"),
 }
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile"})

@@ -58,6 +58,9 @@ class K6Config:
     # clusters only: the blocks end on the producer's wait for the ring to drain (CUTLASS's producer tail) instead
     # of the closing cluster barrier, so the idle producer warps leave at once (the template's PRODUCER_TAIL)
     producer_tail: bool = False
+    # device walk, plain GEMM: the producer finds each unit from the last one's place, a cursor over the experts,
+    # instead of a binary search and three divisions per unit (the template's CURSOR; walk::Walk::unit with a Cursor)
+    cursor: bool = False
 
     def __post_init__(self) -> None:
         if self.element not in ("bf16", "fp16") or self.out not in ("bf16", "fp16", "fp32"):
@@ -67,6 +70,9 @@ class K6Config:
             raise ValueError("programmatic dependent launch is a rung of the plain GEMM (epilogue 'none')")
         if self.producer_tail and (self.cluster != 2 or self.epilogue != "none"):
             raise ValueError("the producer tail replaces the closing cluster barrier of the plain GEMM's clusters")
+        if self.cursor and (self.schedule != "device" or self.epilogue != "none"):
+            raise ValueError("the walk's cursor is a rung of the plain GEMM's device walk (schedule 'device', "
+                             "epilogue 'none')")
         if self.private_rings and (self.mode != "pingpong" or self.epilogue != "none" or self.cluster != 1):
             raise ValueError("private staging rings are a rung of the plain ping-pong GEMM without a cluster")
         if self.prefetch_h and (self.epilogue != "dswiglu" or self.mode != "pingpong" or self.cluster != 1):
@@ -122,8 +128,8 @@ class K6Config:
         device = "true" if self.schedule == "device" else "false"
         along = (", true" if self.cluster_along == "m" else ", false") if self.cluster > 1 else ""
         # the trailing template parameters, false by default, written up to the last one set: PDL, then
-        # PRODUCER_TAIL (clusters) or PRIVATE_RINGS
-        flags = [self.pdl, self.producer_tail if self.cluster > 1 else self.private_rings]
+        # PRODUCER_TAIL (clusters) or PRIVATE_RINGS, then CURSOR
+        flags = [self.pdl, self.producer_tail if self.cluster > 1 else self.private_rings, self.cursor]
         while flags and not flags[-1]:
             flags.pop()
         trailing = "".join(f", {str(f).lower()}" for f in flags)
@@ -137,7 +143,7 @@ class K6Config:
         group = f" g{self.group}" if self.group > 1 else ""
         types = "" if (self.element, self.out) == ("bf16", "bf16") else f" {self.element}->{self.out}"
         extra = "".join(f" {word}" for word, on in (("pdl", self.pdl), ("rings", self.private_rings),
-                                                    ("tail", self.producer_tail)) if on)
+                                                    ("tail", self.producer_tail), ("cursor", self.cursor)) if on)
         return f"{self.bm}x{self.bn} {self.mode}{cluster}{group} s{self.stages}{types}{extra}"
 
     def replace(self, **changes) -> K6Config:
@@ -188,6 +194,10 @@ LADDER: dict[str, K6Config] = {
     # three idle producer warps that wait in that barrier for the whole launch
     "k6/pingpong-mcluster-bn192-tail": K6Config("pingpong", 192, stages=5, cluster=2, cluster_along="m",
                                                 staging_boxes=2, producer_tail=True),
+    # the M pair (k6/auto's choice at 16,384 rows and more) with the device walk's cursor: the profile found the
+    # walk's one per-tile difference from the host list in the producer's lookup; this shortens it
+    "k6/pingpong-mcluster-bn192-cursor": K6Config("pingpong", 192, stages=5, cluster=2, cluster_along="m",
+                                                  staging_boxes=2, cursor=True),
 }
 # --8<-- [end:ladder]
 
@@ -195,8 +205,8 @@ LADDER: dict[str, K6Config] = {
 # them out (and says so), their GPU tests skip, and the validation record does not cover them. To admit them:
 # `python -m moe_gemm.measure.validation run k6 --admit` on an sm_90a GPU runs their GPU tests and
 # compute-sanitizer with the family's and records those that pass; then take their names out of here.
-# Empty: the PDL, private-ring and producer-tail rungs passed on an H100 (2026-12-06).
-NOT_YET_RUN: frozenset[str] = frozenset()
+# The PDL, private-ring and producer-tail rungs passed on an H100 (2026-12-06).
+NOT_YET_RUN: frozenset[str] = frozenset({"k6/pingpong-mcluster-bn192-cursor"})
 
 # The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B = [W_gate | W_up],
 # C = silu(gate) * up [M_tot, N / 2]. BN = 128 (64 gate columns and their 64 up columns per tile), the

@@ -41,6 +41,40 @@ def unit_list(counts: np.ndarray, N: int, unit_rows: int, unit_cols: int, group:
 # --8<-- [end:walk]
 
 
+def cursor_walk(counts: np.ndarray, N: int, unit_rows: int, unit_cols: int, group: int, first: int,
+                stride: int) -> np.ndarray:
+    """int32 [units, 4]: the units of one persistent block (first, first + stride, ...) as the device walk's
+    cursor finds them (kernels/tile_walk.cuh, Walk::unit with a Cursor): the expert by stepping forward from
+    the last one, the place within it by adding the step, split once into whole raster groups and a remainder.
+    The CPU tests hold it to :func:`unit_list`'s rows first, first + stride, ..."""
+    counts = np.asarray(counts, dtype=np.int64)
+    offsets = expert_offsets(counts)
+    n_units, span = -(-N // unit_cols), group * -(-N // unit_cols)
+    starts = np.concatenate([[0], np.cumsum(-(-counts // unit_rows) * n_units)])
+    expert, last, g, within, step, step_groups, step_within = -1, 0, 0, 0, 0, 0, 0
+    found = []
+    for index in range(first, int(starts[-1]), stride):
+        if starts[expert + 1] <= index:  # a later expert: step to it, place the unit once
+            while starts[expert + 1] <= index:
+                expert += 1
+            g, within = divmod(index - int(starts[expert]), span)
+        else:  # the same expert, one step on
+            if index - last != step:
+                step = index - last
+                step_groups, step_within = divmod(step, span)
+            g, within = g + step_groups, within + step_within
+            if within >= span:
+                g, within = g + 1, within - span
+        last = index
+        row0, rows = int(offsets[expert]), int(counts[expert])
+        m, n = g, within
+        if group > 1:
+            in_group = min(group, -(-rows // unit_rows) - g * group)
+            m, n = g * group + within % in_group, within // in_group
+        found.append((expert, row0 + m * unit_rows, min(unit_rows, rows - m * unit_rows), n * unit_cols))
+    return np.array(found, dtype=np.int32).reshape(-1, 4)
+
+
 def walked_offsets(ends: np.ndarray, tokens: int) -> np.ndarray:
     """The expert offsets [E + 1] the device walk uses for the ends it is given (torch's ``offs``, never
     checked on the host): each end clamped to [0, M_tot], then the running maximum, so expert e owns rows
