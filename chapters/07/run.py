@@ -5,6 +5,7 @@
     python chapters/07/run.py --parts ladder  # only some parts: ladder, grid, models, chain
     python chapters/07/run.py --parts grid --tokens 512 2048   # some of the grid's rows
     python chapters/07/run.py --parts models --models gpt-oss dbrx   # some of the model shapes
+    python chapters/07/run.py --parts walk    # the device walk's cost: the M pair on it, on the host list, cursored
     python chapters/07/run.py --profile       # also Nsight Compute on k6/auto, a rung per ladder step, k3 and quack
 
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every rung of k6
@@ -20,7 +21,10 @@ random data (with the ladder part), then checks and times, in interleaved rounds
           projections of gpt-oss-20b and DBRX (E 8 .. 256, K 768 .. 10,752, N 1,536 .. 21,504);
   chain   two rungs, each with its programmatic-dependent-launch twin, k6/auto, quack's pick and
           torch._grouped_mm at 512, 2,048 and 16,384 balanced rows as CUDA-graph replays of one launch
-          and of eight back to back, timed per launch: what a launch's set-up costs between launches.
+          and of eight back to back, timed per launch: what a launch's set-up costs between launches;
+  walk    the M pair (k6/auto's rung at 16,384 rows and more) on the device walk, the same kernel timed
+          again (the spread), its twin on the host list and its twin with the walk's cursor, at the seed
+          five: what finding the units on the device costs, and what the cursor leaves of it.
 It prints each table, the targets, and writes chapters/07/results/<gpu>.json after each part, keeping
 the records of the parts, grid rows and model shapes it did not measure from the file it finds (so the
 parts, and pieces of a part, can run as separate processes; a ratio still compares one process's
@@ -82,13 +86,17 @@ EARLIER = ("k3/tmastore-bn192", "k5/host", "k5/device")  # chapters 04 and 06 at
 TORCH = PEERS  # torch._grouped_mm in both B layouts: the faster one counts
 QUACK = QUACK_PEERS  # quack's autotuned pick and its three fastest configurations: the fastest counts
 GRAPH_MAX_TOKENS = 2048  # cells this small are also timed as CUDA-graph replays, and judged on them
-PARTS = ("ladder", "grid", "models", "chain")
+PARTS = ("ladder", "grid", "models", "chain", "walk")
 # The chain part: each contender replayed alone and CHAIN launches back to back in one CUDA graph, at these cells;
 # the rungs with their PDL twins (rung h), so that the twin's saving is the difference in the same run.
 CHAIN = 8
 CHAIN_CELLS = (Workload(512, 0.0), Workload(2048, 0.0), Workload(16384, 0.0))
 CHAINED = ("k6/pingpong-bn192", "k6/pingpong-bn192-pdl", "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-pdl",
            "k6/auto", "peer/quack", "peer/torch_grouped_mm")
+# The walk part: the M pair on the device walk, timed twice (two names for one kernel: the spread), on the host
+# list and with the walk's cursor, in the same rounds.
+CURSOR = "k6/pingpong-mcluster-bn192-cursor"
+WALKS = {"device": M_PAIR, "again": M_PAIR + "-again", "host": M_PAIR + "-host", "cursor": CURSOR}
 # The model shapes the models part times: chapter 08's four projections and two more models' up and down
 # projections (moe_gemm.model.workloads says which and why), label -> workload.
 MODELS = {**MODEL_PROJECTIONS, **MORE_MODEL_PROJECTIONS}
@@ -129,11 +137,12 @@ def parse_args(argv: Sequence[str] | None):
     add_timing_arguments(parser, peers="torch._grouped_mm and quack")
     add_rounds_argument(parser)
     parser.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS),
-                        help="which measurements to make (default: all four; none, with --profile, to profile "
+                        help="which measurements to make (default: all five; none, with --profile, to profile "
                              "only): ladder (every rung and the peers "
                              "at the seed five), grid (k6/auto and the peers at the --tokens rows x 5 skews), "
                              f"models (k6/auto and the peers at the {len(MODELS)} model projections), chain (graph "
-                             f"replays of one launch and of {CHAIN} back to back at three cells)")
+                             f"replays of one launch and of {CHAIN} back to back at three cells), walk (the M pair "
+                             "on the device walk, twice, on the host list and with the walk's cursor at the seed five)")
     add_grid_arguments(parser, GRID_TOKENS)
     add_models_argument(parser, "gpt-oss dbrx")
     profiled = sorted({name for names in PROFILED.values() for name in names})
@@ -163,6 +172,8 @@ def piece(part: str, args) -> tuple[str, str]:
     both keep their entry, and a later run of the whole part replaces both)."""
     if part == "ladder":
         return part, "every rung and the peers at the seed five"
+    if part == "walk":
+        return part, "the M pair on the device walk (twice), on the host list and with its cursor at the seed five"
     if part == "chain":
         return part, f"graph replays of one launch and of {CHAIN} back to back at 512, 2,048 and 16,384 rows"
     if part == "grid":
@@ -330,6 +341,28 @@ def chain_table(records: Sequence[dict[str, Any]]) -> Table:
                         "(below 1: launches overlap or lose their gaps); -pdl: programmatic dependent launch (rung h)")
 
 
+def walk_table(records: Sequence[dict[str, Any]]) -> Table:
+    """The walk part: each contender's time per cell and the device walk's extra time over the host list."""
+    records = of_part(records, "walk")
+    rows = []
+    for cell in [c for c in SEED_FIVE if any(Workload.of(r) == c for r in records)]:
+        timed = {k: find(records, name, cell) for k, name in WALKS.items()}
+        host = timed["host"]
+
+        def over_host(key: str) -> str:
+            r = timed[key]
+            return "-" if r is None or host is None else f"{100 * (r['median_ms'] / host['median_ms'] - 1):+.1f}%"
+
+        device, again = timed["device"], timed["again"]
+        spread = None if device is None or again is None else abs(again["median_ms"] / device["median_ms"] - 1)
+        rows.append((cell.short_label, *("-" if r is None else f"{1e3 * r['median_ms']:.1f}" for r in timed.values()),
+                     over_host("device"), over_host("cursor"), "-" if spread is None else f"{100 * spread:.1f}%"))
+    return Table(("cell", "device us", "again us", "host us", "cursor us", "device", "cursor", "spread"), tuple(rows),
+                 title="The device walk's cost: the M pair on it, on the host list and with the cursor",
+                 legend="us: median per launch, same inputs, interleaved rounds; device, cursor: extra time over the "
+                        "host list; spread: the same kernel timed twice (device against again)")
+
+
 # --------------------------------------------------------------------------- targets
 
 def target_rows(records: Sequence[dict[str, Any]], profile: Sequence[dict[str, Any]] = (),
@@ -406,6 +439,8 @@ def show_tables(records: Sequence[dict[str, Any]], basis) -> None:
     show(models_table(records))
     if of_part(records, "chain"):
         show(chain_table(records))
+    if of_part(records, "walk"):
+        show(walk_table(records))
 
 
 def run_without_gpu(args, reason: str) -> int:
@@ -461,6 +496,8 @@ def _measure(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
         large = [w for w in grid(args.tokens) if w.tokens > GRAPH_MAX_TOKENS]
         return (run_variants([auto, GraphReplay(auto), *peers(args, graphs=True)], small, rounds=args.rounds, **timing)
                 + run_variants([auto, *peers(args, graphs=False)], large, rounds=args.rounds, **timing))
+    if part == "walk":
+        return run_variants(walk_variants(), SEED_FIVE, rounds=args.rounds, **timing)
     if part == "chain":  # the rungs not yet run on a GPU stay out (ladder_names), and peers without quack
         ran = {*ladder_names(), AUTO}
         found = [get(n) for n in CHAINED if n in ran] + [p for p in peers(args, graphs=False) if p.name in CHAINED]
@@ -468,6 +505,17 @@ def _measure(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
                             rounds=args.rounds, **timing)
     return run_variants([auto, *peers(args, graphs=False)], list(chosen_models(args.models).values()),
                         rounds=args.rounds, **timing)
+
+
+def walk_variants() -> list[Any]:
+    """The walk part's contenders (WALKS), the cursor's twin only once it has run on a GPU."""
+    from moe_gemm.variants.k6 import K6Persistent
+    from moe_gemm.variants.k6.config import LADDER
+
+    pair = LADDER[M_PAIR]
+    found = [K6Persistent(WALKS["device"], pair), K6Persistent(WALKS["again"], pair),
+             K6Persistent(WALKS["host"], pair.replace(schedule="host"))]
+    return found + ([K6Persistent(CURSOR, LADDER[CURSOR])] if CURSOR in ladder_names() else [])
 
 
 def profile_rows(only: Sequence[str] = ()) -> list[dict[str, Any]]:
