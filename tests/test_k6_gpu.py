@@ -108,7 +108,7 @@ def test_device_walk_matches_the_host_walk_bit_for_bit(name, group, seed, sm90a)
     dev = DeviceProblem(problem)
     config = LADDER[name].replace(group=group)
     device = K6Persistent("device", config)
-    host = K6Persistent("host", config.replace(schedule="host"))
+    host = K6Persistent("host", config.replace(schedule="host", cursor=False))
     np.testing.assert_array_equal(run_once(device, dev).view(np.uint16), run_once(host, dev).view(np.uint16))
 
 
