@@ -98,15 +98,16 @@ struct Walk {
         return make_int4(lo, row0 + m * BM, min(BM, rows - m * BM), n * UNIT_COLS);
     }
 
+    // --8<-- [start:cursor]
     // The same unit for a caller whose indices only grow by a fixed step (a persistent block's: first,
     // first + stride, ...), found from the last one instead of from scratch: the expert by stepping
     // forward (at most E steps over the whole launch, none for most units), the place inside it by
     // adding the step, split once into whole raster groups and a remainder, to the last place. Within
-    // one expert that is a load, two compares and four adds; unit() costs a binary search over the
-    // experts and three integer divisions. Divisions are left only where the expert changes and, in
-    // raster groups of more than one M tile, for the place within the group.
+    // one expert that is a few shared-memory loads (the walk's fields), compares and adds; unit() costs
+    // a binary search over the experts and three integer divisions. Divisions are left only where the
+    // expert changes and, in raster groups of more than one M tile, for the place within the group.
     struct Cursor {
-        int expert = -1;  // the last unit's expert (-1: none yet; starts[0] = 0 sends the first unit to the search)
+        int expert = -1;  // the last unit's expert (-1: none yet, so the first unit steps forward from expert 0)
         int index = 0;    // the last unit's index
         int g = 0;        // its raster group within the expert
         int within = 0;   // and its place within that group (< group * n_units)
@@ -141,6 +142,7 @@ struct Walk {
         }
         return make_int4(c.expert, row0 + m * BM, min(BM, rows - m * BM), n * UNIT_COLS);
     }
+    // --8<-- [end:cursor]
 };
 // --8<-- [end:walk]
 
