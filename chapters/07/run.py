@@ -367,8 +367,9 @@ def walk_table(records: Sequence[dict[str, Any]]) -> Table:
 
 def target_rows(records: Sequence[dict[str, Any]], profile: Sequence[dict[str, Any]] = (),
                 compiled: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
-    """The issue's targets from the timed records, and, where the run has them, the profiler's (the
-    wgmma pipe of the M-paired cluster rung, quack's own pick, at 65,536 balanced rows) and the compile
+    """The issue's targets from the timed records (the device walk's cost: k6/auto over k6/auto-host in the ladder,
+    the cursor over the host list in the walk part), and, where the run has them, the profiler's (the wgmma pipe of
+    the M-paired cluster rung, quack's own pick, and of its cursor twin, at 65,536 balanced rows) and the compile
     report's (the main loop's instructions per k-step, no spills). A target over a set of cells names
     how many of them the records hold: a model shape not measured yet is counted, not hidden."""
     rows = []
@@ -396,9 +397,16 @@ def target_rows(records: Sequence[dict[str, Any]], profile: Sequence[dict[str, A
         if device and host:
             add(f"k6/auto time over k6/auto-host at {w.label}", device["median_ms"] / host["median_ms"] - 1, 0.02,
                 at_most=True)
-    pipe = next((p["gmma_pipe_pct"] for p in profile if p["variant"] == M_PAIR and Workload(65536, 0.0).matches(p)),
-                None)
-    add(f"{M_PAIR}'s wgmma pipe active at 65,536 rows, s=0 (Nsight Compute), %", pipe, 95.0)
+    walk = of_part(records, "walk")  # the cursor against the host list, the M pair's twins in the same rounds
+    for w in SEED_FIVE:
+        cursor, host = find(walk, CURSOR, w), find(walk, WALKS["host"], w)
+        if cursor and host:
+            add(f"{CURSOR} time over its host-list twin at {w.label} (walk part)",
+                cursor["median_ms"] / host["median_ms"] - 1, 0.02, at_most=True)
+    for rung in (M_PAIR, CURSOR):
+        pipe = next((p["gmma_pipe_pct"] for p in profile if p["variant"] == rung and Workload(65536, 0.0).matches(p)),
+                    None)
+        add(f"{rung}'s wgmma pipe active at 65,536 rows, s=0 (Nsight Compute), %", pipe, 95.0)
     if compiled and all(MAIN_LOOP in r["sass"] for r in compiled):
         add(f"main loop, SASS instructions per k-step of {MAIN_LOOP_WGMMAS} wgmmas, most of any rung (compile report)",
             max(r["sass"][MAIN_LOOP] for r in compiled), MAIN_LOOP_LIMIT, at_most=True)
