@@ -677,3 +677,25 @@ def test_the_walk_cursor_reads_as_the_page_says():
     assert 40 < saved < 140 and host["instructions"] < cursor["instructions"]
     assert pair["duration_ns"] > cursor["duration_ns"] > host["duration_ns"]
     assert pair["gmma_pipe_pct"] < cursor["gmma_pipe_pct"] <= host["gmma_pipe_pct"]
+
+
+def test_the_walk_figure_draws_the_walk_parts_extra_times():
+    """walk.png: per seed cell, the device walk's and the cursor's extra microseconds over the host list (the bars'
+    heights are the records'), from the first results file that holds the walk part."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "chapters" / "07" / "figures.py"
+    spec = importlib.util.spec_from_file_location("chapter07_figures_walk", path)
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    found = figures.walk_records()
+    if found is None:
+        pytest.skip("no recorded walk part")
+    gpu, walk = found
+    ax = figures.walk_figure(gpu, walk).axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    cells = [w for w in RUN.SEED_FIVE if RUN.find(walk, RUN.CURSOR, w)]
+    want = [1e3 * (RUN.find(walk, RUN.WALKS[k], w)["median_ms"] - RUN.find(walk, RUN.WALKS["host"], w)["median_ms"])
+            for k in ("device", "cursor") for w in cells]
+    assert heights == pytest.approx(want) and gpu.upper() in ax.get_title()

@@ -1,4 +1,4 @@
-"""Chapter 07's figures, drawn from chapters/07/results/h200.json.
+"""Chapter 07's figures, drawn from chapters/07/results/h200.json (the walk's from the H100's where need be).
 
     python chapters/07/figures.py          # writes site_docs/figures/07/*.png
 
@@ -6,6 +6,9 @@
   (graph replays at 2,048 rows and fewer);
 * models.png: useful TFLOP/s of k6/auto, quack and torch at the model shapes measured;
 * ladder.png: every rung's share of the roofline at 65,536 rows, s=0, quack's and torch's beside it;
+* walk.png: the device walk's and the cursor's extra time over the host list at the seed five, with the
+  spread of one kernel timed twice (the walk part, from the first results file that holds it: the H200's,
+  else the H100's);
 
 and, with no GPU needed, compile_report.md: NVRTC's resource report and SASS counts of every rung
 for sm_90a. When the results file is absent only the compile report is written.
@@ -75,14 +78,46 @@ def ladder_figure(data: dict[str, Any]):
     return fig
 
 
+def walk_records() -> tuple[str, list[dict[str, Any]]] | None:
+    """The walk part's records and their GPU, from the first results file that holds them (H200, then H100)."""
+    for gpu in ("h200", "h100"):
+        walk = RUN.of_part((recorded(CHAPTER, gpu) or {}).get("records", []), "walk")
+        if walk:
+            return gpu, walk
+    return None
+
+
+def walk_figure(gpu: str, records: Sequence[dict[str, Any]]):
+    """Per seed cell, the microseconds the M pair spends over its host-list twin on the device walk and with the
+    cursor; the whisker is the spread (the same kernel timed twice), drawn on the device walk's bar."""
+    cells = [w for w in RUN.SEED_FIVE if RUN.find(records, RUN.CURSOR, w)]
+    ms = {k: [RUN.find(records, name, w)["median_ms"] for w in cells] for k, name in RUN.WALKS.items()}
+    extra = {k: [1e3 * (t - h) for t, h in zip(ms[k], ms["host"])] for k in ("device", "cursor")}
+    spread = [1e3 * abs(a - d) for a, d in zip(ms["again"], ms["device"])]
+    fig, ax = new_figure(7.5, 3.4)
+    x = range(len(cells))
+    ax.bar([i - 0.2 for i in x], extra["device"], 0.4, yerr=spread, capsize=3, color="#7f7f7f",
+           label="device walk (binary search)")
+    ax.bar([i + 0.2 for i in x], extra["cursor"], 0.4, color=COLORS["k3"], label="device walk with the cursor")
+    ax.set_xticks(list(x), [w.short_label for w in cells])
+    ax.set_ylabel("us over the host list")
+    ax.set_title(f"The M pair's walk, {gpu.upper()}: extra time per launch", fontsize=11)
+    ax.legend(fontsize=9)
+    return fig
+
+
 def write_outputs(root: Path) -> list[Path]:
     report = write_compile_report(RUN, CHAPTER, root)
+    written = [report]
+    walk = walk_records()
+    if walk is not None:
+        written.append(save_figure(walk_figure(*walk), CHAPTER, "walk", root))
     data = recorded(CHAPTER)
     if data is None:
-        return [report]
-    return [report, save_figure(grid_figure(data), CHAPTER, "grid", root),
-            save_figure(models_figure(data), CHAPTER, "models", root),
-            save_figure(ladder_figure(data), CHAPTER, "ladder", root)]
+        return written
+    return written + [save_figure(grid_figure(data), CHAPTER, "grid", root),
+                      save_figure(models_figure(data), CHAPTER, "models", root),
+                      save_figure(ladder_figure(data), CHAPTER, "ladder", root)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
