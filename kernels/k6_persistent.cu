@@ -25,6 +25,8 @@
 //                           cluster barrier that every warp (the idle producer warps too) waits in.
 //   CURSOR                  the device walk's producer finds each unit from the last one's place (a
 //                           block's units advance by a fixed stride) instead of searching the experts.
+//   LIST_UNITS              the block's first units are looked up by all its threads at once before the
+//                           main loop, so the producer reads them from shared memory.
 //   IN, OUT                 the element types: bf16 or fp16 operands (wgmma's .bf16 or .f16, one
 //                           rate), a bf16, fp16 or fp32 C (an fp32 C is stored from registers).
 //   EPILOGUE                C as it is, or an MoE layer's SwiGLU fused in: its forward after GEMM 1
@@ -340,7 +342,7 @@ __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TI
 // scheduled (they start as this kernel's blocks leave their SMs).
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
           bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT, bool PDL = false, bool PREFETCH_H = false,
-          bool PRIVATE_RINGS = false, bool PRODUCER_TAIL = false, bool CURSOR = false>
+          bool PRIVATE_RINGS = false, bool PRODUCER_TAIL = false, bool CURSOR = false, bool LIST_UNITS = false>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C, const int4* units_list,
                                         int num_units, const int* ends, int tokens, int experts, int group, int K,
@@ -394,6 +396,11 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             num_units = order.total();
         }
     }
+    // LIST_UNITS: the block's first walk::LISTED units, looked up by all its threads at once, in the dynamic shared
+    // memory after the staging ring; the barrier below publishes them to the producer.
+    static_assert(!LIST_UNITS || (DEVICE_SCHEDULE && !PREFETCH_H), "the unit list is the device walk's");
+    int4* const listed = reinterpret_cast<int4*>(dynamic_smem + (staging + Cfg::STAGING_BYTES - smem_u32(dynamic_smem)));
+    if constexpr (LIST_UNITS) order.list(listed, blockIdx.x / CLUSTER, gridDim.x / CLUSTER, walk::LISTED);
     if constexpr (CLUSTER == 2) cluster_sync(); else __syncthreads();
 
     // Both blocks of a cluster walk the same units (first, first + stride, ...), rank r taking the
@@ -404,7 +411,11 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (threadIdx.x % sm90::WARPGROUP == 0) {
             typename decltype(order)::Cursor cursor;
+            int listed_next = 0;  // LIST_UNITS: the block's units are looked up in order, one call each
             auto unit_at = [&](int unit) {
+                if constexpr (LIST_UNITS) {
+                    if (listed_next < walk::LISTED) return listed[listed_next++];
+                }
                 if constexpr (DEVICE_SCHEDULE && CURSOR) return order.unit(unit, cursor);
                 else if constexpr (DEVICE_SCHEDULE) return order.unit(unit);
                 else return units_list[unit];
@@ -523,24 +534,25 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     int tokens,                                  /* M_tot: the rows of A and C; every end is clamped to it  */ \
     int experts, int group, int K, int N
 
-// PDL (rung h), PRIVATE_RINGS (a staging ring per ping-pong warpgroup) and CURSOR (the device walk's units
-// looked up from the last one's place: Walk::unit with a Cursor), trailing parameters with defaults: the
-// other rungs' instances keep their names and code.
+// PDL (rung h), PRIVATE_RINGS (a staging ring per ping-pong warpgroup), CURSOR (the device walk's units
+// looked up from the last one's place: Walk::unit with a Cursor) and LIST_UNITS (the block's first units listed
+// by all its threads before the main loop: Walk::list), trailing parameters with defaults: the other rungs'
+// instances keep their names and code.
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, int IN, int OUT,
-          bool PDL = false, bool PRIVATE_RINGS = false, bool CURSOR = false>
+          bool PDL = false, bool PRIVATE_RINGS = false, bool CURSOR = false, bool LIST_UNITS = false>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, k6::STORE_C, IN, OUT, PDL, false,
-                PRIVATE_RINGS, false, CURSOR>(
+                PRIVATE_RINGS, false, CURSOR, LIST_UNITS>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 
 // ALONG_M: the cluster's two blocks take two M tiles of one N column (B shared), else two N tiles
 // of one M tile (A shared). PRODUCER_TAIL: the producer's tail instead of the closing cluster barrier.
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M,
-          int IN, int OUT, bool PDL = false, bool PRODUCER_TAIL = false, bool CURSOR = false>
+          int IN, int OUT, bool PDL = false, bool PRODUCER_TAIL = false, bool CURSOR = false, bool LIST_UNITS = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_cluster2(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE,
-                k6::STORE_C, IN, OUT, PDL, false, false, PRODUCER_TAIL, CURSOR>(
+                k6::STORE_C, IN, OUT, PDL, false, false, PRODUCER_TAIL, CURSOR, LIST_UNITS>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 

@@ -24,6 +24,7 @@
 namespace walk {
 
 enum : int { MAX_EXPERTS = 256 };  // the prefix sums live in shared memory (2 KB)
+enum : int { LISTED = 128 };       // units a block may list before its main loop (Walk::list: 2 KB of int4)
 
 // --8<-- [start:walk]
 template <int BM, int UNIT_COLS>
@@ -143,6 +144,18 @@ struct Walk {
         return make_int4(c.expert, row0 + m * BM, min(BM, rows - m * BM), n * UNIT_COLS);
     }
     // --8<-- [end:cursor]
+
+    // --8<-- [start:list]
+    // The block's first `count` units (first, first + stride, ...) written to `out` by every thread of the
+    // block at once, one lookup each, before the main loop: the producer then reads each unit from shared
+    // memory, as it reads the host list from global memory, and looks up only the units past `count`.
+    __device__ void list(int4* out, int first, int stride, int count) const {
+        for (int i = threadIdx.x; i < count; i += blockDim.x) {
+            const int index = first + i * stride;
+            if (index < total()) out[i] = unit(index);
+        }
+    }
+    // --8<-- [end:list]
 };
 // --8<-- [end:walk]
 

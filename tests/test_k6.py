@@ -231,7 +231,7 @@ def test_every_kernel_name_fills_its_template_in_order():
                   "DEVICE_SCHEDULE": config.schedule == "device", "ALONG_M": config.cluster_along == "m",
                   "IN": ELEMENT_CODES[config.element], "OUT": ELEMENT_CODES[config.out], "PDL": config.pdl,
                   "PRIVATE_RINGS": config.private_rings, "PRODUCER_TAIL": config.producer_tail,
-                  "CURSOR": config.cursor}
+                  "CURSOR": config.cursor, "LIST_UNITS": config.listed}
         for (kind, parameter, _), value in zip(parameters, values):
             given = {"true": True, "false": False}[value] if kind == "bool" else int(value)
             assert given == wanted[parameter] and type(given) is type(wanted[parameter]), (name, parameter, value)
@@ -387,6 +387,26 @@ def test_the_cursor_rung_is_the_m_pair_with_the_cursor():
     for wrong in ({"schedule": "host"}, {"epilogue": "swiglu", "bn": 128}):
         with pytest.raises(ValueError, match="cursor"):
             cursor.replace(**wrong)
+
+
+def test_the_listed_rung_reads_its_units_from_shared_memory_before_its_first_wait():
+    """k6/pingpong-mcluster-bn192-listed is the M pair with LIST_UNITS: 2 KB more dynamic shared memory (the list,
+    within the limit), no spills, and its producer's first unit comes from a 16-byte shared-memory load ahead of
+    its first wait for a free stage, where the plain walk's producer has none."""
+    from moe_gemm.variants.k6.config import LISTED, STATIC_SMEM_ALLOWANCE
+    from moe_gemm.variants.sm90.config import SMEM_LIMIT
+
+    listed, pair = LADDER["k6/pingpong-mcluster-bn192-listed"], LADDER["k6/pingpong-mcluster-bn192"]
+    assert listed == pair.replace(listed=True) and listed.dynamic_smem_bytes == pair.dynamic_smem_bytes + 16 * LISTED
+    assert listed.dynamic_smem_bytes + STATIC_SMEM_ALLOWANCE <= SMEM_LIMIT
+    for config, has_list in ((listed, True), (pair, False)):
+        compiled = K6Persistent("k6/pingpong-mcluster-bn192", config).compile("sm_90a")
+        assert compiled.report.spill_store_bytes == 0
+        ops = _producer_opcodes(compiled.sass())
+        assert ("LDS.128" in ops[:ops.index("SYNCS.PHASECHK.TRANS64.TRYWAIT")]) == has_list
+    for wrong in ({"schedule": "host"}, {"epilogue": "swiglu", "bn": 128}):
+        with pytest.raises(ValueError, match="unit list"):
+            listed.replace(**wrong)
 
 
 # ---- (h) programmatic dependent launch --------------------------------------------------------------------------

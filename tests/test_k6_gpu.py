@@ -70,7 +70,8 @@ def test_random_data_at_the_seed_shape_within_tolerance(variant, sm90a):
 @pytest.mark.parametrize("units_per_slot", [0.5, 1.0, 3.7])
 @pytest.mark.parametrize("name", ["k6/pingpong-bn128", "k6/pingpong-cluster-bn192", "k6/coop256-cluster-bn128",
                                   "k6/pingpong-mcluster-bn192-tail", "k6/pingpong-bn192-rings",
-                                  "k6/pingpong-mcluster-bn192-pdl", "k6/pingpong-mcluster-bn192-cursor"])
+                                  "k6/pingpong-mcluster-bn192-pdl", "k6/pingpong-mcluster-bn192-cursor",
+                                  "k6/pingpong-mcluster-bn192-listed"])
 def test_persistent_grids_below_at_and_above_the_slots(name, units_per_slot, sm90a):
     """Units = 0.5x, 1x and 3.7x the blocks (clusters) the launch runs, exact: blocks with no unit (the producer
     tail's and PDL's paths with nothing to do), with one, and with several (the private rings' wrap)."""
@@ -91,8 +92,9 @@ def test_persistent_grids_below_at_and_above_the_slots(name, units_per_slot, sm9
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("name, group", [("k6/pingpong-cluster-bn192-g8", 8), ("k6/pingpong-mcluster-bn192-cursor", 1),
-                                         ("k6/pingpong-mcluster-bn192-cursor", 3)])
+@pytest.mark.parametrize("name, group", [("k6/pingpong-cluster-bn192-g8", 8),
+                                         *((f"k6/pingpong-mcluster-bn192-{walk}", g) for walk in ("cursor", "listed")
+                                           for g in (1, 3))])
 def test_device_walk_matches_the_host_walk_bit_for_bit(name, group, seed, sm90a):
     """The device walk (and its cursor, in groups of one M tile and of several) against the host list, with many
     experts, about a third of them empty, so that a block's units cross experts and raster groups."""
@@ -108,7 +110,29 @@ def test_device_walk_matches_the_host_walk_bit_for_bit(name, group, seed, sm90a)
     dev = DeviceProblem(problem)
     config = LADDER[name].replace(group=group)
     device = K6Persistent("device", config)
-    host = K6Persistent("host", config.replace(schedule="host", cursor=False))
+    host = K6Persistent("host", config.replace(schedule="host", cursor=False, listed=False))
+    np.testing.assert_array_equal(run_once(device, dev).view(np.uint16), run_once(host, dev).view(np.uint16))
+
+
+@pytest.mark.parametrize("name", ["k6/pingpong-mcluster-bn192-listed"])
+def test_a_block_with_more_units_than_it_lists_matches_the_host_walk(name, sm90a):
+    """Every block takes a few units more than walk::LISTED, so that its producer reads the list and then looks the
+    rest up itself: bit for bit against the host list, eight experts whose ends fall inside tiles (K = 64, N one
+    unit wide, about 2 M rows: a large launch of short tiles)."""
+    from moe_gemm.cuda.device import DeviceProblem
+    from moe_gemm.measure.check import run_once
+    from moe_gemm.variants.k6.config import LISTED
+
+    if name in NOT_YET_RUN and not admitting():
+        pytest.skip(f"{name} is built, not yet run on a GPU (moe_gemm.variants.k6.config.NOT_YET_RUN)")
+    config = LADDER[name]
+    device = K6Persistent("device", config)
+    slots = device.prepare(DeviceProblem(problem_from_counts(np.array([1]), 64, 64))).launch_info["grid"] // 2
+    rows = slots * (LISTED + 5) * config.unit_rows  # LISTED + 5 units per block, give or take the partial tiles
+    counts = np.full(8, rows // 8 - 37)  # each expert's last tile partial
+    problem = problem_from_counts(counts, 64, config.unit_cols, values="integer", seed=7)
+    dev = DeviceProblem(problem)
+    host = K6Persistent("host", config.replace(schedule="host", cursor=False, listed=False))
     np.testing.assert_array_equal(run_once(device, dev).view(np.uint16), run_once(host, dev).view(np.uint16))
 
 
@@ -159,7 +183,8 @@ def test_refusals_before_any_launch(sm90a):
 
 @pytest.mark.parametrize("ends", list(ADVERSARIAL_ENDS))
 @pytest.mark.parametrize("name", ["k6/pingpong-bn128", "k6/pingpong-cluster-bn192-g8", "k6/coop256-bn128",
-                                  "k6/swiglu-coop256-cluster", "k6/pingpong-mcluster-bn192-cursor"])
+                                  "k6/swiglu-coop256-cluster", "k6/pingpong-mcluster-bn192-cursor",
+                                  "k6/pingpong-mcluster-bn192-listed"])
 def test_any_expert_ends_stay_inside_the_tensors(name, ends, sm90a):
     from moe_gemm.cuda.device import DeviceProblem
     from moe_gemm.measure.check import run_once

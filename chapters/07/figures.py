@@ -6,7 +6,7 @@
   (graph replays at 2,048 rows and fewer);
 * models.png: useful TFLOP/s of k6/auto, quack and torch at the model shapes measured;
 * ladder.png: every rung's share of the roofline at 65,536 rows, s=0, quack's and torch's beside it;
-* walk.png: the device walk's and the cursor's extra time over the host list at the seed five, with the
+* walk.png: the device walk's and each remedy's extra time over the host list at the seed five, with the
   spread of one kernel timed twice (the walk part, from the first results file that holds it: the H200's,
   else the H100's);
 
@@ -91,14 +91,19 @@ def walk_figure(gpu: str, records: Sequence[dict[str, Any]]):
     """Per seed cell, the microseconds the M pair spends over its host-list twin on the device walk and with the
     cursor; the whisker is the spread (the same kernel timed twice), drawn on the device walk's bar."""
     cells = [w for w in RUN.SEED_FIVE if RUN.find(records, RUN.CURSOR, w)]
-    ms = {k: [RUN.find(records, name, w)["median_ms"] for w in cells] for k, name in RUN.WALKS.items()}
-    extra = {k: [1e3 * (t - h) for t, h in zip(ms[k], ms["host"])] for k in ("device", "cursor")}
+    shown = ["device", *(k for k in RUN.REMEDIES if all(RUN.find(records, RUN.WALKS[k], w) for w in cells))]
+    ms = {k: [RUN.find(records, RUN.WALKS[k], w)["median_ms"] for w in cells] for k in (*shown, "again", "host")}
     spread = [1e3 * abs(a - d) for a, d in zip(ms["again"], ms["device"])]
+    labels = {"device": ("device walk (binary search)", "#7f7f7f"), "cursor": ("with the cursor", COLORS["k3"]),
+              "listed": ("with the unit list", COLORS["k1"])}
     fig, ax = new_figure(7.5, 3.4)
+    width = 0.8 / len(shown)
+    for j, k in enumerate(shown):
+        label, color = labels[k]
+        extra = [1e3 * (t - h) for t, h in zip(ms[k], ms["host"])]
+        ax.bar([i - 0.4 + (j + 0.5) * width for i in range(len(cells))], extra, width,
+               yerr=spread if k == "device" else None, capsize=3, color=color, label=label)
     x = range(len(cells))
-    ax.bar([i - 0.2 for i in x], extra["device"], 0.4, yerr=spread, capsize=3, color="#7f7f7f",
-           label="device walk (binary search)")
-    ax.bar([i + 0.2 for i in x], extra["cursor"], 0.4, color=COLORS["k3"], label="device walk with the cursor")
     ax.set_xticks(list(x), [w.short_label for w in cells])
     ax.set_ylabel("us over the host list")
     ax.set_title(f"The M pair's walk, {gpu.upper()}: extra time per launch", fontsize=11)

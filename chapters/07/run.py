@@ -23,8 +23,9 @@ random data (with the ladder part), then checks and times, in interleaved rounds
           torch._grouped_mm at 512, 2,048 and 16,384 balanced rows as CUDA-graph replays of one launch
           and of eight back to back, timed per launch: what a launch's set-up costs between launches;
   walk    the M pair (k6/auto's rung at 16,384 rows and more) on the device walk, the same kernel timed
-          again (the spread), its twin on the host list and its twin with the walk's cursor, at the seed
-          five: what finding the units on the device costs, and what the cursor leaves of it.
+          again (the spread), its twin on the host list, its twin with the walk's cursor and its twin that
+          lists its units before the main loop, at the seed five: what finding the units on the device
+          costs, and what each remedy leaves of it.
 It prints each table, the targets, and writes chapters/07/results/<gpu>.json after each part, keeping
 the records of the parts, grid rows and model shapes it did not measure from the file it finds (so the
 parts, and pieces of a part, can run as separate processes; a ratio still compares one process's
@@ -94,9 +95,10 @@ CHAIN_CELLS = (Workload(512, 0.0), Workload(2048, 0.0), Workload(16384, 0.0))
 CHAINED = ("k6/pingpong-bn192", "k6/pingpong-bn192-pdl", "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-pdl",
            "k6/auto", "peer/quack", "peer/torch_grouped_mm")
 # The walk part: the M pair on the device walk, timed twice (two names for one kernel: the spread), on the host
-# list and with the walk's cursor, in the same rounds.
-CURSOR = "k6/pingpong-mcluster-bn192-cursor"
-WALKS = {"device": M_PAIR, "again": M_PAIR + "-again", "host": M_PAIR + "-host", "cursor": CURSOR}
+# list, with the walk's cursor and with the block's units listed before the main loop, in the same rounds.
+CURSOR, LISTED = "k6/pingpong-mcluster-bn192-cursor", "k6/pingpong-mcluster-bn192-listed"
+WALKS = {"device": M_PAIR, "again": M_PAIR + "-again", "host": M_PAIR + "-host", "cursor": CURSOR, "listed": LISTED}
+REMEDIES = ("cursor", "listed")  # the walks that shorten the producer's lookup, each timed against the host list
 # The model shapes the models part times: chapter 08's four projections and two more models' up and down
 # projections (moe_gemm.model.workloads says which and why), label -> workload.
 MODELS = {**MODEL_PROJECTIONS, **MORE_MODEL_PROJECTIONS}
@@ -120,10 +122,11 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 PROFILED = {
     Workload(65536, 0.0): ("k6/auto", "k6/auto-host", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192",
                            "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-cursor",
+                           "k6/pingpong-mcluster-bn192-listed",
                            "k6/pingpong-mcluster-bn192-tail", "k6/coop256-cluster-bn128",
                            "k6/pingpong-cluster-bn192-g8", "k3/tmastore-bn192", "peer/quack"),
     Workload(16384, 0.0): ("k6/auto", "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-tail",
-                           "k6/pingpong-mcluster-bn192-cursor", "peer/quack"),
+                           "k6/pingpong-mcluster-bn192-cursor", "k6/pingpong-mcluster-bn192-listed", "peer/quack"),
 }
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile"})
@@ -142,7 +145,8 @@ def parse_args(argv: Sequence[str] | None):
                              "at the seed five), grid (k6/auto and the peers at the --tokens rows x 5 skews), "
                              f"models (k6/auto and the peers at the {len(MODELS)} model projections), chain (graph "
                              f"replays of one launch and of {CHAIN} back to back at three cells), walk (the M pair "
-                             "on the device walk, twice, on the host list and with the walk's cursor at the seed five)")
+                             "on the device walk, twice, on the host list, with the walk's cursor and with a unit "
+                             "list at the seed five)")
     add_grid_arguments(parser, GRID_TOKENS)
     add_models_argument(parser, "gpt-oss dbrx")
     profiled = sorted({name for names in PROFILED.values() for name in names})
@@ -173,7 +177,7 @@ def piece(part: str, args) -> tuple[str, str]:
     if part == "ladder":
         return part, "every rung and the peers at the seed five"
     if part == "walk":
-        return part, "the M pair on the device walk (twice), on the host list and with its cursor at the seed five"
+        return part, "the M pair on the device walk (twice), on the host list and with each remedy at the seed five"
     if part == "chain":
         return part, f"graph replays of one launch and of {CHAIN} back to back at 512, 2,048 and 16,384 rows"
     if part == "grid":
@@ -342,11 +346,14 @@ def chain_table(records: Sequence[dict[str, Any]]) -> Table:
 
 
 def walk_table(records: Sequence[dict[str, Any]]) -> Table:
-    """The walk part: each contender's time per cell and the device walk's extra time over the host list."""
+    """The walk part: each contender's time per cell and the extra time over the host list of the device walk and
+    of each remedy the records hold."""
     records = of_part(records, "walk")
+    remedies = [k for k in REMEDIES if any(r["variant"] == WALKS[k] for r in records)]
+    shown = ["device", "again", "host", *remedies]
     rows = []
     for cell in [c for c in SEED_FIVE if any(Workload.of(r) == c for r in records)]:
-        timed = {k: find(records, name, cell) for k, name in WALKS.items()}
+        timed = {k: find(records, WALKS[k], cell) for k in shown}
         host = timed["host"]
 
         def over_host(key: str) -> str:
@@ -356,11 +363,12 @@ def walk_table(records: Sequence[dict[str, Any]]) -> Table:
         device, again = timed["device"], timed["again"]
         spread = None if device is None or again is None else abs(again["median_ms"] / device["median_ms"] - 1)
         rows.append((cell.short_label, *("-" if r is None else f"{1e3 * r['median_ms']:.1f}" for r in timed.values()),
-                     over_host("device"), over_host("cursor"), "-" if spread is None else f"{100 * spread:.1f}%"))
-    return Table(("cell", "device us", "again us", "host us", "cursor us", "device", "cursor", "spread"), tuple(rows),
-                 title="The device walk's cost: the M pair on it, on the host list and with the cursor",
-                 legend="us: median per launch, same inputs, interleaved rounds; device, cursor: extra time over the "
-                        "host list; spread: the same kernel timed twice (device against again)")
+                     *map(over_host, ("device", *remedies)), "-" if spread is None else f"{100 * spread:.1f}%"))
+    return Table(("cell", *(f"{k} us" for k in shown), "device", *remedies, "spread"), tuple(rows),
+                 title="The device walk's cost: the M pair on it, on the host list and with " + " and with ".join(
+                     {"cursor": "the cursor", "listed": "a unit list"}[k] for k in remedies),
+                 legend=f"us: median per launch, same inputs, interleaved rounds; {', '.join(['device', *remedies])}: "
+                        "extra time over the host list; spread: the same kernel timed twice (device against again)")
 
 
 # --------------------------------------------------------------------------- targets
@@ -397,13 +405,14 @@ def target_rows(records: Sequence[dict[str, Any]], profile: Sequence[dict[str, A
         if device and host:
             add(f"k6/auto time over k6/auto-host at {w.label}", device["median_ms"] / host["median_ms"] - 1, 0.02,
                 at_most=True)
-    walk = of_part(records, "walk")  # the cursor against the host list, the M pair's twins in the same rounds
-    for w in SEED_FIVE:
-        cursor, host = find(walk, CURSOR, w), find(walk, WALKS["host"], w)
-        if cursor and host:
-            add(f"{CURSOR} time over its host-list twin at {w.label} (walk part)",
-                cursor["median_ms"] / host["median_ms"] - 1, 0.02, at_most=True)
-    for rung in (M_PAIR, CURSOR):
+    walk = of_part(records, "walk")  # the remedies against the host list, the M pair's twins in the same rounds
+    for rung in (CURSOR, LISTED):
+        for w in SEED_FIVE:
+            remedy, host = find(walk, rung, w), find(walk, WALKS["host"], w)
+            if remedy and host:
+                add(f"{rung} time over its host-list twin at {w.label} (walk part)",
+                    remedy["median_ms"] / host["median_ms"] - 1, 0.02, at_most=True)
+    for rung in (M_PAIR, CURSOR, LISTED):
         pipe = next((p["gmma_pipe_pct"] for p in profile if p["variant"] == rung and Workload(65536, 0.0).matches(p)),
                     None)
         add(f"{rung}'s wgmma pipe active at 65,536 rows, s=0 (Nsight Compute), %", pipe, 95.0)
@@ -516,14 +525,14 @@ def _measure(part: str, args, timing: dict[str, int]) -> list[dict[str, Any]]:
 
 
 def walk_variants() -> list[Any]:
-    """The walk part's contenders (WALKS), the cursor's twin only once it has run on a GPU."""
+    """The walk part's contenders (WALKS), each remedy's rung only once it has run on a GPU."""
     from moe_gemm.variants.k6 import K6Persistent
     from moe_gemm.variants.k6.config import LADDER
 
     pair = LADDER[M_PAIR]
     found = [K6Persistent(WALKS["device"], pair), K6Persistent(WALKS["again"], pair),
              K6Persistent(WALKS["host"], pair.replace(schedule="host"))]
-    return found + ([K6Persistent(CURSOR, LADDER[CURSOR])] if CURSOR in ladder_names() else [])
+    return found + [K6Persistent(WALKS[k], LADDER[WALKS[k]]) for k in REMEDIES if WALKS[k] in ladder_names()]
 
 
 def profile_rows(only: Sequence[str] = ()) -> list[dict[str, Any]]:

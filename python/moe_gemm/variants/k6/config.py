@@ -15,6 +15,7 @@ from moe_gemm.variants.sm90.config import BK, BOX, SWIZZLE_ALIGN, WARPGROUP, BLa
 SOURCE = "k6_persistent.cu"
 KERNEL_FUNCTION = "k6_persistent"  # the __global__ templates' common prefix (for profiler filters)
 MAX_EXPERTS = 256  # kernels/tile_walk.cuh, walk::MAX_EXPERTS: the device walk's prefix sums in shared memory
+LISTED = 128  # kernels/tile_walk.cuh, walk::LISTED: the units a block lists before its main loop (16 bytes each)
 # The static shared memory beside the ring and the staging, within sm90.config.SMEM_LIMIT: barriers, the
 # device walk (2 KB) and the tile slots, rounded up (kernels/k6_persistent.cu asserts the same budget).
 STATIC_SMEM_ALLOWANCE = 2_304
@@ -61,6 +62,10 @@ class K6Config:
     # device walk, plain GEMM: the producer finds each unit from the last one's place, a cursor over the experts,
     # instead of a binary search and three divisions per unit (the template's CURSOR; walk::Walk::unit with a Cursor)
     cursor: bool = False
+    # device walk, plain GEMM: the block's first LISTED units looked up by all its threads at once before the main loop,
+    # into dynamic shared memory after the staging ring, so the producer reads each from shared memory as it reads the
+    # host list from global memory (the template's LIST_UNITS; walk::Walk::list); the units past them as ``cursor`` says
+    listed: bool = False
 
     def __post_init__(self) -> None:
         if self.element not in ("bf16", "fp16") or self.out not in ("bf16", "fp16", "fp32"):
@@ -73,6 +78,9 @@ class K6Config:
         if self.cursor and (self.schedule != "device" or self.epilogue != "none"):
             raise ValueError("the walk's cursor is a rung of the plain GEMM's device walk (schedule 'device', "
                              "epilogue 'none')")
+        if self.listed and (self.schedule != "device" or self.epilogue != "none"):
+            raise ValueError("the unit list is a rung of the plain GEMM's device walk (schedule 'device', epilogue "
+                             "'none')")
         if self.private_rings and (self.mode != "pingpong" or self.epilogue != "none" or self.cluster != 1):
             raise ValueError("private staging rings are a rung of the plain ping-pong GEMM without a cluster")
         if self.prefetch_h and (self.epilogue != "dswiglu" or self.mode != "pingpong" or self.cluster != 1):
@@ -101,13 +109,18 @@ class K6Config:
     def dynamic_smem_bytes(self) -> int:
         rings = 1 if self.mode == "pingpong" and not self.private_rings else 2  # ping-pong: one, shared
         staging = rings * self.staging_boxes * BOX * BOX * 2
-        return self.stages * self.stage_bytes + staging + self.h_buffer_bytes + SWIZZLE_ALIGN
+        return self.stages * self.stage_bytes + staging + self.h_buffer_bytes + self.list_bytes + SWIZZLE_ALIGN
 
     @property
     def h_buffer_bytes(self) -> int:
         """prefetch_h: one tile's h, 128 rows of BN gate and BN up columns in 16-bit, and its two 8-byte barriers
         (k6::PrefetchH); else 0."""
         return WG_ROWS * 2 * self.bn * 2 + 16 if self.prefetch_h else 0
+
+    @property
+    def list_bytes(self) -> int:
+        """listed: the block's first LISTED units, an int4 each; else 0."""
+        return LISTED * 16 if self.listed else 0
 
     def out_columns(self, N: int) -> int:
         """C's width for a GEMM N columns wide: N / 2 after the SwiGLU, 2N (dh) after its backward."""
@@ -128,8 +141,8 @@ class K6Config:
         device = "true" if self.schedule == "device" else "false"
         along = (", true" if self.cluster_along == "m" else ", false") if self.cluster > 1 else ""
         # the trailing template parameters, false by default, written up to the last one set: PDL, then
-        # PRODUCER_TAIL (clusters) or PRIVATE_RINGS, then CURSOR
-        flags = [self.pdl, self.producer_tail if self.cluster > 1 else self.private_rings, self.cursor]
+        # PRODUCER_TAIL (clusters) or PRIVATE_RINGS, then CURSOR, then LIST_UNITS
+        flags = [self.pdl, self.producer_tail if self.cluster > 1 else self.private_rings, self.cursor, self.listed]
         while flags and not flags[-1]:
             flags.pop()
         trailing = "".join(f", {str(f).lower()}" for f in flags)
@@ -143,7 +156,8 @@ class K6Config:
         group = f" g{self.group}" if self.group > 1 else ""
         types = "" if (self.element, self.out) == ("bf16", "bf16") else f" {self.element}->{self.out}"
         extra = "".join(f" {word}" for word, on in (("pdl", self.pdl), ("rings", self.private_rings),
-                                                    ("tail", self.producer_tail), ("cursor", self.cursor)) if on)
+                                                    ("tail", self.producer_tail), ("cursor", self.cursor),
+                                                    ("listed", self.listed)) if on)
         return f"{self.bm}x{self.bn} {self.mode}{cluster}{group} s{self.stages}{types}{extra}"
 
     def replace(self, **changes) -> K6Config:
@@ -198,6 +212,11 @@ LADDER: dict[str, K6Config] = {
     # walk's one per-tile difference from the host list in the producer's lookup; this shortens it
     "k6/pingpong-mcluster-bn192-cursor": K6Config("pingpong", 192, stages=5, cluster=2, cluster_along="m",
                                                   staging_boxes=2, cursor=True),
+    # the M pair whose block first lists its units, every thread looking one up at once before the main loop: the
+    # producer's per-unit work becomes one shared-memory load, as on the host list, up to walk::LISTED units (past
+    # them, the binary search: the cursor's state beside the list took the producer past its 40 registers, a spill)
+    "k6/pingpong-mcluster-bn192-listed": K6Config("pingpong", 192, stages=5, cluster=2, cluster_along="m",
+                                                  staging_boxes=2, listed=True),
 }
 # --8<-- [end:ladder]
 
@@ -205,8 +224,8 @@ LADDER: dict[str, K6Config] = {
 # them out (and says so), their GPU tests skip, and the validation record does not cover them. To admit them:
 # `python -m moe_gemm.measure.validation run k6 --admit` on an sm_90a GPU runs their GPU tests and
 # compute-sanitizer with the family's and records those that pass; then take their names out of here.
-# Empty: the PDL, private-ring, producer-tail and cursor rungs passed on an H100 (2026-12-06).
-NOT_YET_RUN: frozenset[str] = frozenset()
+# The PDL, private-ring, producer-tail and cursor rungs passed on an H100 (2026-12-06).
+NOT_YET_RUN: frozenset[str] = frozenset({"k6/pingpong-mcluster-bn192-listed"})
 
 # The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B = [W_gate | W_up],
 # C = silu(gate) * up [M_tot, N / 2]. BN = 128 (64 gate columns and their 64 up columns per tile), the
