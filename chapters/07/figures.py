@@ -7,8 +7,8 @@
 * models.png: useful TFLOP/s of k6/auto, quack and torch at the model shapes measured;
 * ladder.png: every rung's share of the roofline at 65,536 rows, s=0, quack's and torch's beside it;
 * walk.png: the device walk's and each remedy's extra time over the host list at the seed five, with the
-  spread of one kernel timed twice (the walk part, from the first results file that holds it: the H200's,
-  else the H100's);
+  spread of one kernel timed twice (the walk part, from the first results file that holds it, the recorded
+  GPU's first);
 
 and, with no GPU needed, compile_report.md: NVRTC's resource report and SASS counts of every rung
 for sm_90a. When the results file is absent only the compile report is written.
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_gemm.chapter import Workload, chapter_module, figures_main, recorded, run_main
+from moe_gemm.measure.results import recorded_gpus
 from moe_gemm.site.compile_report import write_compile_report
 from moe_gemm.site.style import COLORS, grid_heatmaps, model_bars, new_figure, save_figure
 
@@ -79,8 +80,9 @@ def ladder_figure(data: dict[str, Any]):
 
 
 def walk_records() -> tuple[str, list[dict[str, Any]]] | None:
-    """The walk part's records and their GPU, from the first results file that holds them (H200, then H100)."""
-    for gpu in ("h200", "h100"):
+    """The walk part's records and their GPU, from the first results file that holds them (the recorded GPU's,
+    then the others')."""
+    for gpu in recorded_gpus(CHAPTER):
         walk = RUN.of_part((recorded(CHAPTER, gpu) or {}).get("records", []), "walk")
         if walk:
             return gpu, walk
