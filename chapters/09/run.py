@@ -102,9 +102,13 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
                   "UTMALDG / UTMASTG = TMA load / store, STSM = stmatrix, STS.128 = the last stage's zeroed rows, "
                   "SYNCS = mbarrier)")
 # What --profile puts under Nsight Compute: k7's wider rung and quack's pick, where the grid is store-bound
-# (2,048 rows) and where it is compute-bound (65,536 rows).
+# (2,048 rows) and where it is compute-bound (65,536 rows); and the dA GEMM of the Mixtral-like layer's GEMM 2 at
+# 32,768 tokens (65,536 balanced rows, H -> I) on the fused backward's fixed tile (k6/pingpong-bn128, the dswiglu
+# part's "dA tile", up to 1.8x the tuned GEMM's time there) beside k6/auto's tuned choice: why that tile is slow.
+DA_CELL = LAYERS["mixtral"].gate(65536, 0.0)
 PROFILED = {Workload(2048, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad"),
-            Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad")}
+            Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad"),
+            DA_CELL: ("k6/pingpong-bn128", "k6/auto")}
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile", "fused_backward", "sonicmoe"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; ours and quack's each at their best"
@@ -125,7 +129,9 @@ def parse_args(argv: Sequence[str] | None):
     add_grid_arguments(parser, GRID_ROWS)
     add_models_argument(parser, "qwen3 deepseek")
     parser.add_argument("--profile", action="store_true",
-                        help="also Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows")
+                        help="also Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows, and "
+                             "on the fused backward's tile (k6/pingpong-bn128) and k6/auto at the Mixtral-like dA "
+                             "GEMM (65,536 rows, K = 4,096, N = 14,336)")
     args = parser.parse_args(argv)
     if not args.parts and not args.profile:
         parser.error("--parts with no part measures nothing: name a part, or add --profile")
@@ -350,7 +356,8 @@ def run_on_gpu(args, gpu) -> int:
             path = save()
     if args.profile:  # a later run of the parts keeps the profile, and this entry says which run took it
         results.put(profile=profile_rows())
-        results.ran("profile", "Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows")
+        results.ran("profile", "Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows, and "
+                    "on k6/pingpong-bn128 and k6/auto at the Mixtral-like dA GEMM")
         show(profile_table(results.rows("profile")))
         path = save()
     records = results.rows("records")
