@@ -73,12 +73,12 @@ def recorded(chapter: str, gpu_slug: str = RECORDED_GPU) -> dict[str, Any] | Non
     return load_results(path) if path.is_file() else None
 
 
-def recorded_gpus(chapter: str) -> list[str]:
-    """The GPUs whose results files the chapter holds, in the order a reader looks: the recorded GPU's first, then
-    the others by name (a part measured on one GPU only is read from the first file that holds it)."""
-    folder = CHAPTERS_DIR / chapter / "results"
+def recorded_gpus(chapter: str, first: str = RECORDED_GPU, chapters_dir: Path = CHAPTERS_DIR) -> list[str]:
+    """The GPUs whose results files the chapter holds, in the order a reader looks: ``first``'s (the recorded GPU's)
+    first, then the others by name (a part measured on one GPU only is read from the first file that holds it)."""
+    folder = chapters_dir / chapter / "results"
     found = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
-    return sorted(found, key=lambda slug: slug != RECORDED_GPU)
+    return sorted(found, key=lambda slug: slug != first)
 
 
 def save_results(chapter: str, records: list[dict[str, Any]], gpu: GpuInfo, **extra: Any) -> str:

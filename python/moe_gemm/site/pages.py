@@ -104,7 +104,7 @@ from typing import Any
 
 from moe_gemm.measure.ceilings import ceiling_value, recorded_ceilings
 from moe_gemm.measure.ceilings import roofline_basis as recorded_basis
-from moe_gemm.measure.results import RECORDED_GPU
+from moe_gemm.measure.results import RECORDED_GPU, recorded_gpus
 from moe_gemm.model.accumulation import promotion_errors
 from moe_gemm.model.occupancy import Residency
 from moe_gemm.model.occupancy import residency as _residency
@@ -168,10 +168,8 @@ class Pages:
     def measured_on(self, ch: str, name: str | None = None) -> str:
         """The GPU whose results file of chapter ``ch`` a page reads (holding section ``name``, if named): the
         recorded GPU's where it has one, else another GPU's (the first by name), else '' (nothing measured)."""
-        folder = self.root / "chapters" / ch / "results"
-        others = sorted(p.stem for p in folder.glob("*.json") if p.stem != self.gpu) if folder.is_dir() else []
-        for gpu in (self.gpu, *others):
-            if self.path(ch, gpu).is_file() and (name is None or name in self.data(ch, gpu)):
+        for gpu in recorded_gpus(ch, self.gpu, self.root / "chapters"):
+            if name is None or name in self.data(ch, gpu):
                 return gpu
         return ""
 
