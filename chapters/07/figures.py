@@ -90,23 +90,21 @@ def walk_records() -> tuple[str, list[dict[str, Any]]] | None:
 
 
 def walk_figure(gpu: str, records: Sequence[dict[str, Any]]):
-    """Per seed cell, the microseconds the M pair spends over its host-list twin on the device walk and with the
-    cursor; the whisker is the spread (the same kernel timed twice), drawn on the device walk's bar."""
-    cells = [w for w in RUN.SEED_FIVE if RUN.find(records, RUN.CURSOR, w)]
-    shown = ["device", *(k for k in RUN.REMEDIES if all(RUN.find(records, RUN.WALKS[k], w) for w in cells))]
-    ms = {k: [RUN.find(records, RUN.WALKS[k], w)["median_ms"] for w in cells] for k in (*shown, "again", "host")}
-    spread = [1e3 * abs(a - d) for a, d in zip(ms["again"], ms["device"])]
+    """Per seed cell the cursor was timed at, the microseconds the M pair spends over its host-list twin on the
+    device walk and with each remedy timed at all of them; the whisker is the spread (the same kernel timed
+    twice), drawn on the device walk's bar."""
+    times = {w: ms for w, ms in RUN.walk_times(records).items() if "cursor" in ms}
+    shown = ["device", *(k for k in RUN.REMEDIES if all(k in ms for ms in times.values()))]
+    spread = [1e3 * abs(ms["again"] - ms["device"]) for ms in times.values()]
     labels = {"device": ("device walk (binary search)", "#7f7f7f"), "cursor": ("with the cursor", COLORS["k3"]),
               "listed": ("with the unit list", COLORS["k1"])}
     fig, ax = new_figure(7.5, 3.4)
-    width = 0.8 / len(shown)
+    x, width = range(len(times)), 0.8 / len(shown)
     for j, k in enumerate(shown):
         label, color = labels[k]
-        extra = [1e3 * (t - h) for t, h in zip(ms[k], ms["host"])]
-        ax.bar([i - 0.4 + (j + 0.5) * width for i in range(len(cells))], extra, width,
+        ax.bar([i - 0.4 + (j + 0.5) * width for i in x], [1e3 * (ms[k] - ms["host"]) for ms in times.values()], width,
                yerr=spread if k == "device" else None, capsize=3, color=color, label=label)
-    x = range(len(cells))
-    ax.set_xticks(list(x), [w.short_label for w in cells])
+    ax.set_xticks(list(x), [w.short_label for w in times])
     ax.set_ylabel("us over the host list")
     ax.set_title(f"The M pair's walk, {gpu.upper()}: extra time per launch", fontsize=11)
     ax.legend(fontsize=9)

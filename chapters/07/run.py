@@ -345,24 +345,28 @@ def chain_table(records: Sequence[dict[str, Any]]) -> Table:
                         "(below 1: launches overlap or lose their gaps); -pdl: programmatic dependent launch (rung h)")
 
 
+def walk_times(records: Sequence[dict[str, Any]]) -> dict[Workload, dict[str, float]]:
+    """The walk part's median milliseconds per seed cell, by WALKS key, for the contenders its records hold there
+    (cells with none left out): what its table, its targets and its figure compare."""
+    walk = of_part(records, "walk")
+    found = {cell: {k: r["median_ms"] for k, name in WALKS.items() if (r := find(walk, name, cell))}
+             for cell in SEED_FIVE}
+    return {cell: ms for cell, ms in found.items() if ms}
+
+
 def walk_table(records: Sequence[dict[str, Any]]) -> Table:
     """The walk part: each contender's time per cell and the extra time over the host list of the device walk and
     of each remedy the records hold."""
-    records = of_part(records, "walk")
-    remedies = [k for k in REMEDIES if any(r["variant"] == WALKS[k] for r in records)]
+    times = walk_times(records)
+    remedies = [k for k in REMEDIES if any(k in ms for ms in times.values())]
     shown = ["device", "again", "host", *remedies]
     rows = []
-    for cell in [c for c in SEED_FIVE if any(Workload.of(r) == c for r in records)]:
-        timed = {k: find(records, WALKS[k], cell) for k in shown}
-        host = timed["host"]
-
+    for cell, ms in times.items():
         def over_host(key: str) -> str:
-            r = timed[key]
-            return "-" if r is None or host is None else f"{100 * (r['median_ms'] / host['median_ms'] - 1):+.1f}%"
+            return "-" if key not in ms or "host" not in ms else f"{100 * (ms[key] / ms['host'] - 1):+.1f}%"
 
-        device, again = timed["device"], timed["again"]
-        spread = None if device is None or again is None else abs(again["median_ms"] / device["median_ms"] - 1)
-        rows.append((cell.short_label, *("-" if r is None else f"{1e3 * r['median_ms']:.1f}" for r in timed.values()),
+        spread = abs(ms["again"] / ms["device"] - 1) if "device" in ms and "again" in ms else None
+        rows.append((cell.short_label, *("-" if k not in ms else f"{1e3 * ms[k]:.1f}" for k in shown),
                      *map(over_host, ("device", *remedies)), "-" if spread is None else f"{100 * spread:.1f}%"))
     return Table(("cell", *(f"{k} us" for k in shown), "device", *remedies, "spread"), tuple(rows),
                  title="The device walk's cost: the M pair on it, on the host list and with " + " and with ".join(
@@ -405,14 +409,13 @@ def target_rows(records: Sequence[dict[str, Any]], profile: Sequence[dict[str, A
         if device and host:
             add(f"k6/auto time over k6/auto-host at {w.label}", device["median_ms"] / host["median_ms"] - 1, 0.02,
                 at_most=True)
-    walk = of_part(records, "walk")  # the remedies against the host list, the M pair's twins in the same rounds
-    for rung in (CURSOR, LISTED):
-        for w in SEED_FIVE:
-            remedy, host = find(walk, rung, w), find(walk, WALKS["host"], w)
-            if remedy and host:
-                add(f"{rung} time over its host-list twin at {w.label} (walk part)",
-                    remedy["median_ms"] / host["median_ms"] - 1, 0.02, at_most=True)
-    for rung in (M_PAIR, CURSOR, LISTED):
+    walk = walk_times(records)  # the remedies against the host list, the M pair's twins in the same rounds
+    for k in REMEDIES:
+        for w, ms in walk.items():
+            if k in ms and "host" in ms:
+                add(f"{WALKS[k]} time over its host-list twin at {w.label} (walk part)", ms[k] / ms["host"] - 1, 0.02,
+                    at_most=True)
+    for rung in (M_PAIR, *(WALKS[k] for k in REMEDIES)):
         pipe = next((p["gmma_pipe_pct"] for p in profile if p["variant"] == rung and Workload(65536, 0.0).matches(p)),
                     None)
         add(f"{rung}'s wgmma pipe active at 65,536 rows, s=0 (Nsight Compute), %", pipe, 95.0)

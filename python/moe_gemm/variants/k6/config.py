@@ -75,12 +75,10 @@ class K6Config:
             raise ValueError("programmatic dependent launch is a rung of the plain GEMM (epilogue 'none')")
         if self.producer_tail and (self.cluster != 2 or self.epilogue != "none"):
             raise ValueError("the producer tail replaces the closing cluster barrier of the plain GEMM's clusters")
-        if self.cursor and (self.schedule != "device" or self.epilogue != "none"):
-            raise ValueError("the walk's cursor is a rung of the plain GEMM's device walk (schedule 'device', "
-                             "epilogue 'none')")
-        if self.listed and (self.schedule != "device" or self.epilogue != "none"):
-            raise ValueError("the unit list is a rung of the plain GEMM's device walk (schedule 'device', epilogue "
-                             "'none')")
+        for on, what in ((self.cursor, "the walk's cursor"), (self.listed, "the unit list")):
+            if on and (self.schedule != "device" or self.epilogue != "none"):
+                raise ValueError(f"{what} is a rung of the plain GEMM's device walk (schedule 'device', epilogue "
+                                 "'none')")
         if self.private_rings and (self.mode != "pingpong" or self.epilogue != "none" or self.cluster != 1):
             raise ValueError("private staging rings are a rung of the plain ping-pong GEMM without a cluster")
         if self.prefetch_h and (self.epilogue != "dswiglu" or self.mode != "pingpong" or self.cluster != 1):
