@@ -23,6 +23,10 @@ from moe_gemm.model.problem import BF16_OPERANDS, OperandFormat, useful_flops
 from moe_gemm.model.quantize import BLOCK
 from moe_gemm.model.workloads import Workload
 
+# HBM bandwidth as NVIDIA's datasheets give it, TB/s, for the GPUs whose copy ceiling has no record here (the
+# H100 SXM5's; the H200's is measured, ceilings/h200.json): what the pages' H100 estimates divide bytes by.
+DATASHEET_TBPS = {"h100": 3.35}
+
 
 def compulsory_bytes(counts: np.ndarray, K: int, N: int, element_bytes: int = 2, ragged: str = "M",
                      fmt: OperandFormat = BF16_OPERANDS) -> int:

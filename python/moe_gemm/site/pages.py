@@ -109,7 +109,7 @@ from moe_gemm.model.accumulation import promotion_errors
 from moe_gemm.model.occupancy import Residency
 from moe_gemm.model.occupancy import residency as _residency
 from moe_gemm.model.problem import format_named
-from moe_gemm.model.roofline import RooflineBasis
+from moe_gemm.model.roofline import DATASHEET_TBPS, RooflineBasis
 from moe_gemm.model.roofline import compulsory_bytes as _compulsory_bytes
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta as _eta
@@ -367,7 +367,7 @@ class Pages:
                  "entry", "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance",
                  "compulsory_bytes", "eta", "residency", "accumulation_model", "measured_on", "chapter_table")
         return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change,
-                "command": display_command, "layers": LAYERS,
+                "command": display_command, "layers": LAYERS, "datasheet_tbps": DATASHEET_TBPS,
                 "sonicmoe": SONICMOE}
 
 
