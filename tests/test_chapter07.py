@@ -701,3 +701,23 @@ def test_the_walk_figure_draws_the_walk_parts_extra_times():
     want = [1e3 * (RUN.find(walk, RUN.WALKS[k], w)["median_ms"] - RUN.find(walk, RUN.WALKS["host"], w)["median_ms"])
             for k in ("device", "cursor") for w in cells]
     assert heights == pytest.approx(want) and gpu.upper() in ax.get_title()
+
+
+def test_the_walks_cost_moves_between_the_ladder_and_the_walk_part_as_the_page_says():
+    """Where the ladder's k6/auto ran the M pair, its extra time over k6/auto-host and the walk part's M pair over
+    its host-list twin (the same kernels, another run) differ by up to about a point, more than either run's
+    spread of one kernel timed twice."""
+    data = recorded("07", "h100")
+    walk = RUN.walk_times((data or {}).get("records", []))
+    if not walk:
+        pytest.skip("no recorded walk part on the H100")
+    ladder = RUN.of_part(data["records"], "ladder")
+    moved, spreads = [], []
+    for w, ms in walk.items():
+        auto, host = RUN.find(ladder, RUN.AUTO, w), RUN.find(ladder, RUN.AUTO_HOST, w)
+        spreads.append(abs(ms["again"] / ms["device"] - 1))
+        if auto["choice"] == RUN.M_PAIR:
+            rung = RUN.find(ladder, RUN.M_PAIR, w)
+            moved.append(abs(auto["median_ms"] / host["median_ms"] - ms["device"] / ms["host"]))
+            spreads.append(abs(auto["median_ms"] / rung["median_ms"] - 1))
+    assert len(moved) == 4 and 0.008 < max(moved) < 0.015 and max(moved) > max(spreads)
