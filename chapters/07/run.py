@@ -119,6 +119,8 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 # The M pair's producer-tail twin beside it at both cells: its barrier stalls without the idle producer warps
 # (left out, as from every part, while it has not run on a GPU: ladder_names). k6/auto-host beside k6/auto at
 # 65,536 rows: the same rung on the host list, where the device walk costs the most (8-18 us a launch).
+# At 65,536 rows s=1.2 the M pair's three walks and k6/auto-host (its host-list twin there): the one cell where the
+# walk part timed both remedies slower than the plain device walk.
 PROFILED = {
     Workload(65536, 0.0): ("k6/auto", "k6/auto-host", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192",
                            "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-cursor",
@@ -127,6 +129,8 @@ PROFILED = {
                            "k6/pingpong-cluster-bn192-g8", "k3/tmastore-bn192", "peer/quack"),
     Workload(16384, 0.0): ("k6/auto", "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-tail",
                            "k6/pingpong-mcluster-bn192-cursor", "k6/pingpong-mcluster-bn192-listed", "peer/quack"),
+    Workload(65536, 1.2): ("k6/auto-host", "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-cursor",
+                           "k6/pingpong-mcluster-bn192-listed"),
 }
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile"})
@@ -366,13 +370,26 @@ def walk_table(records: Sequence[dict[str, Any]]) -> Table:
             return "-" if key not in ms or "host" not in ms else f"{100 * (ms[key] / ms['host'] - 1):+.1f}%"
 
         spread = abs(ms["again"] / ms["device"] - 1) if "device" in ms and "again" in ms else None
+        drift = round_range(records, cell)
         rows.append((cell.short_label, *("-" if k not in ms else f"{1e3 * ms[k]:.1f}" for k in shown),
-                     *map(over_host, ("device", *remedies)), "-" if spread is None else f"{100 * spread:.1f}%"))
-    return Table(("cell", *(f"{k} us" for k in shown), "device", *remedies, "spread"), tuple(rows),
+                     *map(over_host, ("device", *remedies)), "-" if spread is None else f"{100 * spread:.1f}%",
+                     "-" if drift is None else f"{100 * drift:.1f}%"))
+    return Table(("cell", *(f"{k} us" for k in shown), "device", *remedies, "spread", "rounds"), tuple(rows),
                  title="The device walk's cost: the M pair on it, on the host list and with " + " and with ".join(
                      {"cursor": "the cursor", "listed": "a unit list"}[k] for k in remedies),
-                 legend=f"us: median per launch, same inputs, interleaved rounds; {', '.join(['device', *remedies])}: "
-                        "extra time over the host list; spread: the same kernel timed twice (device against again)")
+                 legend=f"us: median per launch over the rounds, same inputs, interleaved rounds; "
+                        f"{', '.join(['device', *remedies])}: extra time over the host list; spread: the same kernel "
+                        "timed twice (device against again); rounds: how far that kernel's slowest round median lies "
+                        "above its fastest")
+
+
+def round_range(records: Sequence[dict[str, Any]], cell: Workload) -> float | None:
+    """The walk part's identical kernel (the M pair under both its names) at ``cell``: its slowest round's median over
+    its fastest's, less one. A slow spell of the GPU shows here and not in the spread, whose two names are timed
+    next to each other in every round."""
+    walk = of_part(records, "walk")
+    rounds = [ms for k in ("device", "again") if (r := find(walk, WALKS[k], cell)) for ms in r["round_medians_ms"]]
+    return max(rounds) / min(rounds) - 1 if len(rounds) > 2 else None
 
 
 # --------------------------------------------------------------------------- targets

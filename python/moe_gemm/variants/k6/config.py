@@ -222,8 +222,8 @@ LADDER: dict[str, K6Config] = {
 # them out (and says so), their GPU tests skip, and the validation record does not cover them. To admit them:
 # `python -m moe_gemm.measure.validation run k6 --admit` on an sm_90a GPU runs their GPU tests and
 # compute-sanitizer with the family's and records those that pass; then take their names out of here.
-# The PDL, private-ring, producer-tail and cursor rungs passed on an H100 (2026-12-06).
-NOT_YET_RUN: frozenset[str] = frozenset({"k6/pingpong-mcluster-bn192-listed"})
+# The PDL, private-ring, producer-tail, cursor and unit-list rungs passed on an H100 (2026-12-06).
+NOT_YET_RUN: frozenset[str] = frozenset()
 
 # The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B = [W_gate | W_up],
 # C = silu(gate) * up [M_tot, N / 2]. BN = 128 (64 gate columns and their 64 up columns per tile), the
