@@ -705,10 +705,29 @@ def test_the_walk_cursor_reads_as_the_page_says():
     assert pair["gmma_pipe_pct"] < cursor["gmma_pipe_pct"] <= host["gmma_pipe_pct"]
 
 
+def test_the_slow_spells_cell_reads_as_the_others_under_the_profiler():
+    """At 65,536 rows s=1.2 under ncu (fixed clocks): each remedy's launch between the host list's and the plain
+    walk's, with fewer instructions than the plain walk; the plain walk adds as many instructions per tile as at
+    s=0 (within 5%) and more time to the launch than the timed rounds' median gave it there."""
+    data, walk = walk_part_on_the_h100()
+    at = {(p["variant"], p["skew"]): p for p in data["profile"] if p["tokens"] == 65536}
+    if (RUN.LISTED, 1.2) not in at:
+        pytest.skip("no profile at 65,536 rows, s=1.2")
+    host, pair = at[RUN.AUTO_HOST, 1.2], at[RUN.M_PAIR, 1.2]
+    for remedy in (at[RUN.CURSOR, 1.2], at[RUN.LISTED, 1.2]):
+        assert host["duration_ns"] < remedy["duration_ns"] < pair["duration_ns"]
+        assert remedy["instructions"] < pair["instructions"]
+    per_tile = {skew: (at[RUN.M_PAIR, skew]["instructions"] - at[RUN.AUTO_HOST, skew]["instructions"])
+                / walk[RUN.Workload(65536, skew)]["device"]["tiles"] for skew in (0.0, 1.2)}
+    assert abs(per_tile[1.2] / per_tile[0.0] - 1) < 0.05
+    timed = walk[RUN.Workload(65536, 1.2)]
+    assert pair["duration_ns"] - host["duration_ns"] > 1e6 * (timed["device"]["median_ms"] - timed["host"]["median_ms"])
+
+
 def test_the_unit_list_reads_as_the_page_says():
     """The unit list on the H100: within 1% of the host list at 65,536 balanced rows (the prediction), no cell more
     than the largest spread over the cursor; under ncu at that cell more of the walk's instructions saved than the
-    cursor saves, a pipe at least the cursor's and a launch between the host list's and the cursor's; what it leaves
+    cursor saves, a pipe at least the cursor's and a launch within 1% of the host list's; what it leaves
     is 1-5 us at every cell but the slow spell's, whatever the tiles; a pair of blocks takes at most the list's 128
     units at the seed five."""
     data, walk = walk_part_on_the_h100()
@@ -724,7 +743,7 @@ def test_the_unit_list_reads_as_the_page_says():
                                   for v in (RUN.M_PAIR, RUN.CURSOR, RUN.LISTED, RUN.AUTO_HOST))
     assert host["instructions"] < listed["instructions"] < cursor["instructions"] < pair["instructions"]
     assert listed["gmma_pipe_pct"] >= cursor["gmma_pipe_pct"]
-    assert host["duration_ns"] < listed["duration_ns"] < cursor["duration_ns"]
+    assert host["duration_ns"] < listed["duration_ns"] < 1.01 * host["duration_ns"]
     pairs = data["provenance"]["sm_count"] // 2
     assert max(walk[w]["device"]["tiles"] for w in RUN.SEED_FIVE) / 2 / pairs <= 128
 
