@@ -28,8 +28,8 @@ The train part times a training step without the optimizer (forward, then the ba
 gradient into the weights and the input) of our layer, the same code on torch._grouped_mm,
 transformers' grouped_mm block and, where quack is installed, the experts on quack's kernels (its fused
 SwiGLU forward and backward, its varlen-K weight gradients), at --train-tokens (4,096 and 32,768), eagerly
-and as graph replays, with
-its peak memory over the weights, inputs and gradients. The scoreboard then times our op as a model
+and as graph replays, with its peak memory over the weights, inputs and gradients and one eager step's GPU
+time split by kind of kernel (moe_gemm.measure.kernel_split). The scoreboard then times our op as a model
 calls it (op/grouped_mm: moe_gemm.torch.grouped_mm on torch tensors) beside torch._grouped_mm and quack
 over chapter 06's grid (M_tot 512 .. 65,536 x s 0 .. 1.6) and the model projections chapter 07 times,
 eagerly and as CUDA-graph replays. The bucketing part tunes the op exactly at both ends of three M_tot
@@ -205,6 +205,23 @@ def train_table(train: Sequence[dict[str, Any]]) -> Table:
                       (("peak GiB", memory), ("eager only", not_captured)))
 
 
+def train_split_table(train: Sequence[dict[str, Any]]) -> Table:
+    """Per layer size, token count and way, one eager step's GPU milliseconds by kind of kernel (the kinds any
+    row has, in moe_gemm.measure.kernel_split's order), their sum, and the step's own time."""
+    from moe_gemm.measure.kernel_split import KINDS, OTHER
+
+    split = [r for r in train if r.get("kernel_ms_by_kind")]
+    kinds = [k for k in (*(kind for kind, _ in KINDS), OTHER) if any(k in r["kernel_ms_by_kind"] for r in split)]
+    rows = tuple((f"H={r['hidden']} E={r['experts']}", f"{r['tokens']:,}", SHORT[r["variant"]],
+                  *(f"{r['kernel_ms_by_kind'][k]:.2f}" if k in r["kernel_ms_by_kind"] else "-" for k in kinds),
+                  f"{sum(r['kernel_ms_by_kind'].values()):.2f}", f"{r['eager_ms']:.2f}") for r in split)
+    return Table(("layer", "tokens", "way", *kinds, "sum", "eager ms"), rows,
+                 title="Where a training step's GPU time goes: ms by kind of kernel",
+                 legend="one eager step under torch's profiler (the mean of three), each kernel's time summed by "
+                        "what it does (moe_gemm.measure.kernel_split.KINDS, by kernel name); sum: every kernel; "
+                        "eager ms: the step's median time, the host's gaps between kernels included")
+
+
 def steps_table(steps: Sequence[dict[str, Any]]) -> Table:
     rows = tuple((f"H={s['hidden']} E={s['experts']}", f"{s['tokens']:,}",
                   *(f"{s[f'{step}_ms']:.3f}" for step in STEPS),
@@ -274,6 +291,8 @@ def report(data: dict[str, Any]) -> None:
         show(fused_table(data["fused_epilogue"]))
     if data.get("train"):
         show(train_table(data["train"]))
+        if any(r.get("kernel_ms_by_kind") for r in data["train"]):
+            show(train_split_table(data["train"]))
     eager = eager_table([*(r for r in records if r.get("part") == "layer"), *data.get("train", [])])
     if eager.rows:
         show(eager)

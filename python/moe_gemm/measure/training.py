@@ -114,9 +114,9 @@ def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transforme
                   forward_too: bool = False) -> list[Row]:
     """Each of TRAIN_WAYS' training steps over one seeded_layer at each token count, on the same tokens
     and output gradient: its peak memory, its time eagerly and as CUDA-graph replays (eager_and_graph),
-    and its gradients' error against ours (the worst of gate, w_gate_up, w_down; checked()). ``forward_too``:
-    also the forward pass alone with autograd recording (``forward_eager_ms``), eagerly, as SonicMoE times it
-    to split a step into its forward and its backward."""
+    its GPU time by kind of kernel (kernel_split), and its gradients' error against ours (the worst of gate,
+    w_gate_up, w_down; checked()). ``forward_too``: also the forward pass alone with autograd recording
+    (``forward_eager_ms``), eagerly, as SonicMoE times it to split a step into its forward and its backward."""
     import torch
 
     layer = seeded_layer(shape)
@@ -160,6 +160,7 @@ def time_way(layer: Any, name: str, x: Any, dy: Any, reference: list[Any] | None
                      else max(relative_error(g, r) for g, r in zip(gradients, reference)))
             del gradients
             timed = eager_and_graph(step, release=lambda: drop_gradients(tensors))
+            timed["kernel_ms_by_kind"] = kernel_split(step, tensors)
             if forward_too:
                 timed["forward_eager_ms"] = time_call(lambda: way.forward(x), graph=False).median_ms
     except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as failure:
@@ -175,6 +176,22 @@ def time_way(layer: Any, name: str, x: Any, dy: Any, reference: list[Any] | None
     if timed["graph_error"]:
         progress(f"  {name} is timed eagerly: it does not capture ({timed['graph_error']})")
     return {**timed, "peak_extra_bytes": memory, "grad_rel_error_vs_ours": error, "gradients": kept}
+
+
+def kernel_split(step: Callable[[], None], tensors: Sequence[Any]) -> dict[str, float] | None:
+    """One eager ``step``'s GPU milliseconds by kind of kernel (moe_gemm.measure.kernel_split), its gradients
+    dropped after each profiled step; None, after saying why, where torch's profiler gives no kernels (CUPTI
+    unavailable): the timing stands without it."""
+    from moe_gemm.measure.kernel_split import kernel_ms, split_by_kind
+
+    try:
+        split = split_by_kind(kernel_ms(step, release=lambda: drop_gradients(tensors)))
+    except RuntimeError as failure:
+        progress(f"  no kernel split: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}")
+        return None
+    if not split:
+        progress("  no kernel split: the profiler recorded no kernels")
+    return split or None
 
 
 def measure_training_config(config: TrainingConfig) -> list[Row]:
