@@ -128,6 +128,17 @@ def test_other_dtypes_are_refused_at_construction_and_a_mismatched_input_in_forw
         layer(torch.randn(4, 64))
 
 
+def test_an_input_of_another_width_or_device_is_refused_before_any_work():
+    layer = MoELayer(64, 128, 8, 2)
+    with pytest.raises(ValueError, match=r"must be \[\.\.\., hidden = 64\], got \(4, 63\)"):
+        layer(torch.randn(4, 63, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"hidden = 64\], got \(\)"):
+        layer(torch.tensor(1.0, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="the parameters' device cpu, got meta"):
+        layer(torch.empty(4, 64, dtype=torch.bfloat16, device="meta"))
+    assert layer(torch.randn(2, 3, 64, dtype=torch.bfloat16)).shape == (2, 3, 64)  # any leading shape
+
+
 def test_from_transformers_keeps_an_fp32_blocks_dtype():
     """transformers builds its blocks in fp32 by default: the copied layer runs (and trains) in fp32."""
     pytest.importorskip("transformers")

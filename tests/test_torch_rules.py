@@ -46,6 +46,9 @@ def test_bf16_and_fp16_with_their_own_or_an_fp32_output_go_to_k6_built_for_them(
     (dict(a_shape=(1000, 0), a_strides=(0, 1), b_shape=(64, 0, 2688), b_strides=(0, 2688, 1)),
      "K and N must be >= 1, got K = 0, N = 2688"),
     (dict(b_shape=(64, 1024, 0), b_strides=(0, 0, 1)), "K and N must be >= 1, got K = 1024, N = 0"),
+    (dict(a_dtype="float64", b_dtype="float64"), "a and b must be one of bfloat16, float16, float32 .* got float64"),
+    (dict(a_dtype="int8", b_dtype="int8"), "a and b must be one of .* got int8"),
+    (dict(out_dtype="float64"), "out_dtype must be one of bfloat16, float16, float32 .* got float64"),
 ])
 def test_malformed_inputs_raise_naming_the_rule(changes, rule):
     with pytest.raises(ValueError, match=rule):

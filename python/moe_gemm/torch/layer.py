@@ -164,8 +164,14 @@ class MoELayer(torch.nn.Module):
         self.fused = fused and dtype != torch.float32 and intermediate % SWIGLU_BLOCK == 0
 
     def forward(self, x: torch.Tensor, gemm: GroupedMM = our_grouped_mm) -> torch.Tensor:
+        hidden = self.gate.shape[1]
+        if x.dim() < 1 or x.shape[-1] != hidden:
+            raise ValueError(f"MoELayer: the input must be [..., hidden = {hidden}], got {tuple(x.shape)}")
         if x.dtype != self.gate.dtype:
             raise ValueError(f"MoELayer: the input must have the parameters' dtype {self.gate.dtype}, got {x.dtype}")
+        if x.device != self.gate.device:
+            raise ValueError(f"MoELayer: the input must be on the parameters' device {self.gate.device}, got "
+                             f"{x.device}")
         fused = self.fused and gemm is our_grouped_mm  # other GEMMs run SwiGLU as its own pass
         tokens = x.reshape(-1, x.shape[-1])
         out = moe_forward(tokens, self.gate, self.w_gate_up, self.w_down, self.top_k, self.normalize, gemm, fused)

@@ -67,6 +67,9 @@ class Route:
     out: str | None = None  # k6's output type, "bf16", "fp16" or "fp32"
 
 
+GROUPED_MM_TYPES = ("bfloat16", "float16", "float32")  # the op's types: ours take the first two, torch all three
+
+
 def check(op: Operands) -> None:
     """ValueError naming the first rule of a 2D x 3D grouped GEMM these operands break."""
     if len(op.a_shape) != 2:
@@ -90,6 +93,10 @@ def check(op: Operands) -> None:
                          f"and offs on {op.offs_device}")
     if op.a_dtype != op.b_dtype:
         raise ValueError(f"grouped_mm: a and b must share a dtype, got {op.a_dtype} and {op.b_dtype}")
+    for what, dtype in (("a and b", op.a_dtype), ("out_dtype", op.out_dtype)):
+        if dtype not in GROUPED_MM_TYPES:
+            raise ValueError(f"grouped_mm: {what} must be one of {', '.join(GROUPED_MM_TYPES)} (torch._grouped_mm's "
+                             f"types), got {dtype}")
 
 
 def check_offsets(ends: Sequence[int], tokens: int) -> None:
