@@ -86,3 +86,29 @@ def test_offsets_must_rise_and_end_at_or_below_m_tot():
     with pytest.raises(ValueError, match="non-decreasing"):
         check_offsets([-1, 5], 5)
     check(operands())  # well-formed: no error
+
+
+def grad_operands(**changes):
+    from moe_gemm.torch.rules import GradOperands
+
+    base = dict(a_shape=(4096, 1024), a_strides=(1024, 1), a_dtype="bfloat16", dc_shape=(4096, 2688),
+                dc_strides=(2688, 1), dc_dtype="bfloat16", offs_shape=(64,), offs_dtype="int32")
+    base.update(changes)
+    return GradOperands(**base)
+
+
+@pytest.mark.parametrize("changes, rule", [
+    (dict(a_shape=(4096,)), "a and dc must be 2-D"),
+    (dict(dc_shape=(4000, 2688)), r"same rows \(M_tot\), got 4096 and 4000"),
+    (dict(offs_dtype="int64"), "offs must be int32"),
+    (dict(dc_dtype="float16"), "a and dc must share a dtype"),
+    (dict(a_dtype="float64", dc_dtype="float64"), "a and dc must be one of bfloat16, float16, float32 .* got float64"),
+    (dict(out_dtype="float64"), "the output must be one of .* got float64"),
+    (dict(accumulate=True), "accumulate=True adds into an fp32 out"),
+])
+def test_malformed_weight_gradients_raise_naming_the_rule(changes, rule):
+    from moe_gemm.torch.rules import check_weight_grad
+
+    check_weight_grad(grad_operands())  # the well-formed base passes
+    with pytest.raises(ValueError, match=rule):
+        check_weight_grad(grad_operands(**changes))

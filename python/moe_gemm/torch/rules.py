@@ -190,6 +190,10 @@ def check_weight_grad(op: GradOperands) -> None:
                          f"{op.dc_device} and offs on {op.offs_device}")
     if op.a_dtype != op.dc_dtype:
         raise ValueError(f"weight_grad: a and dc must share a dtype, got {op.a_dtype} and {op.dc_dtype}")
+    for what, dtype in (("a and dc", op.a_dtype), ("the output", op.out_dtype)):
+        if dtype not in GROUPED_MM_TYPES:
+            raise ValueError(f"weight_grad: {what} must be one of {', '.join(GROUPED_MM_TYPES)} (torch._grouped_mm's "
+                             f"types), got {dtype}")
     if op.accumulate and op.out_dtype != "float32":
         raise ValueError(f"weight_grad: accumulate=True adds into an fp32 out (a 16-bit sum would round at every "
                          f"micro-batch), got out of {op.out_dtype}")
