@@ -9,7 +9,8 @@ silu(gate) [I] (the product's other factor) and the activation [I] (GEMM 2's A, 
 function keeps h alone: the token rows are gathered again from x (which the caller holds anyway) and the
 activation is recomputed from h by the backward's own SwiGLU pass, which needs h's two halves in any
 case. Per routed row that is 2I elements instead of H + 4I; with the combine's saved expert output [H],
-H + 2I against 2H + 4I: half (moe_gemm.model.workloads.LayerShape.saved_elements_per_row).
+H + 2I against 2H + 4I: half (moe_gemm.model.workloads.LayerShape.saved_elements_per_row). And h is held no
+longer than it is read: the backward empties its storage once SwiGLU's backward is done (:func:`release`).
 
 The forward runs GEMM 1 without the fused SwiGLU epilogue, because the backward needs h and the fused
 kernel never writes it (the inference forward, MoELayer under no_grad, keeps the fused launch). The
@@ -40,6 +41,23 @@ def token_sums(rows: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Ten
     return torch.ops.moe_gemm.combine(rows, inverse_permutation(order), ones, top_k)
 
 
+# --8<-- [start:release]
+def release(saved: torch.Tensor) -> None:
+    """Free a saved tensor's memory once the backward has used it. Autograd holds what save_for_backward kept
+    until the whole backward returns, and h [M, 2I] is the largest of it: held to the end it sits beside dh,
+    the gathered token rows and both weight gradients at the backward's peak. Emptying its storage frees it
+    where the saved-tensor hooks (offloading, activation checkpointing) still see it saved. Not under
+    torch.compile, which traces the backward as a graph and plans its buffers itself."""
+    if not torch.compiler.is_compiling():
+        saved.untyped_storage().resize_(0)
+# --8<-- [end:release]
+
+
+def released(saved: torch.Tensor) -> bool:
+    """Whether :func:`release` emptied ``saved`` (a second backward through the same forward would read it)."""
+    return not torch.compiler.is_compiling() and saved.numel() > 0 and saved.untyped_storage().nbytes() == 0
+
+
 # --8<-- [start:experts]
 class _Experts(torch.autograd.Function):
     @staticmethod
@@ -54,11 +72,15 @@ class _Experts(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
         x, order, offs, h, w_gate_up, w_down = ctx.saved_tensors
+        if released(h):
+            raise RuntimeError("moe_gemm's experts: a second backward through one forward; the first freed the "
+                               "saved pre-activation once used (retain_graph=True cannot keep it)")
         needs_x, needs_gate_up, needs_down = ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[4]
         dy = dy.contiguous().to(h.dtype)
         dh, act = grouped_mm_dswiglu(dy, w_down, offs, h)  # dact never leaves the GEMM where k6 fuses it
+        release(h)
         dw_down = weight_grad(act, dy, offs, w_down.dtype) if needs_down else None
-        del act
+        del act, dy
         dx = None
         if needs_x:
             dx = token_sums(grouped_mm(dh, w_gate_up.transpose(1, 2), offs, x.dtype), order, ctx.top_k)
