@@ -222,7 +222,8 @@ LADDER: dict[str, K6Config] = {
 # them out (and says so), their GPU tests skip, and the validation record does not cover them. To admit them:
 # `python -m moe_gemm.measure.validation run k6 --admit` on an sm_90a GPU runs their GPU tests and
 # compute-sanitizer with the family's and records those that pass; then take their names out of here.
-# The PDL, private-ring, producer-tail, cursor and unit-list rungs passed on an H100 (2026-12-06).
+# The PDL, private-ring, producer-tail, cursor and unit-list rungs passed on an H100 (2026-12-06). The unit list
+# carried into each other candidate of k6/auto (LISTED_TWINS, below) has not run yet.
 NOT_YET_RUN: frozenset[str] = frozenset()
 
 # The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B = [W_gate | W_up],
@@ -262,6 +263,14 @@ AUTO_CANDIDATES: tuple[str, ...] = (
     "k6/coop256-cluster-bn128", "k6/coop256-cluster-bn192", "k6/pingpong-cluster-bn192-g8",
     "k6/coop256-cluster-bn128-g8", "k6/pingpong-mcluster-bn192",
 )
+
+# The unit list, which chapter 07's walk part put within 1% of the host list at 65,536 balanced rows on the M pair,
+# carried into each other candidate of k6/auto: built and compiled, for k6/auto to choose among once they have run
+# on a GPU (the change to every device-walked rung the chapter's page names as the walk's next step).
+LISTED_TWINS: dict[str, K6Config] = {f"{name}-listed": LADDER[name].replace(listed=True) for name in AUTO_CANDIDATES
+                                     if f"{name}-listed" not in LADDER}
+LADDER.update(LISTED_TWINS)
+NOT_YET_RUN = NOT_YET_RUN | frozenset(LISTED_TWINS)
 
 # What the torch op chooses among for b given K-major: the -kmajor rungs, each validated on the GPU as
 # a LADDER rung (four, not all nine candidates: every rung is compiled and tested in CI).
