@@ -70,6 +70,14 @@ class Route:
 GROUPED_MM_TYPES = ("bfloat16", "float16", "float32")  # the op's types: ours take the first two, torch all three
 
 
+def check_types(op: str, *named: tuple[str, str]) -> None:
+    """ValueError naming the first of ``named`` (what, dtype) whose dtype is not one of GROUPED_MM_TYPES."""
+    for what, dtype in named:
+        if dtype not in GROUPED_MM_TYPES:
+            raise ValueError(f"{op}: {what} must be one of {', '.join(GROUPED_MM_TYPES)} (torch._grouped_mm's "
+                             f"types), got {dtype}")
+
+
 def check(op: Operands) -> None:
     """ValueError naming the first rule of a 2D x 3D grouped GEMM these operands break."""
     if len(op.a_shape) != 2:
@@ -93,10 +101,7 @@ def check(op: Operands) -> None:
                          f"and offs on {op.offs_device}")
     if op.a_dtype != op.b_dtype:
         raise ValueError(f"grouped_mm: a and b must share a dtype, got {op.a_dtype} and {op.b_dtype}")
-    for what, dtype in (("a and b", op.a_dtype), ("out_dtype", op.out_dtype)):
-        if dtype not in GROUPED_MM_TYPES:
-            raise ValueError(f"grouped_mm: {what} must be one of {', '.join(GROUPED_MM_TYPES)} (torch._grouped_mm's "
-                             f"types), got {dtype}")
+    check_types("grouped_mm", ("a and b", op.a_dtype), ("out_dtype", op.out_dtype))
 
 
 def check_offsets(ends: Sequence[int], tokens: int) -> None:
@@ -190,10 +195,7 @@ def check_weight_grad(op: GradOperands) -> None:
                          f"{op.dc_device} and offs on {op.offs_device}")
     if op.a_dtype != op.dc_dtype:
         raise ValueError(f"weight_grad: a and dc must share a dtype, got {op.a_dtype} and {op.dc_dtype}")
-    for what, dtype in (("a and dc", op.a_dtype), ("the output", op.out_dtype)):
-        if dtype not in GROUPED_MM_TYPES:
-            raise ValueError(f"weight_grad: {what} must be one of {', '.join(GROUPED_MM_TYPES)} (torch._grouped_mm's "
-                             f"types), got {dtype}")
+    check_types("weight_grad", ("a and dc", op.a_dtype), ("the output", op.out_dtype))
     if op.accumulate and op.out_dtype != "float32":
         raise ValueError(f"weight_grad: accumulate=True adds into an fp32 out (a 16-bit sum would round at every "
                          f"micro-batch), got out of {op.out_dtype}")

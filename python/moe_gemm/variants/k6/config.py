@@ -218,14 +218,6 @@ LADDER: dict[str, K6Config] = {
 }
 # --8<-- [end:ladder]
 
-# Rungs built, compiled and inspected on every machine that have not yet run on a GPU: chapter 07's run leaves
-# them out (and says so), their GPU tests skip, and the validation record does not cover them. To admit them:
-# `python -m moe_gemm.measure.validation run k6 --admit` on an sm_90a GPU runs their GPU tests and
-# compute-sanitizer with the family's and records those that pass; then take their names out of here.
-# The PDL, private-ring, producer-tail, cursor and unit-list rungs passed on an H100 (2026-12-06). The unit list
-# carried into each other candidate of k6/auto (LISTED_TWINS, below) has not run yet.
-NOT_YET_RUN: frozenset[str] = frozenset()
-
 # The fused SwiGLU epilogue of an MoE layer's first GEMM (chapter 08): B = [W_gate | W_up],
 # C = silu(gate) * up [M_tot, N / 2]. BN = 128 (64 gate columns and their 64 up columns per tile), the
 # device walk; the cluster rungs are the fused twins of k6/pingpong-cluster-bn128 and
@@ -270,7 +262,14 @@ AUTO_CANDIDATES: tuple[str, ...] = (
 LISTED_TWINS: dict[str, K6Config] = {f"{name}-listed": LADDER[name].replace(listed=True) for name in AUTO_CANDIDATES
                                      if f"{name}-listed" not in LADDER}
 LADDER.update(LISTED_TWINS)
-NOT_YET_RUN = NOT_YET_RUN | frozenset(LISTED_TWINS)
+
+# Rungs built, compiled and inspected on every machine that have not yet run on a GPU: chapter 07's run leaves
+# them out (and says so), their GPU tests skip, and the validation record does not cover them. To admit them:
+# `python -m moe_gemm.measure.validation run k6 --admit` on an sm_90a GPU runs their GPU tests and
+# compute-sanitizer with the family's and records those that pass; then take their names out of here.
+# The PDL, private-ring, producer-tail, cursor and unit-list rungs passed on an H100 (2026-12-06); the unit list's
+# twins above have not run yet.
+NOT_YET_RUN: frozenset[str] = frozenset(LISTED_TWINS)
 
 # What the torch op chooses among for b given K-major: the -kmajor rungs, each validated on the GPU as
 # a LADDER rung (four, not all nine candidates: every rung is compiled and tested in CI).
