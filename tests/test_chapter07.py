@@ -789,3 +789,28 @@ def test_the_walks_cost_moves_between_the_ladder_and_the_walk_part_as_the_page_s
             moved.append(abs(auto["median_ms"] / host["median_ms"] - ms["device"] / ms["host"]))
             spreads.append(abs(auto["median_ms"] / rung["median_ms"] - 1))
     assert len(moved) == 4 and 0.008 < max(moved) < 0.015 and max(moved) > max(spreads)
+
+
+def test_at_dbrx_the_rungs_that_cover_256_rows_beat_every_one_tile_rung_in_k6_autos_tuning():
+    """k6/auto's tuning at DBRX's two projections on the H100 (the models part records every candidate's time):
+    every rung covering 256 rows of an expert at once (the M pair, the 256-row cooperative tiles) is faster than
+    every rung holding one 128-row tile (alone or as the N pair), and the N pair with the raster group of 8 is not
+    among the fastest; the page's arithmetic, B streamed once per 128-row tile, halved, fits within quack's time
+    for the down projection at the H100's datasheet bandwidth."""
+    from moe_gemm.model.roofline import DATASHEET_TBPS
+
+    data = recorded("07", "h100")
+    records = [r for r in (data or {}).get("records", []) if r.get("part", "").startswith("models")]
+    tuned = {(r["K"], r["N"]): r for r in records if r["variant"] == "k6/auto" and r["experts"] == 16}
+    if len(tuned) < 2:
+        pytest.skip("DBRX's projections not measured on the H100")
+    one_tile = ("k6/pingpong-bn128", "k6/pingpong-bn192", "k6/pingpong-cluster-bn128", "k6/pingpong-cluster-bn192")
+    two_tiles = ("k6/pingpong-mcluster-bn192", "k6/coop256-cluster-bn128", "k6/coop256-cluster-bn192")
+    for row in tuned.values():
+        c = row["candidate_ms"]
+        assert max(c[n] for n in two_tiles) < min(c[n] for n in one_tile)
+        assert c["k6/pingpong-cluster-bn192-g8"] > min(c[n] for n in two_tiles)
+    down = tuned[10752, 6144]
+    b_read = down["experts"] * (down["tokens"] // down["experts"] // 128) * down["K"] * down["N"] * 2
+    quack = min(r["median_ms"] for r in records if r["variant"].startswith("peer/quack") and r["K"] == 10752)
+    assert b_read / 2 / (DATASHEET_TBPS["h100"] * 1e12) * 1e3 < quack < b_read / (DATASHEET_TBPS["h100"] * 1e12) * 1e3

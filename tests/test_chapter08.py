@@ -439,3 +439,23 @@ def test_the_new_backward_on_the_h100_reads_as_the_page_says():
     extra = min(fb["fused_ms"], fb["fused_prefetch_ms"], fb["fused_g8_ms"]) - fb["dgemm_ms"] - fb["dswiglu_ms"]
     lost = train["train/ours", 4096, 32768]["median_ms"] - train["train/torch_grouped_mm", 4096, 32768]["median_ms"]
     assert extra > 0 and lost > 5 and not LAUNCH_FUSED  # the layer runs SwiGLU's backward unfused
+
+
+def test_the_kernel_split_accounts_for_the_mixtral_like_gap_as_the_page_says():
+    """One eager training step at the Mixtral-like size and 32,768 tokens, split by kind of kernel: the kinds sum to
+    within 3% of the step's time for both ways; our GEMMs (k6 and k7) take longer in sum than the torch layer's
+    torch._grouped_mm, our elementwise kernels longer than its, its copies longer than ours; the first two together
+    exceed what the step loses; the training forward launches neither fused kernel (SwiGLU's forward or backward)."""
+    data = recorded("08", "h100")
+    split = {r["variant"]: r for r in (data or {}).get("train", [])
+             if r.get("kernel_ms_by_kind") and r["hidden"] == 4096 and r["tokens"] == 32768}
+    if not split:
+        pytest.skip("no kernel split at the Mixtral-like size on the H100")
+    for row in split.values():
+        assert sum(row["kernel_ms_by_kind"].values()) == pytest.approx(row["eager_ms"], rel=0.03)
+    o, t = split["train/ours"]["kernel_ms_by_kind"], split["train/torch_grouped_mm"]["kernel_ms_by_kind"]
+    gemms = o["GEMM (ours)"] + o["dW (ours)"] - t["GEMM (torch)"]
+    elementwise = o["elementwise"] - t["elementwise"]
+    assert gemms > 0 and elementwise > 0 and t["copies"] > o["copies"]
+    assert gemms + elementwise > sum(o.values()) - sum(t.values()) > 0
+    assert "dA + dSwiGLU (ours)" not in o and "GEMM 1 + SwiGLU (ours)" not in o
