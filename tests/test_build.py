@@ -309,3 +309,17 @@ def test_the_cache_writes_each_file_whole_under_a_name_of_its_own(tmp_path, monk
     assert [os.path.basename(dst) for _, dst in renamed] == ["entry.cubin", "entry.json"]  # the .json last
     assert all(src != dst and src.endswith(".tmp") for src, dst in renamed)
     assert (tmp_path / "entry.cubin").read_bytes() == compiled.cubin and not list(tmp_path.glob("*.tmp"))
+
+
+def test_nvrtcs_own_cache_is_off_so_every_compile_returns_its_ptxas_report(kernels, monkeypatch):
+    """compile_kernel passes --no-cache (NVRTC's own cache answered repeated compiles on the GPU machine with an
+    empty log); the same program compiled twice without our cache reports its registers both times."""
+    from cuda.core import ProgramOptions
+
+    if "no_cache" not in ProgramOptions.__dataclass_fields__:
+        pytest.skip("this cuda.core has no no_cache option")
+    assert nvrtc._compiler_cache_off() == {"no_cache": True}
+    (kernels / "tiny.cu").write_text(TINY)
+    first, second = (compile_kernel("tiny.cu", "scale<3>", arch="sm_90a", defines={"OFFSET": 1}, use_cache=False)
+                     for _ in range(2))
+    assert first.report == second.report and first.report.registers > 0 and first.symbol in second.log

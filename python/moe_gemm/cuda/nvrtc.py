@@ -130,6 +130,19 @@ def compile_kernel(
     return compiled
 
 
+def _compiler_cache_off() -> dict[str, bool]:
+    """ProgramOptions' switch for NVRTC's own compile cache (--no-cache), where this cuda.core has it.
+
+    Seen on the GPU machine (cuda.core 1.2.0, NVRTC 13.0), never here: a program compiled a second time, in the same
+    process or another, even under an extra unused -D macro, came back with an empty log, so without the ptxas
+    report that compile_kernel parses. NVRTC's compile cache is the likely cause (an unused macro leaves the
+    preprocessed program, and so a cache's key, unchanged); compile_kernel's own cache already keeps each report,
+    so NVRTC's is turned off. Not yet run on the GPU machine."""
+    from cuda.core import ProgramOptions
+
+    return {"no_cache": True} if "no_cache" in getattr(ProgramOptions, "__dataclass_fields__", {}) else {}
+
+
 def _nvrtc_compile(source: str, source_file: str, name: str, arch: str, defines: list[str],
                    options: tuple[str, ...], kernel_dir: Path) -> CompiledKernel:
     from cuda.core import Program, ProgramOptions
@@ -139,6 +152,7 @@ def _nvrtc_compile(source: str, source_file: str, name: str, arch: str, defines:
         define_macro=defines or None, lineinfo=True,
         # one flag per ptxas option; -v makes ptxas print the resource report into the log
         ptxas_options=["-v", "--warn-on-spills", *options],
+        **_compiler_cache_off(),
     )
     log = io.StringIO()
     try:
