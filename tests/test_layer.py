@@ -128,15 +128,23 @@ def test_other_dtypes_are_refused_at_construction_and_a_mismatched_input_in_forw
         layer(torch.randn(4, 64))
 
 
-def test_an_input_of_another_width_or_device_is_refused_before_any_work():
-    layer = MoELayer(64, 128, 8, 2)
-    with pytest.raises(ValueError, match=r"must be \[\.\.\., hidden = 64\], got \(4, 63\)"):
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_an_input_of_another_width_or_device_or_no_tensor_is_refused_before_any_work(fp8):
+    from moe_gemm.torch.fp8_layer import FP8MoELayer
+
+    layer = MoELayer(128, 128, 8, 2)
+    if fp8:
+        layer = FP8MoELayer.from_layer(layer)
+    name = type(layer).__name__
+    with pytest.raises(ValueError, match=rf"^{name}: the input must be \[\.\.\., hidden = 128\], got \(4, 63\)"):
         layer(torch.randn(4, 63, dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match=r"hidden = 64\], got \(\)"):
+    with pytest.raises(ValueError, match=r"hidden = 128\], got \(\)"):
         layer(torch.tensor(1.0, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="the parameters' device cpu, got meta"):
-        layer(torch.empty(4, 64, dtype=torch.bfloat16, device="meta"))
-    assert layer(torch.randn(2, 3, 64, dtype=torch.bfloat16)).shape == (2, 3, 64)  # any leading shape
+        layer(torch.empty(4, 128, dtype=torch.bfloat16, device="meta"))
+    with pytest.raises(TypeError, match=rf"^{name}: x must be a torch.Tensor, got NoneType"):
+        layer(None)
+    assert layer(torch.randn(2, 3, 128, dtype=torch.bfloat16)).shape == (2, 3, 128)  # any leading shape
 
 
 def test_from_transformers_keeps_an_fp32_blocks_dtype():

@@ -70,6 +70,28 @@ def test_out_dtype_none_is_as_dtype_and_offs_none_is_a_value_error():
         torch._grouped_mm(a, b)
 
 
+@pytest.mark.parametrize("entry", ["grouped_mm", "grouped_mm_swiglu", "weight_grad", "scaled_grouped_mm",
+                                   "swiglu_scaled_grouped_mm", "quantize_1x128", "swiglu_quantize_1x128",
+                                   "quantize_128x128_t"])
+def test_every_public_op_names_the_argument_that_is_not_a_tensor(entry):
+    """None, the row ends as a list, a numpy array: a TypeError naming the argument, before anything runs, where
+    the op would otherwise fail in an attribute lookup or in torch's dispatcher with its schema."""
+    import moe_gemm.torch as public
+
+    a, b, offs = problem([5, 0, 7], K=128, N=128)
+    scale = torch.ones(1)
+    arguments = {"grouped_mm": (a, b, offs), "grouped_mm_swiglu": (a, b, offs), "weight_grad": (a, a, offs),
+                 "scaled_grouped_mm": (a, b, scale, scale, offs),
+                 "swiglu_scaled_grouped_mm": (a, b, scale, scale, offs),
+                 "quantize_1x128": (a,), "swiglu_quantize_1x128": (a,), "quantize_128x128_t": (b,)}[entry]
+    op = getattr(ops, entry) if entry == "grouped_mm_swiglu" else getattr(public, entry)
+    for position, wrong in ((len(arguments) - 1, offs.tolist()), (0, None), (0, a.float().numpy())):
+        given = list(arguments)
+        given[position] = wrong
+        with pytest.raises(TypeError, match=rf"^{entry}: \w+ must be a torch.Tensor, got {type(wrong).__name__}$"):
+            op(*given)
+
+
 def test_fp32_operands_run_and_give_torchs_answer_with_the_reason_warned_once():
     a, b, offs = problem([5, 0, 7], dtype=torch.float32)
     ops._warned.clear()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from moe_gemm.model.quantize import padded_rows
-from moe_gemm.torch.layer import MoELayer, combine, permute, route
+from moe_gemm.torch.layer import MoELayer, check_input, combine, permute, route
 from moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t
 from moe_gemm.torch.scaled import scaled_grouped_mm, swiglu_scaled_grouped_mm
 
@@ -62,6 +62,7 @@ class FP8MoELayer(torch.nn.Module):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_input("FP8MoELayer", x, self.gate)
         if x.dtype != torch.bfloat16:
             raise ValueError(f"FP8MoELayer takes bf16 tokens, got {x.dtype}")
         rows, row_scales, offs, order, weights = self.dispatch(x.reshape(-1, x.shape[-1]).contiguous())

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from moe_gemm.model.reference import SWIGLU_BLOCK
+from moe_gemm.torch import rules
 from moe_gemm.torch.combine import inverse_permutation  # the module registers torch.ops.moe_gemm.combine
 from moe_gemm.torch.experts import experts
 from moe_gemm.torch.ops import grouped_mm, grouped_mm_swiglu
@@ -124,6 +125,18 @@ def moe_forward(x: torch.Tensor, gate: torch.Tensor, w_gate_up: torch.Tensor, w_
     return combine(y, order, weights, top_k).to(x.dtype)
 
 
+def check_input(layer: str, x: torch.Tensor, gate: torch.Tensor) -> None:
+    """A TypeError unless x is a tensor, a ValueError unless it is [..., H] on the router's device (gate [E, H]):
+    before anything runs, where a wrong hidden size would fail in the router's matmul and another device in
+    the first kernel."""
+    rules.check_tensors(layer, torch.Tensor, x=x)
+    hidden = gate.shape[1]
+    if x.dim() < 1 or x.shape[-1] != hidden:
+        raise ValueError(f"{layer}: the input must be [..., hidden = {hidden}], got {tuple(x.shape)}")
+    if x.device != gate.device:
+        raise ValueError(f"{layer}: the input must be on the parameters' device {gate.device}, got {x.device}")
+
+
 class MoELayer(torch.nn.Module):
     """An MoE feed-forward layer: ``hidden`` -> ``experts`` SwiGLU experts of width ``intermediate``, top_k of
     them per token -> ``hidden``, on inputs [..., hidden] of any leading shape (flattened to tokens and
@@ -164,14 +177,9 @@ class MoELayer(torch.nn.Module):
         self.fused = fused and dtype != torch.float32 and intermediate % SWIGLU_BLOCK == 0
 
     def forward(self, x: torch.Tensor, gemm: GroupedMM = our_grouped_mm) -> torch.Tensor:
-        hidden = self.gate.shape[1]
-        if x.dim() < 1 or x.shape[-1] != hidden:
-            raise ValueError(f"MoELayer: the input must be [..., hidden = {hidden}], got {tuple(x.shape)}")
+        check_input("MoELayer", x, self.gate)
         if x.dtype != self.gate.dtype:
             raise ValueError(f"MoELayer: the input must have the parameters' dtype {self.gate.dtype}, got {x.dtype}")
-        if x.device != self.gate.device:
-            raise ValueError(f"MoELayer: the input must be on the parameters' device {self.gate.device}, got "
-                             f"{x.device}")
         fused = self.fused and gemm is our_grouped_mm  # other GEMMs run SwiGLU as its own pass
         tokens = x.reshape(-1, x.shape[-1])
         out = moe_forward(tokens, self.gate, self.w_gate_up, self.w_down, self.top_k, self.normalize, gemm, fused)

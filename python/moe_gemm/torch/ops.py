@@ -370,6 +370,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = Non
     torch._grouped_mm's 2D x 3D form and keywords (no ``bias``). ``out_dtype=None``: a's dtype."""
     if offs is None:  # torch._grouped_mm raises a RuntimeError here: the 2D x 3D form needs the row ends
         raise ValueError("grouped_mm: a 2-D a and a 3-D b need offs, the int32 cumulative row end of each expert")
+    rules.check_tensors("grouped_mm", torch.Tensor, a=a, b=b, offs=offs)
     if _dispatch_adds_nothing(a, b):
         return _run(a, b, offs, a.dtype if out_dtype is None else out_dtype, "none")
     return _grouped_mm_op(a, b, offs, out_dtype)
@@ -418,6 +419,7 @@ def grouped_mm_swiglu(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> t
     columns, then the up columns, as a checkpoint stores them): [M_tot, I] in a's dtype, for bf16 and fp16 in one
     launch with k6's fused epilogue, which pairs each 64 gate columns with the 64 up columns I further. Autograd
     recomputes a @ b and differentiates the unfused formulas."""
+    rules.check_tensors("grouped_mm_swiglu", torch.Tensor, a=a, b=b, offs=offs)
     if _dispatch_adds_nothing(a, b):
         return _run(a, b, offs, a.dtype, "swiglu")
     return _grouped_mm_swiglu_op(a, b, offs)

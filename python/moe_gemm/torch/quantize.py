@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from moe_gemm.model.quantize import BLOCK, padded_rows, quantize
+from moe_gemm.torch import rules
 
 THREADS = 256  # kernels/k8_quantize.cu: __launch_bounds__(256), 16 threads per group of 128
 LANES = 16
@@ -26,7 +27,9 @@ PIECE = 8  # bf16 elements per 16-byte load
 
 
 def _check(x: torch.Tensor, name: str = "quantize_1x128", halves: int = 1) -> None:
-    """ValueError unless ``x`` is a contiguous 2-D bf16 tensor of ``halves`` halves each PIECE-aligned."""
+    """ValueError unless ``x`` is a contiguous 2-D bf16 tensor of ``halves`` halves each PIECE-aligned (TypeError
+    unless a tensor)."""
+    rules.check_tensors(name, torch.Tensor, x=x)
     if x.dim() != 2:
         raise ValueError(f"{name}: x must be 2-D [M, {'2I' if halves == 2 else 'K'}], got shape {tuple(x.shape)}")
     if x.dtype != torch.bfloat16:
@@ -114,6 +117,7 @@ def swiglu_quantize_1x128(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _check_weights(b: torch.Tensor) -> None:
+    rules.check_tensors("quantize_128x128_t", torch.Tensor, b=b)
     if b.dim() != 3:
         raise ValueError(f"quantize_128x128_t: b must be 3-D [E, K, N], got shape {tuple(b.shape)}")
     if b.dtype != torch.bfloat16:

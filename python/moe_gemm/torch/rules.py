@@ -6,7 +6,8 @@ Two kinds of answer:
 * a **ValueError** naming the rule, for inputs that are malformed for any grouped GEMM (ranks, K
   that does not match, offs of the wrong length or dtype or on another device than a): raised before
   any launch, where torch._grouped_mm's own checks raise (a kernel given offs in host memory would
-  read host addresses on the GPU);
+  read host addresses on the GPU); an argument that is no tensor at all is a TypeError
+  (:func:`check_tensors`), as torch's own ops answer;
 * a :class:`Route`: our kernel (k6, device-walked, B in either layout, bf16 or fp16 in, the input's
   dtype or fp32 out), or torch._grouped_mm with the reason ours cannot take the inputs (fp32 operands,
   K not a multiple of 64, a GPU other than sm_90a, ...). The op warns once per reason. What k6 itself
@@ -68,6 +69,15 @@ class Route:
 
 
 GROUPED_MM_TYPES = ("bfloat16", "float16", "float32")  # the op's types: ours take the first two, torch all three
+
+
+def check_tensors(op: str, tensor_type: type, **named: object) -> None:
+    """TypeError naming the first of ``named`` that is not a ``tensor_type`` (torch.Tensor, passed in so that the
+    rules stay torch-free): None, a list of row ends or a numpy array would otherwise fail deep inside the op with
+    an AttributeError, or in torch's dispatcher with its schema."""
+    for what, value in named.items():
+        if not isinstance(value, tensor_type):
+            raise TypeError(f"{op}: {what} must be a torch.Tensor, got {type(value).__name__}")
 
 
 def check_types(op: str, *named: tuple[str, str]) -> None:

@@ -184,6 +184,7 @@ def scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
                       use_fast_accum: bool = False) -> torch.Tensor:
     """C [M_tot, N] = the product of the dequantized e4m3 operands, expert by expert (module docstring), in
     ``out_dtype`` (None: bf16; or fp32)."""
+    rules.check_tensors("scaled_grouped_mm", torch.Tensor, a=a, b=b, scale_a=scale_a, scale_b=scale_b, offs=offs)
     return torch.ops.moe_gemm.scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype, use_fast_accum)
 
 
@@ -239,6 +240,8 @@ def swiglu_scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Te
     warning per reason) or has not yet passed its GPU tests (silently: the project's state, not the caller's
     input), h is computed in bf16 and the separate pass follows. Rows past offs[-1] are left as torch.empty left
     them."""
+    rules.check_tensors("swiglu_scaled_grouped_mm", torch.Tensor, a=a, b=b, scale_a=scale_a, scale_b=scale_b,
+                        offs=offs)
     reason = swiglu_refusal(a, b, scale_a, scale_b, offs)
     if reason is None and swiglu_has_run():
         return fused_swiglu(a, b, scale_a, scale_b, offs, quantize)

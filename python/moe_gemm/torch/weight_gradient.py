@@ -144,6 +144,7 @@ def weight_grad(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tensor, out_dtype
     """dB[e] = a[rows of e]^T dc[rows of e] for every expert e, rows of e = offs[e-1] .. offs[e] - 1, as a new
     [E, K, N] tensor in ``out_dtype`` (None: a's dtype); with ``accumulate=True``, added into ``out`` (a
     contiguous fp32 [E, K, N]), which is returned."""
+    rules.check_tensors("weight_grad", torch.Tensor, a=a, dc=dc, offs=offs, **({} if out is None else {"out": out}))
     if accumulate:
         if out is None:
             raise ValueError("weight_grad: accumulate=True adds into out: pass out, a float32 [E, K, N] tensor")
