@@ -143,6 +143,28 @@ def test_the_fp8_layer_follows_the_bf16_layer_within_e4m3s_rounding():
         FP8MoELayer.from_layer(layer)(x.float())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_the_fp8_layer_of_an_fp16_or_fp32_layer_is_that_of_its_bf16_copy(dtype):
+    """from_layer of a layer in another dtype (transformers builds its blocks in fp32): the router is kept in bf16,
+    the tokens' dtype (a copy in the layer's dtype failed in the router's matmul), and the weights are rounded to
+    bf16 before they are quantized, so the FP8 layer is exactly the one made from the layer's bf16 copy."""
+    import copy
+    import warnings
+
+    from moe_gemm.torch.fp8_layer import FP8MoELayer
+    from moe_gemm.torch.layer import MoELayer
+
+    torch.manual_seed(0)
+    layer = MoELayer(256, 128, 8, 2, dtype=dtype)
+    x = torch.randn(2, 32, 256).to(torch.bfloat16)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        got = FP8MoELayer.from_layer(layer)(x)
+        want = FP8MoELayer.from_layer(copy.deepcopy(layer).to(torch.bfloat16))(x)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+
+
 def test_the_op_keeps_one_launcher_per_configuration_and_shape(monkeypatch):
     """A launcher holds the tensor maps and packed arguments of each pointer set it has seen (moe_gemm.torch.launches),
     so the op gets the same one back for the same configuration, GPU and shape, and builds none per call."""

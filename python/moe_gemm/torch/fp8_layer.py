@@ -3,7 +3,9 @@
     fp8 = FP8MoELayer.from_layer(layer)   # the weights quantized once: 128 x 128 blocks, transposed
     y = fp8(x)                            # [..., H] bf16 in and out, like layer(x)
 
-The router, the permutation and the combine are the bf16 layer's (moe_gemm.torch.layer). The tokens are
+The router, the permutation and the combine are the bf16 layer's (moe_gemm.torch.layer). A layer of any dtype
+converts: its router is kept in bf16, the tokens' dtype, and its weights are rounded to bf16 before they are
+quantized, so the FP8 layer of an fp32 layer is that of its bf16 copy. The tokens are
 quantized once, in 1 x 128 groups, before they are gathered into expert order, so the gather moves e4m3 rows
 (one byte per element, where the bf16 layer gathers two) and the T x top_k rows are never quantized one by one.
 GEMM 1 (k8, blockwise) computes SwiGLU in its epilogue and writes the activation already quantized in 1 x 128
@@ -39,7 +41,8 @@ class FP8MoELayer(torch.nn.Module):
         super().__init__()
         self.top_k, self.normalize = layer.top_k, layer.normalize
         with torch.no_grad():
-            self.register_buffer("gate", layer.gate.detach().clone())
+            # The router in bf16 whatever the layer's dtype: it multiplies the bf16 tokens the FP8 layer takes.
+            self.register_buffer("gate", layer.gate.detach().to(torch.bfloat16).clone())
             w1, s1 = quantize_128x128_t(layer.w_gate_up.detach().to(torch.bfloat16).contiguous())
             w2, s2 = quantize_128x128_t(layer.w_down.detach().to(torch.bfloat16).contiguous())
         for name, tensor in (("w_gate_up_t", w1), ("scale_gate_up", s1), ("w_down_t", w2), ("scale_down", s2)):
