@@ -165,6 +165,16 @@ def test_the_fp8_layer_of_an_fp16_or_fp32_layer_is_that_of_its_bf16_copy(dtype):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("hidden, intermediate", [(100, 128), (128, 8)])
+def test_the_fp8_layer_names_the_layer_sizes_its_weights_cannot_take(hidden, intermediate):
+    from moe_gemm.torch.fp8_layer import FP8MoELayer
+    from moe_gemm.torch.layer import MoELayer
+
+    with pytest.raises(ValueError, match=rf"^FP8MoELayer: hidden and intermediate must be multiples of 16 .*, got "
+                                         rf"hidden = {hidden}, intermediate = {intermediate}$"):
+        FP8MoELayer.from_layer(MoELayer(hidden, intermediate, 4, 2))
+
+
 def test_the_op_keeps_one_launcher_per_configuration_and_shape(monkeypatch):
     """A launcher holds the tensor maps and packed arguments of each pointer set it has seen (moe_gemm.torch.launches),
     so the op gets the same one back for the same configuration, GPU and shape, and builds none per call."""

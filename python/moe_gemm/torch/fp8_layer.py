@@ -39,6 +39,10 @@ class FP8MoELayer(torch.nn.Module):
 
     def __init__(self, layer: MoELayer) -> None:
         super().__init__()
+        intermediate, hidden = layer.w_down.shape[1:]  # w_down [E, I, H]
+        if hidden % 16 or intermediate % 16:  # each is the K of one GEMM and a row of the other's e4m3 weights
+            raise ValueError(f"FP8MoELayer: hidden and intermediate must be multiples of 16 (16-byte rows of the e4m3 "
+                             f"weights, transposed), got hidden = {hidden}, intermediate = {intermediate}")
         self.top_k, self.normalize = layer.top_k, layer.normalize
         with torch.no_grad():
             # The router in bf16 whatever the layer's dtype: it multiplies the bf16 tokens the FP8 layer takes.
