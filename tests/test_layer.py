@@ -147,6 +147,34 @@ def test_an_input_of_another_width_or_device_or_no_tensor_is_refused_before_any_
     assert layer(torch.randn(2, 3, 128, dtype=torch.bfloat16)).shape == (2, 3, 128)  # any leading shape
 
 
+@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3", "linear"])
+def test_from_transformers_refuses_a_block_it_would_not_reproduce(family):
+    """Qwen2-MoE's and DeepSeek-V3's blocks have `gate` and `experts` like Mixtral's, but also shared experts (and
+    DeepSeek-V3 sigmoid routing with a correction bias): a copy of the routed experts alone would compute something
+    else without a word."""
+    pytest.importorskip("transformers")
+    if family == "qwen2_moe":
+        from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeConfig, Qwen2MoeSparseMoeBlock
+
+        block = Qwen2MoeSparseMoeBlock(Qwen2MoeConfig(hidden_size=64, moe_intermediate_size=32, num_experts=4,
+                                                      shared_expert_intermediate_size=32, num_experts_per_tok=2))
+        why = r"Qwen2MoeSparseMoeBlock also runs shared experts \(shared_expert\)"
+    elif family == "deepseek_v3":
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Config, DeepseekV3MoE
+
+        block = DeepseekV3MoE(DeepseekV3Config(hidden_size=64, moe_intermediate_size=32, n_routed_experts=4,
+                                               num_experts_per_tok=2, n_group=1, topk_group=1))
+        why = "DeepseekV3MoE also runs shared experts"
+        delattr(block, "shared_experts")  # the routing alone is refused too
+        with pytest.raises(ValueError, match="sigmoid scores with a correction bias"):
+            MoELayer.from_transformers(block, 2, True)
+        block.shared_experts = torch.nn.Identity()
+    else:
+        block, why = torch.nn.Linear(4, 4), "takes a transformers sparse MoE block .*, got Linear$"
+    with pytest.raises(ValueError, match=rf"^MoELayer.from_transformers: {why}"):
+        MoELayer.from_transformers(block, 2, True)
+
+
 def test_from_transformers_keeps_an_fp32_blocks_dtype():
     """transformers builds its blocks in fp32 by default: the copied layer runs (and trains) in fp32."""
     pytest.importorskip("transformers")

@@ -198,11 +198,32 @@ class MoELayer(torch.nn.Module):
         return layer
 
 
+def transformers_refusal(block: torch.nn.Module) -> str | None:
+    """Why this layer would not compute what ``block`` computes, or None: MoELayer is a softmax top-k router and
+    SwiGLU experts without biases (Mixtral, Qwen3-MoE). Other transformers blocks share the attribute names but
+    add terms a copy of the routed experts would silently drop."""
+    name = type(block).__name__
+    if not (hasattr(block, "gate") and hasattr(block, "experts")):
+        return (f"takes a transformers sparse MoE block with a router `gate` and `experts` (Mixtral's, "
+                f"Qwen3-MoE's), got {name}")
+    if shared := [n for n in ("shared_expert", "shared_experts") if hasattr(block, n)]:
+        return f"{name} also runs shared experts ({shared[0]}), which this layer does not compute"
+    if hasattr(block.gate, "e_score_correction_bias"):
+        return (f"{name} routes by sigmoid scores with a correction bias and expert groups (DeepSeek-V3's), not by "
+                f"this layer's softmax top-k")
+    if any("bias" in n for n, _ in block.experts.named_parameters()):
+        return f"{name}'s experts have biases, which this layer's experts do not"
+    return None
+
+
 def transformers_weights(block: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(router [E, H], gate_up [E, H, 2I], down [E, I, H]) of a transformers MoE block, whichever way
     its version stores the experts: fused 3-D parameters (``experts.gate_up_proj`` [E, 2I, H],
     ``experts.down_proj`` [E, H, I], transformers 5) or a ModuleList of per-expert Linears (w1/w3/w2 in
-    Mixtral, gate_proj/up_proj/down_proj in Qwen3-MoE, transformers 4)."""
+    Mixtral, gate_proj/up_proj/down_proj in Qwen3-MoE, transformers 4). A ValueError for a block whose
+    output this layer would not reproduce (:func:`transformers_refusal`)."""
+    if (reason := transformers_refusal(block)) is not None:
+        raise ValueError(f"MoELayer.from_transformers: {reason}")
     router = block.gate.weight if hasattr(block.gate, "weight") else block.gate
     experts = block.experts
     if hasattr(experts, "gate_up_proj"):
