@@ -139,6 +139,49 @@ def test_the_profile_says_what_the_page_reads_from_it():
     assert 0 < 1 - quack["l2_bytes"] / k7["l2_bytes"] < 0.10
 
 
+def test_the_fused_backwards_tile_is_memory_bound_by_streaming_w_down_once_per_m_tile():
+    """The page's reading of the H100's profile at the Mixtral-like dA GEMM: the fixed tile reads within 5% of
+    E x (M tiles per expert) x |W_down[e]| from memory, at over 80% of the memory's peak with its tensor pipe
+    under half busy, and over three times the tuned GEMM's bytes."""
+    rows = {r["variant"]: r for r in (recorded("09", "h100") or {}).get("profile", [])
+            if Workload.of(r) == RUN.DA_CELL}
+    if not rows:
+        pytest.skip("no H100 profile at the dA cell")
+    tile, tuned, cell = rows["k6/pingpong-bn128"], rows["k6/auto"], RUN.DA_CELL
+    streamed = cell.experts * (cell.tokens // cell.experts // 128) * cell.K * cell.N * 2
+    assert abs(tile["dram_bytes_read"] / streamed - 1) < 0.05
+    assert tile["dram_throughput_pct"] > 80 and tile["gmma_pipe_pct"] < 50
+    assert tile["dram_bytes_read"] > 3 * tuned["dram_bytes_read"]
+
+
+def test_the_fused_backward_is_profiled_on_both_walks_in_its_range_and_a_named_profile_replaces_only_its_own(
+        monkeypatch, tmp_path):
+    """--profile k6/dswiglu-...: ncu profiles the fused kernel (no registry variant: its kernel function named)
+    in the target's profiler range at the Mixtral-like dA cell; a name outside PROFILED is a parser error."""
+    from moe_gemm.measure import profile
+
+    fused = ("k6/dswiglu-bn128", "k6/dswiglu-g8-bn128")
+    assert set(fused) <= set(RUN.PROFILED[RUN.DA_CELL])
+    calls = []
+
+    def ncu(target, metrics, kernel_regex, skip):
+        calls.append((target, kernel_regex, skip))
+        return 0, "report", ""
+
+    monkeypatch.setattr(profile, "_run_ncu", ncu)
+    monkeypatch.setattr(profile, "parse_ncu_csv", lambda report, metrics: {key: 1.5 for key in profile.ESSENTIAL})
+    rows = RUN.profile_rows(fused)
+    assert [r["variant"] for r in rows] == list(fused)
+    for target, kernel_regex, skip in calls:
+        assert kernel_regex == "k6_persistent_dswiglu" and skip is None  # the range's one launch
+        assert target[target.index("-K") + 1] == "4096" and target[target.index("-N") + 1] == "14336"
+        assert target[target.index("--experts") + 1] == "8" and "65536" in target
+    assert all(Workload.of(r) == RUN.DA_CELL for r in rows)
+    with pytest.raises(SystemExit):
+        RUN.parse_args(["--parts", "--profile", "k6/dswiglu-prefetch-bn128"])
+    assert RUN.parse_args(["--parts", "--profile", *fused]).profile == list(fused)
+
+
 def test_at_the_measured_projections_k7_beats_torch_trails_quack_and_trails_most_at_qwen3s_up_projection():
     records = DATA["records"]
     measured = [(label, w) for label, w in RUN.MODELS.items()

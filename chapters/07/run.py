@@ -55,12 +55,14 @@ from moe_gemm.chapter import (
     Workload,
     add_grid_arguments,
     add_models_argument,
+    add_profile_argument,
     add_rounds_argument,
     add_timing_arguments,
     best_of,
     best_ratio,
     chapter_main,
     chapter_parser,
+    check_profile_argument,
     checks_passed,
     chosen_shapes,
     find,
@@ -153,18 +155,12 @@ def parse_args(argv: Sequence[str] | None):
                              "list at the seed five)")
     add_grid_arguments(parser, GRID_TOKENS)
     add_models_argument(parser, "gpt-oss dbrx")
-    profiled = sorted({name for names in PROFILED.values() for name in names})
-    parser.add_argument("--profile", nargs="*", metavar="VARIANT", default=None,
-                        help="also Nsight Compute on k6/auto (on the device walk and on the host list), a rung per "
-                             "ladder step, k3 and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung and "
-                             "quack at 16,384 rows; with names, only those variants (their profiles replace only "
-                             f"their own in the file): {', '.join(profiled)}")
+    profiled = {name for names in PROFILED.values() for name in names}
+    add_profile_argument(parser, profiled, "k6/auto (on the device walk and on the host list), a rung per ladder "
+                         "step, k3 and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung and quack at "
+                         "16,384 rows")
     args = parser.parse_args(argv)
-    if not args.parts and args.profile is None:
-        parser.error("--parts with no part measures nothing: name a part, or add --profile")
-    unknown = sorted(set(args.profile or ()) - set(profiled))
-    if unknown:
-        parser.error(f"--profile: {', '.join(unknown)} is not profiled; choose from {', '.join(profiled)}")
+    check_profile_argument(parser, args, profiled)
     chosen_models(args.models)  # a name that matches no shape is refused before anything runs
     return args
 

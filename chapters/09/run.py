@@ -7,6 +7,7 @@ fused into the dA GEMM (k6's dswiglu epilogue).
     python chapters/09/run.py --tokens 4096 16384   # a part of the grid
     python chapters/09/run.py --parts models --models qwen3   # some of the model projections
     python chapters/09/run.py --parts grid --tokens 2048 --profile   # also Nsight Compute, k7 beside quack
+    python chapters/09/run.py --parts --profile k6/dswiglu-g8-bn128  # only that variant's profile, replaced
 
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every k7 rung
 (kernels/k7_weight_grad.cu) on the weight gradient's edge cases (exact, integer-valued inputs) and on random
@@ -39,12 +40,14 @@ from moe_gemm.chapter import (
     Workload,
     add_grid_arguments,
     add_models_argument,
+    add_profile_argument,
     add_rounds_argument,
     add_timing_arguments,
     best_of,
     best_ratio,
     chapter_main,
     chapter_parser,
+    check_profile_argument,
     checks_passed,
     chosen_shapes,
     compile_only,
@@ -104,11 +107,13 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 # What --profile puts under Nsight Compute: k7's wider rung and quack's pick, where the grid is store-bound
 # (2,048 rows) and where it is compute-bound (65,536 rows); and the dA GEMM of the Mixtral-like layer's GEMM 2 at
 # 32,768 tokens (65,536 balanced rows, H -> I) on the fused backward's fixed tile (k6/pingpong-bn128, the dswiglu
-# part's "dA tile", up to 1.8x the tuned GEMM's time there) beside k6/auto's tuned choice: why that tile is slow.
+# part's "dA tile", up to 1.8x the tuned GEMM's time there) beside k6/auto's tuned choice: why that tile is slow;
+# and, at the same cell, the fused backward itself on that tile's row-major walk and on the raster walk (whose
+# measured time did not fall as the tile's memory traffic predicted): what each reads from DRAM.
 DA_CELL = LAYERS["mixtral"].gate(65536, 0.0)
 PROFILED = {Workload(2048, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad"),
             Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad"),
-            DA_CELL: ("k6/pingpong-bn128", "k6/auto")}
+            DA_CELL: ("k6/pingpong-bn128", "k6/auto", "k6/dswiglu-bn128", "k6/dswiglu-g8-bn128")}
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile", "fused_backward", "sonicmoe"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; ours and quack's each at their best"
@@ -128,13 +133,12 @@ def parse_args(argv: Sequence[str] | None):
                              + "; ".join(f"{key}: {c.label}" for key, c in SONICMOE.items()))
     add_grid_arguments(parser, GRID_ROWS)
     add_models_argument(parser, "qwen3 deepseek")
-    parser.add_argument("--profile", action="store_true",
-                        help="also Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows, and "
-                             "on the fused backward's tile (k6/pingpong-bn128) and k6/auto at the Mixtral-like dA "
-                             "GEMM (65,536 rows, K = 4,096, N = 14,336)")
+    profiled = {name for names in PROFILED.values() for name in names}
+    add_profile_argument(parser, profiled, "k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows, and on the "
+                         "fused backward's tile (k6/pingpong-bn128), k6/auto and the fused backward on both walks at "
+                         "the Mixtral-like dA GEMM (65,536 rows, K = 4,096, N = 14,336)")
     args = parser.parse_args(argv)
-    if not args.parts and not args.profile:
-        parser.error("--parts with no part measures nothing: name a part, or add --profile")
+    check_profile_argument(parser, args, profiled)
     try:
         chosen_shapes(MODELS, args.models)  # a name that matches no projection is refused before anything runs
     except ValueError as error:
@@ -251,10 +255,11 @@ def sonicmoe_table(rows: Sequence[dict[str, Any]]) -> Table:
                         "gradients it leaves; grads vs ours: relative error of the router's and 8 experts' gradients")
 
 
-def profile_rows() -> list[dict[str, Any]]:
+def profile_rows(only: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Nsight Compute's rows for PROFILED (only the variants named in ``only``, where it names any)."""
     from moe_gemm.measure.profile import profile_cells
 
-    return profile_cells(PROFILED)
+    return profile_cells({cell: [n for n in names if not only or n in only] for cell, names in PROFILED.items()})
 
 
 # --------------------------------------------------------------------------- no GPU
@@ -354,10 +359,12 @@ def run_on_gpu(args, gpu) -> int:
             results.replace("sonicmoe", measure_training_config(config), lambda r: r["config"])
             results.ran(f"sonicmoe-{key}", f"the layer's training step at {config.label}")
             path = save()
-    if args.profile:  # a later run of the parts keeps the profile, and this entry says which run took it
-        results.put(profile=profile_rows())
-        results.ran("profile", "Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows, and "
-                    "on k6/pingpong-bn128 and k6/auto at the Mixtral-like dA GEMM")
+    if args.profile is not None:  # a profile of some variants replaces only theirs; a later run of parts keeps it
+        results.replace("profile", profile_rows(args.profile),
+                        key=lambda r: (r["variant"], Workload.of(r).label))
+        results.ran("profile", f"Nsight Compute on {', '.join(args.profile)}" if args.profile else
+                    "Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows, and on "
+                    "k6/pingpong-bn128, k6/auto and the fused backward on both walks at the Mixtral-like dA GEMM")
         show(profile_table(results.rows("profile")))
         path = save()
     records = results.rows("records")

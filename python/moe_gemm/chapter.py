@@ -36,9 +36,11 @@ from moe_gemm.core.chapters import chapter_module
 from moe_gemm.core.cli import (
     add_grid_arguments,
     add_models_argument,
+    add_profile_argument,
     add_rounds_argument,
     add_timing_arguments,
     chapter_parser,
+    check_profile_argument,
     ignored_flags,
     run_main,
     timing_options,
@@ -67,8 +69,9 @@ from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS, TorchGroupedMM, torch
 __all__ = [
     "ANY_GPU", "GRID_SKEWS", "GRID_TOKENS", "LAYERS", "LayerShape", "MODEL_PROJECTIONS", "MORE_MODEL_PROJECTIONS",
     "NO_GPU", "PEER", "PEERS", "Requirement", "SEED", "SEED_FIVE", "SEED_WORKLOADS", "SM90A", "Table", "Workload",
-    "add_grid_arguments", "add_models_argument", "add_rounds_argument", "add_timing_arguments", "best_of",
-    "best_peer", "best_ratio", "chapter_main", "chapter_module", "chapter_parser", "checks_table", "chosen_shapes",
+    "add_grid_arguments", "add_models_argument", "add_profile_argument", "add_rounds_argument",
+    "add_timing_arguments", "best_of", "best_peer", "best_ratio", "chapter_main", "chapter_module", "chapter_parser",
+    "check_profile_argument", "checks_table", "chosen_shapes",
     "compile_only", "describe_gpu", "failed_variants", "figures_main", "find", "grid", "grouped_mm_peers",
     "ignored_flags", "not_run_banner", "print_not_run", "profile_table", "progress", "ratio_to_peer", "recorded",
     "records_table", "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded",

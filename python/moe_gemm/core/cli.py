@@ -175,6 +175,24 @@ def add_models_argument(parser: argparse.ArgumentParser, example: str) -> None:
                              f"e.g. '--models {example}'; default: all of them")
 
 
+def add_profile_argument(parser: argparse.ArgumentParser, profiled: Sequence[str], what: str) -> None:
+    """--profile [VARIANT ...]: Nsight Compute on ``what`` (the chapter's cells and variants, ``profiled`` their
+    names); with names, only those variants, whose profiles replace only their own in the results file."""
+    parser.add_argument("--profile", nargs="*", metavar="VARIANT", default=None,
+                        help=f"also Nsight Compute on {what}; with names, only those variants (their profiles "
+                             f"replace only their own in the file): {', '.join(sorted(profiled))}")
+
+
+def check_profile_argument(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                           profiled: Sequence[str]) -> None:
+    """A parser error for --parts with no part and no --profile, or a --profile name outside ``profiled``."""
+    if not args.parts and args.profile is None:
+        parser.error("--parts with no part measures nothing: name a part, or add --profile")
+    unknown = sorted(set(args.profile or ()) - set(profiled))
+    if unknown:
+        parser.error(f"--profile: {', '.join(unknown)} is not profiled; choose from {', '.join(sorted(profiled))}")
+
+
 def timing_options(args: argparse.Namespace) -> dict[str, int]:
     """The keyword arguments of moe_gemm.cuda.timing.time_launches that --quick asks for."""
     return dict(QUICK_TIMING) if args.quick else {}

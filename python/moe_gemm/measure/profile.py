@@ -139,20 +139,23 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
                     profiler_range: bool = False, ragged: str = "M", fmt: str = "bf16") -> dict[str, Any]:
     """Profile one launch of ``variant_name`` on one workload; the counters as a dict.
 
-    ``kernel_regex`` defaults to the variant's ``kernel_function`` attribute (only its launches
-    are counted and profiled). ``profiler_range`` profiles the first launch inside the target's
-    cuProfilerStart/Stop range instead of counting launches: for variants whose preparation launches
-    kernels of its own (an autotuner's trials). If ncu rejects metrics this GPU or ncu version lacks, the profile
-    is retaken without them (the three the model needs, :data:`ESSENTIAL`, are never dropped). ``ragged="K"``
-    profiles the weight gradient (chapter 09) at the same sizes; ``fmt`` names the operands' format
-    (moe_gemm.model.problem.FORMATS: chapter 10's e4m3 ones).
+    ``kernel_regex`` defaults to the variant's ``kernel_function`` attribute (only its launches are counted and
+    profiled), k6's dswiglu kernel for the fused SwiGLU backward's configurations (chapter 09; they run on torch's
+    tensors). ``profiler_range`` profiles the first launch inside the target's cuProfilerStart/Stop range instead
+    of counting launches: for variants whose preparation launches kernels of its own (an autotuner's trials,
+    torch's random inputs). If ncu rejects metrics this GPU or ncu version lacks, the profile is retaken without
+    them (the three the model needs, :data:`ESSENTIAL`, are never dropped). ``ragged="K"`` profiles the weight
+    gradient (chapter 09) at the same sizes; ``fmt`` names the operands' format (moe_gemm.model.problem.FORMATS:
+    chapter 10's e4m3 ones).
     """
     from moe_gemm.measure.profile_target import DEFAULT_WARMUP, launches_before_profiled
+    from moe_gemm.variants.k6.config import FUSED_BACKWARD
     from moe_gemm.variants.registry import get
 
     warmup = DEFAULT_WARMUP if warmup is None else warmup
-    if kernel_regex is None:
-        kernel_regex = getattr(get(variant_name), "kernel_function", None)
+    if kernel_regex is None:  # the fused backward is no registry variant: its kernel function's name
+        kernel_regex = ("k6_persistent_dswiglu" if variant_name in FUSED_BACKWARD else
+                        getattr(get(variant_name), "kernel_function", None))
     target = [sys.executable, "-m", "moe_gemm.measure.profile_target", variant_name, str(tokens), str(skew),
               "--experts", str(experts), "-K", str(K), "-N", str(N), "--warmup", str(warmup), "--ragged", ragged,
               "--format", fmt]

@@ -2,10 +2,14 @@
 
     python -m moe_gemm.measure.profile_target k1/bm64 16384 0.0 [--warmup 10]
     python -m moe_gemm.measure.profile_target k8/blockwise-bm128 65536 0.0 --format e4m3-blockwise
+    python -m moe_gemm.measure.profile_target k6/dswiglu-bn128 65536 0 --experts 8 -K 4096 -N 14336
 
 Launch order, which :func:`moe_gemm.measure.profile.profile_variant` relies on to pick the launch to
 profile with ``--launch-skip``: one checked launch (a wrong answer exits 1 before anything
 else runs), ``--warmup`` warm-up launches, then exactly one more launch: the profiled one.
+The fused SwiGLU backward's configurations (moe_gemm.variants.k6.config.FUSED_BACKWARD: chapter 09) run on
+torch's tensors, dy [M_tot, K], W_down [E, N, K] and the saved pre-activation [M_tot, 2N], checked against the
+unfused path; profile them in the profiler range (their inputs are made by kernels of torch's).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from moe_gemm.core.checks import MAX_DIMENSION, MAX_EXPERTS, MAX_REPEATS, MAX_RO
 from moe_gemm.core.cli import chapter_parser, nonnegative_float, nonnegative_int, positive_int, run_main
 from moe_gemm.model.problem import BF16_OPERANDS, FORMATS, format_named
 from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N, Workload
+from moe_gemm.variants.k6.config import FUSED_BACKWARD
 
 CHECK_LAUNCHES = 1
 DEFAULT_WARMUP = 10
@@ -47,25 +52,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     from moe_gemm.measure.check import verify
     from moe_gemm.variants.registry import get
 
-    variant = get(args.variant)
     workload = Workload(args.tokens, args.skew, args.experts, args.K, args.N, args.ragged).in_format(
         format_named(args.format))
-    dev = DeviceProblem(workload.problem(0))
-    check = verify(variant, dev)  # launch 1: checked
-    if not check.passed:
-        print(f"{variant.name}: wrong answer ({check.describe()}); not profiling", file=sys.stderr)
-        return 1
-    prepared = variant.prepare(dev)
+    sync = synchronize
+    if args.variant in FUSED_BACKWARD:  # torch's tensors and the op's launch, on torch's stream
+        import torch
+
+        from moe_gemm.measure.training import fused_backward_call
+
+        launch, checked = fused_backward_call(args.variant, workload), "checked against the unfused path"
+        sync = torch.cuda.synchronize
+    else:
+        variant = get(args.variant)
+        dev = DeviceProblem(workload.problem(0))
+        check = verify(variant, dev)  # launch 1: checked
+        if not check.passed:
+            print(f"{variant.name}: wrong answer ({check.describe()}); not profiling", file=sys.stderr)
+            return 1
+        launch, checked = variant.prepare(dev).launch, check.describe()
     for _ in range(args.warmup):
-        prepared.launch()
+        launch()
     from cuda.bindings import driver
 
-    synchronize()
+    sync()
     driver.cuProfilerStart()  # the range ncu --profile-from-start off profiles
-    prepared.launch()  # the profiled launch
-    synchronize()
+    launch()  # the profiled launch
+    sync()
     driver.cuProfilerStop()
-    print(f"{variant.name} on {workload.label}: {check.describe()}, {args.warmup} warm-up launches, 1 profiled")
+    print(f"{args.variant} on {workload.label}: {checked}, {args.warmup} warm-up launches, 1 profiled")
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from moe_gemm.measure.check import progress
 from moe_gemm.measure.layer import Row, at_each_token_count, eager_and_graph, relative_error, seeded_layer
-from moe_gemm.model.workloads import LayerShape, TrainingConfig
+from moe_gemm.model.workloads import LayerShape, TrainingConfig, Workload
 
 # The training step (forward, then backward of a fixed output gradient; no optimizer): our layer, the same
 # code on torch._grouped_mm (torch's autograd), transformers' block on its default grouped_mm experts, and
@@ -234,7 +234,7 @@ def fused_backward(layer: Any, x: Any) -> dict[str, float]:
     import torch
 
     from moe_gemm.torch.bench import time_interleaved
-    from moe_gemm.torch.fused_backward import fused, has_run, refusal
+    from moe_gemm.torch.fused_backward import has_run, refusal
     from moe_gemm.torch.layer import dispatch
     from moe_gemm.torch.ops import grouped_mm
     from moe_gemm.torch.swiglu import dswiglu
@@ -252,18 +252,51 @@ def fused_backward(layer: Any, x: Any) -> dict[str, float]:
     calls, errors = {}, {}
     for config in (c for c in FUSED_BACKWARD if has_run(c)):  # the twin that prefetches h once it has passed
         key = FUSED_KEYS[config]
-        error = max(relative_error(g, w) for g, w in zip(fused(dy, layer.w_down, offs, h, config), want))
-        if error > FUSED_BACKWARD_CHECK:
-            raise RuntimeError(f"{config} is {error:.2e} from the unfused SwiGLU backward (allowed "
-                               f"{FUSED_BACKWARD_CHECK}): not timed")
-        errors[f"{key}_error_vs_unfused"] = error
-        calls[key] = lambda config=config: fused(dy, layer.w_down, offs, h, config)
+        calls[key], errors[f"{key}_error_vs_unfused"] = checked_fused(config, dy, layer.w_down, offs, h, want)
     tile, tile_error = fused_tile_gemm(dy, w_down_t, offs, dact)
     timed = time_interleaved({**calls, "dgemm": lambda: grouped_mm(dy, w_down_t, offs), "dgemm_tile": tile,
                               "dswiglu": lambda: dswiglu(dact, h)})
     m, inter = dact.shape
     return {**{f"{name}_ms": t.median_ms for name, t in timed.items()}, **errors, "dgemm_tile_error": tile_error,
             "dswiglu_pass_bytes": m * inter * 2 * 6, "fused_adds_bytes": m * inter * 2 * 4}
+
+
+def checked_fused(config: str, dy: Any, w_down: Any, offs: Any, h: Any,
+                  want: Sequence[Any]) -> tuple[Callable[[], Any], float]:
+    """The fused SwiGLU backward ``config`` (one of FUSED_BACKWARD) as a call to repeat, and its result's relative
+    error against ``want`` (the unfused dh and activation): a RuntimeError, and nothing to time, beyond
+    FUSED_BACKWARD_CHECK."""
+    from moe_gemm.torch.fused_backward import fused
+
+    error = max(relative_error(g, w) for g, w in zip(fused(dy, w_down, offs, h, config), want))
+    if error > FUSED_BACKWARD_CHECK:
+        raise RuntimeError(f"{config} is {error:.2e} from the unfused SwiGLU backward (allowed "
+                           f"{FUSED_BACKWARD_CHECK}): not timed")
+    return (lambda: fused(dy, w_down, offs, h, config)), error
+
+
+def fused_backward_call(config: str, workload: Workload) -> Callable[[], Any]:
+    """The fused SwiGLU backward ``config`` on random inputs of ``workload``'s shape (dy [M_tot, K], W_down
+    [E, N, K], the saved pre-activation [M_tot, 2N], the routing's row counts), checked once against the unfused
+    path: one launch to repeat, for Nsight Compute (moe_gemm.measure.profile_target)."""
+    import torch
+
+    from moe_gemm.torch.ops import grouped_mm
+    from moe_gemm.torch.swiglu import dswiglu
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, hidden, inter = workload.tokens, workload.K, workload.N
+
+    def randn(*shape: int, scale: float = 1.0) -> Any:
+        return (torch.randn(shape, device="cuda", generator=gen) * scale).to(torch.bfloat16)
+
+    offs = torch.as_tensor(workload.counts, dtype=torch.int64).cumsum(0).to(device="cuda", dtype=torch.int32)
+    dy, h = randn(rows, hidden), randn(rows, 2 * inter)
+    w_down = randn(workload.experts, inter, hidden, scale=hidden ** -0.5)
+    want = dswiglu(grouped_mm(dy, w_down.transpose(1, 2), offs), h)
+    call, _ = checked_fused(config, dy, w_down, offs, h, want)
+    del want
+    return call
 
 
 # The dswiglu part's names for the fused configurations' times: h loaded by the epilogue, prefetched by TMA, or
