@@ -154,6 +154,22 @@ def test_the_fused_backwards_tile_is_memory_bound_by_streaming_w_down_once_per_m
     assert tile["dram_bytes_read"] > 3 * tuned["dram_bytes_read"]
 
 
+def test_the_ping_pong_arithmetic_implies_an_epilogue_longer_than_a_main_loop_on_both_walks():
+    """The page's prediction at the Mixtral-like size, 32,768 tokens: with a unit's time half of a main loop plus
+    an epilogue where the epilogue is the longer, both fused launches' times imply an epilogue longer than the
+    main loop the page takes for each walk (the tile's own on the row-major walk, the tuned GEMM's on the raster
+    walk)."""
+    data = recorded("09", "h100") or {}
+    row = next((r for r in data.get("fused_backward", []) if (r["hidden"], r["tokens"]) == (4096, 32768)), None)
+    if row is None:
+        pytest.skip("no H100 fused-backward row at the Mixtral-like size")
+    cell = RUN.DA_CELL
+    per_sm = cell.experts * (cell.tokens // cell.experts // 128) * (cell.N // 128) / data["provenance"]["sm_count"]
+    for fused, main in (("fused_ms", "dgemm_tile_ms"), ("fused_g8_ms", "dgemm_ms")):
+        unit, main_loop = row[fused] / per_sm, row[main] / per_sm
+        assert 2 * unit - main_loop > main_loop, fused  # the implied epilogue against the main loop
+
+
 def test_the_fused_backward_is_profiled_on_both_walks_in_its_range_and_a_named_profile_replaces_only_its_own(
         monkeypatch, tmp_path):
     """--profile k6/dswiglu-...: ncu profiles the fused kernel (no registry variant: its kernel function named)
