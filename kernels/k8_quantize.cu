@@ -13,30 +13,41 @@
 // (coalesced loads), where a row-major [M, K / 128] would put them K / 128 floats apart.
 //
 // Memory-bound: 2 bytes read and 1 + 4 / 128 written per element. Each group is 16 threads with 8
-// elements each (one 16-byte load, one 8-byte store), its amax reduced over the 16 lanes with shuffles;
-// a 256-thread block quantizes 16 groups. The host checks K % 8 == 0 (whole 16-byte loads).
+// elements each (one 16-byte load, one 8-byte store), its amax reduced over the 16 lanes with shuffles.
+// Two template parameters are the steps chapter 10 times, from the first version (1, false) to the op's (4, true):
+//   PIECES       pieces a thread holds, of groups 16 apart, all loaded before the first is quantized: 4 give 64
+//                bytes in flight per thread where one load gave 16 (an H200 needs about 3.4 MB in flight across
+//                its 132 SMs to cover ~700 ns of latency at 4.8 TB/s); a 256-thread block quantizes 16 x PIECES
+//                groups;
+//   DIVIDE_ONCE  each value divided by its group's scale in three instructions from the group's reciprocal
+//                (e4m3.cuh, Divisor), where __fdiv_rn spends about nine on each; the same bits.
+// The host checks K % 8 == 0 (whole 16-byte loads).
 
 #include "e4m3.cuh"  // the scale rule, shared with the GEMM's SwiGLU epilogue
 #include "ptx.cuh"   // pack_e4m3x2
 
 namespace k8 {
 constexpr int GROUP = e4m3::GROUP, PER_THREAD = 8, LANES = GROUP / PER_THREAD;  // 16 threads per group
+constexpr int THREADS = 256, GROUPS_PER_PASS = THREADS / LANES;  // a block's 16 groups side by side
+constexpr int PIECES = 4;  // the op's pieces per thread (the SwiGLU quantizer's too): 4 x 16 bytes in flight
 }  // namespace k8
 
 // --8<-- [start:activations]
 namespace k8 {
-// Which piece of which 1 x 128 group a thread holds, for M rows of `width` columns: 16 lanes per group, a
-// whole group in one half-warp, so every shuffle stays among its lanes. A group past the end still takes part
-// (with zeros) so that no lane of a live group waits for an exited one.
+// Which piece of which 1 x 128 group a thread holds as its j-th, for M rows of `width` columns: 16 lanes per
+// group, a whole group in one half-warp, so every shuffle stays among its lanes; a block's j-th pass covers 16
+// consecutive groups (4 KB of a bf16 input, coalesced). A group past the end still takes part (with zeros) so
+// that no lane of a live group waits for an exited one.
 struct Piece {
     int lane, m, kb, k0;  // the lane in its group; the group's row and k-block; the piece's first column
     bool in_row;          // the piece lies inside the matrix: it is loaded and stored
 };
 
-__device__ __forceinline__ Piece piece_of(int M, int width) {
+template <int PIECES>
+__device__ __forceinline__ Piece piece_of(int M, int width, int j) {
     const int k_blocks = (width + GROUP - 1) / GROUP;
-    const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
-    const bool live = group < static_cast<long long>(M) * k_blocks;
+    const unsigned group = (blockIdx.x * PIECES + j) * GROUPS_PER_PASS + threadIdx.x / LANES;
+    const bool live = group < static_cast<unsigned>(M) * k_blocks;  // the host checks M * k_blocks < 2^31
     Piece p;
     p.lane = threadIdx.x % LANES;
     p.m = live ? static_cast<int>(group / k_blocks) : 0;
@@ -50,6 +61,7 @@ __device__ __forceinline__ Piece piece_of(int M, int width) {
 // over its 16 lanes, its scale, the lane's 8 bytes of e4m3 at q[p.m][p.k0] and (lane 0) the scale at
 // scale[p.kb][p.m], MN-major. Every lane of a group takes part in the shuffles, live or not; only a lane whose
 // values are inside the row stores.
+template <bool DIVIDE_ONCE>
 __device__ __forceinline__ void quantize_piece(const float (&values)[PER_THREAD], const Piece& p, int width,
                                                int m_pad, uint2* __restrict__ q, float* __restrict__ scale) {
     float amax = 0.0f;
@@ -60,9 +72,16 @@ __device__ __forceinline__ void quantize_piece(const float (&values)[PER_THREAD]
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
     const float s = e4m3::scale_of(amax);
     if (!p.in_row) return;
+    float quotients[PER_THREAD];
+    if constexpr (DIVIDE_ONCE) {
+        e4m3::divide(values, e4m3::divisor_of(s), quotients);
+    } else {
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) quotients[i] = __fdiv_rn(values[i], s);
+    }
     unsigned short pairs[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) pairs[i] = pack_e4m3x2(__fdiv_rn(values[2 * i], s), __fdiv_rn(values[2 * i + 1], s));
+    for (int i = 0; i < 4; ++i) pairs[i] = pack_e4m3x2(quotients[2 * i], quotients[2 * i + 1]);
     q[(static_cast<long long>(p.m) * width + p.k0) / PER_THREAD] =  // width % 8 == 0: whole pieces
         make_uint2(pairs[0] | (static_cast<unsigned>(pairs[1]) << 16),
                    pairs[2] | (static_cast<unsigned>(pairs[3]) << 16));
@@ -80,17 +99,25 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 v, float (&values)[PER_THREA
 }
 }  // namespace k8
 
-// A [M, K] bf16 -> q [M, K] e4m3 and scale [ceil(K / 128), m_pad]: 16 lanes per group, 8 elements each.
-extern "C" __global__ void __launch_bounds__(256) quantize_1x128(const uint4* __restrict__ x,
-                                                                 uint2* __restrict__ q,
-                                                                 float* __restrict__ scale,
-                                                                 int M, int K, int m_pad) {
+// A [M, K] bf16 -> q [M, K] e4m3 and scale [ceil(K / 128), m_pad]: 16 lanes per group, 8 elements each,
+// PIECES groups per half-warp, every load issued before the first group's amax.
+template <int PIECES, bool DIVIDE_ONCE>
+__global__ void __launch_bounds__(k8::THREADS) quantize_1x128(const uint4* __restrict__ x, uint2* __restrict__ q,
+                                                              float* __restrict__ scale, int M, int K, int m_pad) {
     using namespace k8;
-    const Piece p = piece_of(M, K);
-    float values[PER_THREAD];
-    unpack_bf16x8(p.in_row ? x[(static_cast<long long>(p.m) * K + p.k0) / PER_THREAD] : make_uint4(0, 0, 0, 0),
-                  values);
-    quantize_piece(values, p, K, m_pad, q, scale);
+    Piece p[PIECES];
+    uint4 loaded[PIECES];
+#pragma unroll
+    for (int j = 0; j < PIECES; ++j) {
+        p[j] = piece_of<PIECES>(M, K, j);
+        loaded[j] = p[j].in_row ? x[(static_cast<long long>(p[j].m) * K + p[j].k0) / PER_THREAD] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < PIECES; ++j) {
+        float values[PER_THREAD];
+        unpack_bf16x8(loaded[j], values);
+        quantize_piece<DIVIDE_ONCE>(values, p[j], K, m_pad, q, scale);
+    }
 }
 // --8<-- [end:activations]
 
@@ -101,19 +128,29 @@ extern "C" __global__ void __launch_bounds__(256) quantize_1x128(const uint4* __
 // the 8 up values I columns further (two 16-byte loads: the host checks I % 8 == 0), computes the activation in
 // fp32, silu(g) = g / (1 + e^-g), and quantizes it as quantize_1x128 does (its fp32 values are not rounded to
 // bf16 first: the e4m3 rounding is the only one).
-extern "C" __global__ void __launch_bounds__(256) swiglu_quantize_1x128(const uint4* __restrict__ h,
-                                                                        uint2* __restrict__ q,
-                                                                        float* __restrict__ scale,
-                                                                        int M, int I, int m_pad) {
+extern "C" __global__ void __launch_bounds__(k8::THREADS) swiglu_quantize_1x128(const uint4* __restrict__ h,
+                                                                               uint2* __restrict__ q,
+                                                                               float* __restrict__ scale,
+                                                                               int M, int I, int m_pad) {
     using namespace k8;
-    const Piece p = piece_of(M, I);
-    const long long gate_piece = (static_cast<long long>(p.m) * 2 * I + p.k0) / PER_THREAD;
-    float gate[PER_THREAD], up[PER_THREAD], values[PER_THREAD];
-    unpack_bf16x8(p.in_row ? h[gate_piece] : make_uint4(0, 0, 0, 0), gate);
-    unpack_bf16x8(p.in_row ? h[gate_piece + I / PER_THREAD] : make_uint4(0, 0, 0, 0), up);
+    Piece p[PIECES];
+    uint4 gate_loaded[PIECES], up_loaded[PIECES];
 #pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) values[i] = __fdiv_rn(gate[i], 1.0f + expf(-gate[i])) * up[i];
-    quantize_piece(values, p, I, m_pad, q, scale);
+    for (int j = 0; j < PIECES; ++j) {
+        p[j] = piece_of<PIECES>(M, I, j);
+        const long long gate_piece = (static_cast<long long>(p[j].m) * 2 * I + p[j].k0) / PER_THREAD;
+        gate_loaded[j] = p[j].in_row ? h[gate_piece] : make_uint4(0, 0, 0, 0);
+        up_loaded[j] = p[j].in_row ? h[gate_piece + I / PER_THREAD] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < PIECES; ++j) {
+        float gate[PER_THREAD], up[PER_THREAD], values[PER_THREAD];
+        unpack_bf16x8(gate_loaded[j], gate);
+        unpack_bf16x8(up_loaded[j], up);
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) values[i] = __fdiv_rn(gate[i], 1.0f + expf(-gate[i])) * up[i];
+        quantize_piece<true>(values, p[j], I, m_pad, q, scale);
+    }
 }
 // --8<-- [end:swiglu]
 
@@ -160,9 +197,9 @@ extern "C" __global__ void __launch_bounds__(256) quantize_128x128_t(const uint4
     amax = 0.0f;
 #pragma unroll
     for (int w = 0; w < 256 / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
-    const float s = e4m3::scale_of(amax);
+    const e4m3::Divisor d = e4m3::divisor_of(e4m3::scale_of(amax));
     const int k_blocks = (K + GROUP - 1) / GROUP, n_blocks = (N + GROUP - 1) / GROUP;
-    if (threadIdx.x == 0) scale[(static_cast<long long>(e) * n_blocks + nb) * k_blocks + kb] = s;
+    if (threadIdx.x == 0) scale[(static_cast<long long>(e) * n_blocks + nb) * k_blocks + kb] = d.s;
     // Stores: thread t writes row n0 + t / 2 of q, its K elements k0 + 64 (t % 2) .. + 63.
     const int c = threadIdx.x / 2, half = (threadIdx.x % 2) * 64;
     if (n0 + c >= N) return;
@@ -174,10 +211,11 @@ extern "C" __global__ void __launch_bounds__(256) quantize_128x128_t(const uint4
         unsigned words[4];
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-            float v[4];
+            float v[4], quotients[4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] = __fdiv_rn(__uint_as_float(static_cast<unsigned>(tile[r0 + 4 * w + i][c]) << 16), s);
-            words[w] = pack_e4m3x2(v[0], v[1]) | (static_cast<unsigned>(pack_e4m3x2(v[2], v[3])) << 16);
+            for (int i = 0; i < 4; ++i) v[i] = __uint_as_float(static_cast<unsigned>(tile[r0 + 4 * w + i][c]) << 16);
+            e4m3::divide(v, d, quotients);
+            words[w] = pack_e4m3x2(quotients[0], quotients[1]) | (static_cast<unsigned>(pack_e4m3x2(quotients[2], quotients[3])) << 16);
         }
         *reinterpret_cast<uint4*>(row + r0) = make_uint4(words[0], words[1], words[2], words[3]);
     }

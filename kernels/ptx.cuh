@@ -131,6 +131,15 @@ __device__ __forceinline__ unsigned short pack_e4m3x2(float lo, float hi) {
     return packed;
 }
 
+// 1 / x to about one ulp (SASS: MUFU.RCP), subnormals flushed to zero: the first step of fp32 division, which
+// chapter 10's quantizers refine themselves (e4m3.cuh, Divisor) so as to do it once per group of 128 values.
+// PTX ISA "Floating-Point Instructions: rcp.approx"   #floating-point-instructions-rcp
+__device__ __forceinline__ float rcp_approx(float x) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+    return r;
+}
+
 // ============================================================================================
 // k2: TMA and mbarrier wrappers go below this line.
 // ============================================================================================

@@ -1,12 +1,15 @@
 """Chapter 10's quantizers on the GPU (kernels/k8_quantize.cu) against the numpy reference, bit for bit (the
 SwiGLU one up to the last bit of exp): random rows at DeepSeek-V3's K = 7,168, a partial last group (K = 200),
 an all-zero group (scale 1), a group with one large value (every other element rounds to zero or a subnormal),
-values whose amax / 448 falls below fp32's smallest normal number (the scale's floor), one row, no rows; and
+values whose amax / 448 falls below fp32's smallest normal number (the scale's floor), groups from 2^-130 to
+2^120 with -0s and subnormals among them, one row, no rows; and
 compute-sanitizer memcheck. Skipped without torch or a GPU of compute capability 8.9 or newer."""
 
 from __future__ import annotations
 
 import pytest
+
+from moe_gemm.torch.kernels import QUANTIZE_STEPS
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -28,8 +31,16 @@ def cases():
     one_large = torch.randn(4, 256, generator=g) * 1e-3
     one_large[2, 5] = 3e4
     tiny = torch.full((2, 128), 1e-38)
+    # every group at its own magnitude, 2^-130 to 2^120, so that scales fall on both sides of the range in which
+    # the kernel divides from the group's reciprocal (e4m3.cuh, Divisor: [2^-90, 2^120]); -0s and bf16 subnormals
+    # among them (the division's corner cases: a sign the correction would lose, operands __fdiv_rn's range check
+    # sends to its slow path)
+    magnitudes = torch.exp2(torch.randint(-130, 121, (64, 8), generator=g).float()).repeat_interleave(128, dim=1)
+    wide = torch.randn(64, 1024, generator=g) * magnitudes
+    wide[::3, ::7] = -0.0
+    wide[5, 128:256] = torch.randn(128, generator=g) * 1e-39
     return {"random": random, "partial": partial, "zero group": zero_group, "one large": one_large, "tiny": tiny,
-            "one row": random[:1], "no rows": random[:0]}
+            "wide magnitudes": wide, "one row": random[:1], "no rows": random[:0]}
 
 
 @pytest.mark.parametrize("name", list(cases()))
@@ -42,6 +53,20 @@ def test_the_kernel_gives_the_references_bits(fp8_gpu, name):
     assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8)), name
     M = x.shape[0]
     assert torch.equal(scale.cpu()[:, :M], want_scale[:, :M]), name
+
+
+@pytest.mark.parametrize("step", sorted(QUANTIZE_STEPS))
+@pytest.mark.parametrize("name", ["random", "partial", "wide magnitudes", "one row"])
+def test_each_earlier_step_of_the_kernel_gives_the_references_bits(fp8_gpu, step, name):
+    """The steps chapter 10 times before the op's kernel (one piece a thread, __fdiv_rn on every value, and each
+    change alone) compute the same bits."""
+    from moe_gemm.torch.quantize import quantize_1x128_step, reference
+
+    x = cases()[name].to(torch.bfloat16)
+    q, scale = quantize_1x128_step(x.to(fp8_gpu), step)
+    want_q, want_scale = reference(x)
+    assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8)), name
+    assert torch.equal(scale.cpu()[:, :x.shape[0]], want_scale[:, :x.shape[0]]), name
 
 
 @pytest.mark.parametrize("experts, K, N", [(2, 7168, 2048), (1, 144, 200), (3, 16, 8)])
@@ -80,10 +105,12 @@ def test_the_swiglu_kernel_matches_the_reference_up_to_the_last_bit_of_exp(fp8_g
 
 
 def test_the_kernel_is_clean_under_memcheck(fp8_gpu, sanitize):
-    script = ("import torch\nfrom moe_gemm.torch.quantize import quantize_1x128\n"
+    script = ("import torch\nfrom moe_gemm.torch.quantize import QUANTIZE_STEPS, quantize_1x128, quantize_1x128_step\n"
               "from moe_gemm.torch.quantize import quantize_128x128_t, swiglu_quantize_1x128\n"
               "for M, K in ((300, 7168), (7, 200), (1, 8), (33, 136)):\n"
               "    quantize_1x128(torch.randn(M, K, device='cuda').to(torch.bfloat16))\n"
+              "    for step in QUANTIZE_STEPS:\n"
+              "        quantize_1x128_step(torch.randn(M, K, device='cuda').to(torch.bfloat16), step)\n"
               "for M, I in ((300, 2048), (7, 200), (1, 8)):\n"
               "    swiglu_quantize_1x128(torch.randn(M, 2 * I, device='cuda').to(torch.bfloat16))\n"
               "for E, K, N in ((2, 256, 384), (1, 144, 200)):\n"

@@ -10,17 +10,28 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from moe_gemm.torch.kernels import QUANTIZE_STEPS  # noqa: E402
+from moe_gemm.torch.quantize import PIECES  # noqa: E402
 
-def test_the_kernel_compiles_for_sm90a_without_spills_and_saturates():
+
+@pytest.mark.parametrize("pieces, divide_once", [(PIECES, True), *QUANTIZE_STEPS.values()])
+def test_the_kernel_compiles_for_sm90a_without_spills_and_saturates(pieces, divide_once):
+    """The op's instance and its earlier steps (moe_gemm.torch.kernels.QUANTIZE_STEPS)."""
     from moe_gemm.cuda.nvrtc import compile_kernel
     from moe_gemm.cuda.sass import function_sass, opcode_counts
-    from moe_gemm.torch.kernels import QUANTIZE
+    from moe_gemm.torch.kernels import QUANTIZE, quantize_instance
 
-    kernel = compile_kernel(*QUANTIZE, arch="sm_90a")
+    kernel = compile_kernel(QUANTIZE[0], quantize_instance(pieces, divide_once), arch="sm_90a")
     assert kernel.report.spill_store_bytes == 0 and kernel.report.stack_frame_bytes == 0
     sass = function_sass(kernel.sass(), kernel.symbol)  # the module holds the other quantizers too
-    counts = opcode_counts(sass, ("LDG.E.128", "STG.E.64", "F2FP.SATFINITE.E4M3"))
-    assert counts == {"LDG.E.128": 1, "STG.E.64": 1, "F2FP.SATFINITE.E4M3": 4}  # 16 bytes in, 8 out, a lane
+    counts = opcode_counts(sass, ("LDG.E.128", "STG.E.64", "F2FP.SATFINITE.E4M3", "FMUL"))
+    # 16 bytes in, 8 out, per piece, `pieces` a lane; dividing once, each of a piece's 8 quotients starts from one
+    # multiply by its group's reciprocal (e4m3.cuh, divide), where __fdiv_rn starts from a reciprocal of its own
+    assert counts == {"LDG.E.128": pieces, "STG.E.64": pieces, "F2FP.SATFINITE.E4M3": 4 * pieces,
+                      "FMUL": 8 * pieces if divide_once else 0}
+    loads = [i for i, line in enumerate(sass.splitlines()) if "LDG.E.128" in line]
+    first_shuffle = next(i for i, line in enumerate(sass.splitlines()) if "SHFL.BFLY" in line)
+    assert max(loads) < first_shuffle  # every load in flight before the first group's amax
 
 
 @pytest.mark.parametrize("M, K", [(5, 384), (3, 200), (1, 8), (0, 128)])
@@ -48,6 +59,26 @@ def test_bad_inputs_are_refused(bad, match):
 
     with pytest.raises(ValueError, match=match):
         quantize_1x128(bad())
+
+
+def test_more_groups_than_the_kernels_32_bit_index_is_refused_before_any_allocation(monkeypatch):
+    """The activation quantizers index groups in 32 bits: a tensor of 2^31 groups or more (512 GiB of bf16) is
+    refused with a ValueError before q is allocated or anything is launched (shown here with the limit lowered)."""
+    from moe_gemm.torch import quantize
+
+    monkeypatch.setattr(quantize, "MAX_GROUPS", 8)
+    with pytest.raises(ValueError, match="groups; the kernel indexes fewer than 2"):
+        quantize._launch_1x128("quantize_1x128", torch.zeros(4, 256, dtype=torch.bfloat16), 256)
+
+
+def test_an_earlier_step_is_refused_for_an_unknown_name_or_off_the_gpu():
+    from moe_gemm.torch.quantize import quantize_1x128_step
+
+    x = torch.randn(4, 256).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="step must be one of"):
+        quantize_1x128_step(x, "k8/quantize-1x128")
+    with pytest.raises(ValueError, match="compute capability 8.9"):
+        quantize_1x128_step(x, next(iter(QUANTIZE_STEPS)))
 
 
 def test_the_weights_kernel_compiles_without_spills_in_static_shared_memory():
@@ -83,9 +114,9 @@ def test_bad_weights_are_refused(shape, match):
         quantize_128x128_t(torch.randn(*shape).to(torch.bfloat16))
 
 
-def test_the_swiglu_kernel_compiles_with_two_loads_and_one_store_per_lane():
-    """GEMM 1's output [gate | up] read once (two 16-byte loads a lane, I columns apart), the activation stored
-    as e4m3 only (one 8-byte store): nothing in bf16 is written."""
+def test_the_swiglu_kernel_compiles_with_two_loads_and_one_store_per_piece():
+    """GEMM 1's output [gate | up] read once (two 16-byte loads a piece, I columns apart), the activation stored
+    as e4m3 only (one 8-byte store a piece): nothing in bf16 is written."""
     from moe_gemm.cuda.nvrtc import compile_kernel
     from moe_gemm.cuda.sass import function_sass, opcode_counts
     from moe_gemm.torch.kernels import SWIGLU_QUANTIZE
@@ -94,7 +125,7 @@ def test_the_swiglu_kernel_compiles_with_two_loads_and_one_store_per_lane():
     assert kernel.report.spill_store_bytes == 0 and kernel.report.stack_frame_bytes == 0
     sass = function_sass(kernel.sass(), kernel.symbol)  # the module holds the other quantizers too
     counts = opcode_counts(sass, ("LDG.E.128", "STG.E.64", "STG.E.128", "F2FP.SATFINITE.E4M3"))
-    assert counts == {"LDG.E.128": 2, "STG.E.64": 1, "STG.E.128": 0, "F2FP.SATFINITE.E4M3": 4}
+    assert counts == {"LDG.E.128": 2 * PIECES, "STG.E.64": PIECES, "STG.E.128": 0, "F2FP.SATFINITE.E4M3": 4 * PIECES}
 
 
 @pytest.mark.parametrize("M, width", [(5, 384), (3, 200), (1, 8), (0, 128)])

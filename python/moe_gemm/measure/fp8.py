@@ -46,23 +46,30 @@ def _row(kernel: str, shape: str, moved: int, copied: int, quantize_us: float, c
 
 def quantize_rows(activations: Sequence[tuple[int, int]], weights: Sequence[tuple[int, int, int]],
                   swiglu: Sequence[tuple[int, int]] = (), **timing: int) -> list[dict[str, Any]]:
-    """One row per shape: the quantizer's time and bandwidth, the copy's, and their ratio. ``swiglu``: (M, I) of
-    GEMM 1's outputs [M, 2I] for the SwiGLU quantizer, whose rows also hold the unfused way's time (torch's
-    SwiGLU, then quantize_1x128)."""
+    """One row per shape: the quantizer's time and bandwidth, the copy's, and their ratio. ``activations``: the op's
+    activation quantizer and, in rows with a ``step`` (its name in moe_gemm.torch.kernels.QUANTIZE_STEPS), each of
+    its earlier steps. ``swiglu``: (M, I) of GEMM 1's outputs [M, 2I] for the SwiGLU quantizer, whose rows also hold
+    the unfused way's time (torch's SwiGLU, then quantize_1x128)."""
     import torch
 
+    from moe_gemm.torch.kernels import QUANTIZE_STEPS
     from moe_gemm.torch.layer import swiglu as torch_swiglu
-    from moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t, swiglu_quantize_1x128
+    from moe_gemm.torch.quantize import quantize_1x128, quantize_1x128_step, quantize_128x128_t, swiglu_quantize_1x128
 
     rows = []
     for M, K in activations:
-        progress(f"[quantize] 1 x 128 groups of [{M:,}, {K:,}]")
+        progress(f"[quantize] 1 x 128 groups of [{M:,}, {K:,}], the op's kernel and its {len(QUANTIZE_STEPS)} "
+                 f"earlier steps")
         x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
         copy = torch.empty_like(x)
         moved = x.nbytes + M * K + 4 * -(-K // BLOCK) * padded_rows(M)  # bf16 in; e4m3 and the scales out
+        copy_us = _median_us(lambda x=x, copy=copy: copy.copy_(x), **timing)
+        for step in QUANTIZE_STEPS:
+            row = _row("quantize_1x128", f"[{M:,}, {K:,}]", moved, 2 * x.nbytes,
+                       _median_us(lambda x=x, step=step: quantize_1x128_step(x, step), **timing), copy_us)
+            rows.append({**row, "step": step})
         rows.append(_row("quantize_1x128", f"[{M:,}, {K:,}]", moved, 2 * x.nbytes,
-                         _median_us(lambda x=x: quantize_1x128(x), **timing),
-                         _median_us(lambda x=x, copy=copy: copy.copy_(x), **timing)))
+                         _median_us(lambda x=x: quantize_1x128(x), **timing), copy_us))
     for M, width in swiglu:
         progress(f"[quantize] SwiGLU of [{M:,}, {2 * width:,}] in 1 x 128 groups, and the unfused way")
         h = torch.randn(M, 2 * width, device="cuda").to(torch.bfloat16)

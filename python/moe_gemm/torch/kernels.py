@@ -5,9 +5,22 @@ validation record (moe_gemm.measure.validation) reads it where torch is not inst
 from __future__ import annotations
 
 COMBINE = ("moe_combine.cu", "moe_combine")  # the MoE layer's combine (moe_gemm.torch.combine)
-QUANTIZE = ("k8_quantize.cu", "quantize_1x128")  # chapter 10's activation quantizer (moe_gemm.torch.quantize)
+
+
+def quantize_instance(pieces: int, divide_once: bool) -> str:
+    """The activation quantizer's instance: 16-byte pieces a thread loads at once; whether a group's values are
+    divided from its reciprocal (kernels/k8_quantize.cu, quantize_1x128<PIECES, DIVIDE_ONCE>)."""
+    return f"quantize_1x128<{pieces}, {str(divide_once).lower()}>"
+
+
+QUANTIZE = ("k8_quantize.cu", quantize_instance(4, True))  # chapter 10's activation quantizer (moe_gemm.torch.quantize)
 QUANTIZE_WEIGHTS = ("k8_quantize.cu", "quantize_128x128_t")  # and its weights' quantizer
 SWIGLU_QUANTIZE = ("k8_quantize.cu", "swiglu_quantize_1x128")  # the FP8 layer's SwiGLU and quantization in one pass
+# The activation quantizer's steps before it, which chapter 10's quantize part times beside it: its first version
+# (one 16-byte piece a thread, __fdiv_rn on every value) and each of the two changes alone (kernels/k8_quantize.cu,
+# quantize_1x128<PIECES, DIVIDE_ONCE>), as (PIECES, DIVIDE_ONCE).
+QUANTIZE_STEPS = {"k8/quantize-1x128-first": (1, False), "k8/quantize-1x128-pieces": (4, False),
+                  "k8/quantize-1x128-divide-once": (1, True)}
 
 # The SwiGLU's backward fused into the dA GEMM (k6's "dswiglu" epilogue): each configuration of
 # moe_gemm.variants.k6.config.FUSED_BACKWARD and the name its kernels have in the validation record (with "-bf16"

@@ -20,10 +20,13 @@ import torch
 
 from moe_gemm.model.quantize import BLOCK, padded_rows, quantize
 from moe_gemm.torch import rules
+from moe_gemm.torch.kernels import QUANTIZE, QUANTIZE_STEPS, QUANTIZE_WEIGHTS, SWIGLU_QUANTIZE, quantize_instance
 
 THREADS = 256  # kernels/k8_quantize.cu: __launch_bounds__(256), 16 threads per group of 128
 LANES = 16
 PIECE = 8  # bf16 elements per 16-byte load
+PIECES = 4  # the activation quantizers' pieces per thread (k8::PIECES); a block quantizes 16 x PIECES groups
+MAX_GROUPS = 2**31  # the activation quantizers index groups in 32 bits
 
 
 def _check(x: torch.Tensor, name: str = "quantize_1x128", halves: int = 1) -> None:
@@ -45,7 +48,6 @@ def _check(x: torch.Tensor, name: str = "quantize_1x128", halves: int = 1) -> No
 @functools.cache
 def _kernel(name: str):
     from moe_gemm.cuda.nvrtc import compile_kernel
-    from moe_gemm.torch.kernels import QUANTIZE
 
     return compile_kernel(QUANTIZE[0], name)
 
@@ -79,19 +81,23 @@ def swiglu_reference(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _laid_out((gate / (np.float32(1) + np.exp(-gate)) * up).astype(np.float32), h.device)
 
 
-def _launch_1x128(kernel: str, x: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One launch of an activation quantizer writing q [M, width] and its MN-major scales."""
+def _launch_1x128(kernel: str, x: torch.Tensor, width: int, pieces: int = PIECES) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch of an activation quantizer (its instance's name) writing q [M, width] and its MN-major scales;
+    ``pieces``: the instance's pieces per thread."""
     from moe_gemm.cuda.device import make_context_current
     from moe_gemm.cuda.launch import launch
 
     M = x.shape[0]
     k_blocks = -(-width // BLOCK)
+    groups = M * k_blocks
+    if groups >= MAX_GROUPS:
+        raise ValueError(f"{kernel}: {M:,} rows of {k_blocks:,} groups of {BLOCK} are {groups:,} groups; the kernel "
+                         f"indexes fewer than 2^31")
     q = torch.empty((M, width), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.ones((k_blocks, padded_rows(M)), dtype=torch.float32, device=x.device)
-    groups = M * k_blocks
     if groups:
         make_context_current(x.device.index)
-        launch(_kernel(kernel), -(-groups * LANES // THREADS), THREADS, 0, x.data_ptr(), q.data_ptr(),
+        launch(_kernel(kernel), -(-groups // (THREADS // LANES * pieces)), THREADS, 0, x.data_ptr(), q.data_ptr(),
                scale.data_ptr(), np.int32(M), np.int32(width), np.int32(padded_rows(M)),
                stream=torch.cuda.current_stream(x.device).cuda_stream, device=x.device.index)
     return q, scale
@@ -103,7 +109,19 @@ def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check(x)
     if not _on_fp8_gpu(x):
         return reference(x)
-    return _launch_1x128("quantize_1x128", x, x.shape[1])
+    return _launch_1x128(QUANTIZE[1], x, x.shape[1])
+
+
+def quantize_1x128_step(x: torch.Tensor, step: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_1x128 by one of the activation quantizer's earlier steps (moe_gemm.torch.kernels.QUANTIZE_STEPS: the
+    same bits, slower), which chapter 10 times beside it; on a GPU of compute capability 8.9 or newer only."""
+    _check(x)
+    if step not in QUANTIZE_STEPS:
+        raise ValueError(f"quantize_1x128_step: step must be one of {sorted(QUANTIZE_STEPS)}, got {step!r}")
+    if not _on_fp8_gpu(x):
+        raise ValueError("quantize_1x128_step: x must be on a GPU of compute capability 8.9 or newer")
+    pieces, divide_once = QUANTIZE_STEPS[step]
+    return _launch_1x128(quantize_instance(pieces, divide_once), x, x.shape[1], pieces)
 
 
 def swiglu_quantize_1x128(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +131,7 @@ def swiglu_quantize_1x128(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check(h, "swiglu_quantize_1x128", halves=2)
     if not _on_fp8_gpu(h):
         return swiglu_reference(h)
-    return _launch_1x128("swiglu_quantize_1x128", h, h.shape[1] // 2)
+    return _launch_1x128(SWIGLU_QUANTIZE[1], h, h.shape[1] // 2)
 
 
 def _check_weights(b: torch.Tensor) -> None:
@@ -155,7 +173,7 @@ def quantize_128x128_t(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty((experts, -(-N // BLOCK), -(-K // BLOCK)), dtype=torch.float32, device=b.device)
     if q.numel():
         make_context_current(b.device.index)
-        launch(_kernel("quantize_128x128_t"), (scale.shape[1], scale.shape[2], experts), THREADS, 0, b.data_ptr(),
+        launch(_kernel(QUANTIZE_WEIGHTS[1]), (scale.shape[1], scale.shape[2], experts), THREADS, 0, b.data_ptr(),
                q.data_ptr(), scale.data_ptr(), np.int32(K), np.int32(N),
                stream=torch.cuda.current_stream(b.device).cuda_stream, device=b.device.index)
     return q, scale
