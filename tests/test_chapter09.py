@@ -154,6 +154,21 @@ def test_the_fused_backwards_tile_is_memory_bound_by_streaming_w_down_once_per_m
     assert tile["dram_bytes_read"] > 3 * tuned["dram_bytes_read"]
 
 
+def test_both_fused_launches_are_memory_bound_and_the_raster_walk_reads_as_much_as_the_row_major_one():
+    """The page's reading of the fused launches' profiles (H100, the Mixtral-like dA cell): memory over 80% busy,
+    the tensor pipe below the tile's, each reading at least the tile's bytes, the raster walk within 5% of the
+    row-major walk's (the walk did not cut the traffic; the prediction that the epilogue sets the time is wrong)."""
+    rows = {r["variant"]: r for r in (recorded("09", "h100") or {}).get("profile", [])
+            if Workload.of(r) == RUN.DA_CELL}
+    if "k6/dswiglu-g8-bn128" not in rows:
+        pytest.skip("no H100 profile of the fused launches")
+    tile, plain, g8 = rows["k6/pingpong-bn128"], rows["k6/dswiglu-bn128"], rows["k6/dswiglu-g8-bn128"]
+    for fused in (plain, g8):
+        assert fused["dram_throughput_pct"] > 80 and fused["gmma_pipe_pct"] < tile["gmma_pipe_pct"]
+        assert fused["dram_bytes_read"] > tile["dram_bytes_read"]
+    assert abs(g8["dram_bytes_read"] / plain["dram_bytes_read"] - 1) < 0.05
+
+
 def test_the_ping_pong_arithmetic_implies_an_epilogue_longer_than_a_main_loop_on_both_walks():
     """The page's prediction at the Mixtral-like size, 32,768 tokens: with a unit's time half of a main loop plus
     an epilogue where the epilogue is the longer, both fused launches' times imply an epilogue longer than the
