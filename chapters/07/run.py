@@ -556,8 +556,8 @@ def profile_rows(only: Sequence[str] = ()) -> list[dict[str, Any]]:
     from moe_gemm.measure.profile import profile_cells
     from moe_gemm.variants.k6.config import NOT_YET_RUN
 
-    return profile_cells({cell: [n for n in names if n not in NOT_YET_RUN and (not only or n in only)]
-                          for cell, names in PROFILED.items()})
+    return profile_cells({cell: [n for n in names if n not in NOT_YET_RUN] for cell, names in PROFILED.items()},
+                         only)
 
 
 def profile_table(rows: Sequence[dict[str, Any]]) -> Table:

@@ -259,7 +259,7 @@ def profile_rows(only: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Nsight Compute's rows for PROFILED (only the variants named in ``only``, where it names any)."""
     from moe_gemm.measure.profile import profile_cells
 
-    return profile_cells({cell: [n for n in names if not only or n in only] for cell, names in PROFILED.items()})
+    return profile_cells(PROFILED, only)
 
 
 # --------------------------------------------------------------------------- no GPU

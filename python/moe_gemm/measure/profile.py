@@ -183,15 +183,15 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
             **kind, **values, "issue_model": model_issue(values)}
 
 
-def profile_cells(cells: Mapping[Any, Sequence[str]]) -> list[dict[str, Any]]:
-    """A chapter's ``--profile``: each variant of ``cells`` (a Workload -> the variant names to profile there) under
-    ncu, the first launch of its profiler range, on the workload's shape, ragged axis and operand format. A variant
-    ncu gives no profile of is reported and left out."""
+def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """A chapter's ``--profile``: each variant of ``cells`` (a Workload -> the variant names to profile there; only
+    those named in ``only``, where it names any) under ncu, the first launch of its profiler range, on the
+    workload's shape, ragged axis and operand format. A variant ncu gives no profile of is reported and left out."""
     from moe_gemm.measure.check import progress
 
     rows = []
     for cell, names in cells.items():
-        for name in names:
+        for name in (n for n in names if not only or n in only):
             progress(f"[profile] {name} at {cell.label} under ncu")
             try:
                 rows.append(profile_variant(name, cell.tokens, cell.skew, experts=cell.experts, K=cell.K, N=cell.N,

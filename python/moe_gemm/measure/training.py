@@ -294,9 +294,7 @@ def fused_backward_call(config: str, workload: Workload) -> Callable[[], Any]:
     dy, h = randn(rows, hidden), randn(rows, 2 * inter)
     w_down = randn(workload.experts, inter, hidden, scale=hidden ** -0.5)
     want = dswiglu(grouped_mm(dy, w_down.transpose(1, 2), offs), h)
-    call, _ = checked_fused(config, dy, w_down, offs, h, want)
-    del want
-    return call
+    return checked_fused(config, dy, w_down, offs, h, want)[0]
 
 
 # The dswiglu part's names for the fused configurations' times: h loaded by the epilogue, prefetched by TMA, or
