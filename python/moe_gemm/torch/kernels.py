@@ -13,7 +13,8 @@ def quantize_instance(pieces: int, divide_once: bool) -> str:
     return f"quantize_1x128<{pieces}, {str(divide_once).lower()}>"
 
 
-QUANTIZE = ("k8_quantize.cu", quantize_instance(4, True))  # chapter 10's activation quantizer (moe_gemm.torch.quantize)
+PIECES = 4  # the activation quantizers' 16-byte pieces per thread (k8::PIECES; the SwiGLU quantizer's too)
+QUANTIZE = ("k8_quantize.cu", quantize_instance(PIECES, True))  # chapter 10's activation quantizer (torch.quantize)
 QUANTIZE_WEIGHTS = ("k8_quantize.cu", "quantize_128x128_t")  # and its weights' quantizer
 SWIGLU_QUANTIZE = ("k8_quantize.cu", "swiglu_quantize_1x128")  # the FP8 layer's SwiGLU and quantization in one pass
 # The activation quantizer's steps before it, which chapter 10's quantize part times beside it: its first version

@@ -20,12 +20,18 @@ import torch
 
 from moe_gemm.model.quantize import BLOCK, padded_rows, quantize
 from moe_gemm.torch import rules
-from moe_gemm.torch.kernels import QUANTIZE, QUANTIZE_STEPS, QUANTIZE_WEIGHTS, SWIGLU_QUANTIZE, quantize_instance
+from moe_gemm.torch.kernels import (
+    PIECES,  # a block of THREADS quantizes 16 x PIECES groups
+    QUANTIZE,
+    QUANTIZE_STEPS,
+    QUANTIZE_WEIGHTS,
+    SWIGLU_QUANTIZE,
+    quantize_instance,
+)
 
 THREADS = 256  # kernels/k8_quantize.cu: __launch_bounds__(256), 16 threads per group of 128
 LANES = 16
 PIECE = 8  # bf16 elements per 16-byte load
-PIECES = 4  # the activation quantizers' pieces per thread (k8::PIECES); a block quantizes 16 x PIECES groups
 MAX_GROUPS = 2**31  # the activation quantizers index groups in 32 bits
 
 
