@@ -31,6 +31,8 @@
 //                           rate), a bf16, fp16 or fp32 C (an fp32 C is stored from registers).
 //   EPILOGUE                C as it is, or an MoE layer's SwiGLU fused in: its forward after GEMM 1
 //                           (chapter 08), its backward after the dA GEMM of GEMM 2 (chapter 09).
+//   L2_HINTS                the backward's loads carry L2 eviction priorities: W_down's boxes
+//                           evict-last, the saved pre-activation evict-first.
 //
 // Every consumer warpgroup owns 128 rows (two m64 wgmmas per k16 step, BN/2 x 2 accumulators per
 // thread) and issues only the m64 wgmmas whose rows hold tokens: a tile with 40 rows pays for one
@@ -111,7 +113,8 @@ struct Config {
 // [E, K, N] as a transformers checkpoint stores it, and the tile at columns col0 .. col0 + 127 of
 // the fused walk loads gate columns col0 / 2 .. + 63 and the up columns N / 2 further: the pair
 // the epilogue multiplies, with no interleaved copy of the weights.
-template <class Cfg, int STAGES, int CLUSTER, bool B_K_MAJOR, bool SWIGLU, bool TAIL, class UnitAt, class AfterUnit>
+template <class Cfg, int STAGES, int CLUSTER, bool B_K_MAJOR, bool SWIGLU, bool TAIL, bool B_EVICT_LAST, class UnitAt,
+          class AfterUnit>
 __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, UnitAt&& unit_at,
                                         int units, int first, int stride, unsigned rank, int k_steps, int N,
                                         unsigned ring, sm90::Slots<STAGES>& slots, unsigned long long* full,
@@ -146,6 +149,8 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
                 if constexpr (Cfg::ALONG_M == 2) {  // rank r: rows 32r .. 32r + 31 of every box, for both blocks
                     tma_load_3d_multicast(b_dst + rank * Cfg::B_SHARE_BYTES, tmap_b, c0,
                                           c1 + static_cast<int>(rank) * Cfg::B_SHARE_ROWS, tile.x, bar, 0b11);
+                } else if constexpr (B_EVICT_LAST) {  // L2_HINTS: the raster group's other M tiles read it next
+                    tma_load_3d_hinted(b_dst, tmap_b, c0, c1, tile.x, bar, l2_evict_last_policy());
                 } else {
                     tma_load_3d(b_dst, tmap_b, c0, c1, tile.x, bar);
                 }
@@ -339,10 +344,12 @@ __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TI
 // stream serialization (rung h), the block initialises its barriers while the kernel before it may still run,
 // then waits for that kernel (griddepcontrol.wait) before its first read of the expert ends, A or B and its
 // first write of C; once its consumers have taken their last unit it lets the next kernel's blocks be
-// scheduled (they start as this kernel's blocks leave their SMs).
+// scheduled (they start as this kernel's blocks leave their SMs). L2_HINTS (DACT_SWIGLU, h loaded by the
+// epilogue): B's boxes are loaded evict-last and h evict-first (ptx.cuh, l2_hints).
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
           bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT, bool PDL = false, bool PREFETCH_H = false,
-          bool PRIVATE_RINGS = false, bool PRODUCER_TAIL = false, bool CURSOR = false, bool LIST_UNITS = false>
+          bool PRIVATE_RINGS = false, bool PRODUCER_TAIL = false, bool CURSOR = false, bool LIST_UNITS = false,
+          bool L2_HINTS = false>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C, const int4* units_list,
                                         int num_units, const int* ends, int tokens, int experts, int group, int K,
@@ -368,6 +375,8 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     const H h{h_buffer, h_buffer + H::BYTES, h_buffer + H::BYTES + 8};
     static_assert(!PREFETCH_H || (EPILOGUE == DACT_SWIGLU && MODE == PINGPONG && CLUSTER_M * CLUSTER_N == 1),
                   "h is prefetched for the SwiGLU backward's ping-pong tiles (one warpgroup's 128 rows at a time)");
+    static_assert(!L2_HINTS || (EPILOGUE == DACT_SWIGLU && !PREFETCH_H && CLUSTER_M * CLUSTER_N == 1),
+                  "the L2 hints are the SwiGLU backward's whose epilogue loads h, without a cluster");
     static_assert(!PREFETCH_H ||
                       STAGES * Cfg::STAGE_BYTES + Cfg::STAGING_BYTES + H::BYTES + 16 + sm90::SWIZZLE_ALIGN <= 232448 - 2304,
                   "the ring, the C staging and h's buffer fit the shared memory of one block");
@@ -424,7 +433,7 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             auto after_unit = [&](int4 tile) {
                 if constexpr (PREFETCH_H) h.load(tmap_h, tile, N, h_phase);
             };
-            produce<Cfg, STAGES, CLUSTER, B_K_MAJOR, EPILOGUE == ACT_SWIGLU, PRODUCER_TAIL>(
+            produce<Cfg, STAGES, CLUSTER, B_K_MAJOR, EPILOGUE == ACT_SWIGLU, PRODUCER_TAIL, L2_HINTS>(
                 tmap_a, tmap_b, unit_at, num_units, first, stride, rank, k_steps, N, ring, slots, full, empty, after_unit);
         }
     } else {
@@ -493,10 +502,14 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
             } else if constexpr (EPILOGUE == DACT_SWIGLU) {
                 if (slices > 0) {
                     const unsigned* __restrict__ h_words = static_cast<const unsigned*>(preact);
+                    auto load = [&](long long index) {
+                        if constexpr (L2_HINTS) return load_global_nc_streaming_u32(h_words + index / 2);
+                        else return __ldg(h_words + index / 2);
+                    };
                     dswiglu<Cfg, IN, OUT>(acc, tile.y + row_offset, rows, tile.w, N,
                                           [&](int, int, int, long long h_row, int col, unsigned& gate, unsigned& up) {
-                                              gate = col < N ? __ldg(h_words + (h_row + col) / 2) : 0u;
-                                              up = col < N ? __ldg(h_words + (h_row + N + col) / 2) : 0u;
+                                              gate = col < N ? load(h_row + col) : 0u;
+                                              up = col < N ? load(h_row + N + col) : 0u;
                                           }, C, act);
                 }
             } else if (slices > 0) {
@@ -575,12 +588,14 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP,
 // The backward of GEMM 1's SwiGLU, fused into the dA GEMM of GEMM 2 (chapter 09): A = dY [M_tot, H], B = W_down
 // [E, I, H] read K-major (it is B^T [E, N, K] with N = I, K = H), C = dh [M_tot, 2N] (bf16 or fp16, as the
 // operands); preact: the saved h = [gate | up] [M_tot, 2N]; act: silu(gate) * up [M_tot, N]. BN = 128, the
-// device walk; the epilogue stores from registers, so the staging ring is one box (unused).
-template <int MODE, int STAGES, int IN>
+// device walk; the epilogue stores from registers, so the staging ring is one box (unused). L2_HINTS: W_down's
+// boxes kept in L2 before the streams through it (k6_body), a trailing parameter: the others keep their names.
+template <int MODE, int STAGES, int IN, bool L2_HINTS = false>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_dswiglu(K6_PARAMS,
                                                                                 const void* __restrict__ preact,
                                                                                 void* __restrict__ act) {
-    k6::k6_body<MODE, 128, STAGES, 1, 1, true, 1, true, k6::DACT_SWIGLU, IN, IN>(
+    k6::k6_body<MODE, 128, STAGES, 1, 1, true, 1, true, k6::DACT_SWIGLU, IN, IN, false, false, false, false, false,
+                false, L2_HINTS>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, preact, act);
 }
 

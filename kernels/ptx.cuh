@@ -564,6 +564,48 @@ __device__ __forceinline__ unsigned load_shared_u32(unsigned addr) {
     return value;
 }
 
+// --8<-- [start:l2_hints]
+// L2 eviction priorities. When a set of L2 needs room, evict_first lines go before evict_normal ones and
+// evict_last lines after them. k6's SwiGLU backward marks the weights it reads again (W_down's column tiles,
+// shared by a raster group's M tiles) evict_last and the saved pre-activation it reads once evict_first, so
+// that its streams do not push the weights out before their next reader. (Its stores stay evict_normal:
+// st.global.cs there took the epilogue past its 232 registers, 32 bytes of spills.)
+//
+// A TMA copy takes a priority as a cache policy: an opaque 64-bit value that createpolicy makes and
+// .L2::cache_hint applies. Fraction 1.0: every access under the policy gets the priority. Not volatile: a
+// policy is a value, made once where the compiler likes.
+// PTX ISA "Data Movement and Conversion Instructions: createpolicy"
+//   #data-movement-and-conversion-instructions-createpolicy
+__device__ __forceinline__ unsigned long long l2_evict_last_policy() {
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+
+// tma_load_3d under an L2 cache policy.
+// PTX ISA "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.L2::cache_hint)
+//   #data-movement-and-conversion-instructions-cp-async-bulk-tensor
+__device__ __forceinline__ void tma_load_3d_hinted(unsigned dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                                   unsigned bar, unsigned long long policy) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+                 :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy) : "memory");
+}
+
+// A load says evict-first with no policy register: the .cs ("cache streaming") operator allocates the lines
+// evict-first in L1 and L2. Four read-only bytes: __ldg's load (ld.global.nc) with .cs (SASS: LDG.E.EF.CONSTANT).
+// Volatile, as the other wrappers, so the epilogue's loads stay where it issues them: all of a row's before
+// its first store.
+// PTX ISA "Data Movement and Conversion Instructions: ld.global.nc"
+//   #data-movement-and-conversion-instructions-ld-global-nc
+// PTX ISA "Cache Operators"   #cache-operators
+__device__ __forceinline__ unsigned load_global_nc_streaming_u32(const unsigned* address) {
+    unsigned value;
+    asm volatile("ld.global.cs.nc.b32 %0, [%1];\n" : "=r"(value) : "l"(address));
+    return value;
+}
+// --8<-- [end:l2_hints]
+
 // Shared memory written by ordinary stores (stmatrix included) is read next by TMA, which is the
 // async proxy: each writing thread fences before the barrier that lets the copy be issued.
 // PTX ISA "Parallel Synchronization and Communication Instructions: membar / fence" (.proxy.async)

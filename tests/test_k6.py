@@ -231,7 +231,7 @@ def test_every_kernel_name_fills_its_template_in_order():
                   "DEVICE_SCHEDULE": config.schedule == "device", "ALONG_M": config.cluster_along == "m",
                   "IN": ELEMENT_CODES[config.element], "OUT": ELEMENT_CODES[config.out], "PDL": config.pdl,
                   "PRIVATE_RINGS": config.private_rings, "PRODUCER_TAIL": config.producer_tail,
-                  "CURSOR": config.cursor, "LIST_UNITS": config.listed}
+                  "CURSOR": config.cursor, "LIST_UNITS": config.listed, "L2_HINTS": config.l2_hints}
         for (kind, parameter, _), value in zip(parameters, values):
             given = {"true": True, "false": False}[value] if kind == "bool" else int(value)
             assert given == wanted[parameter] and type(given) is type(wanted[parameter]), (name, parameter, value)
@@ -469,6 +469,20 @@ def test_rungs_not_yet_run_are_compiled_but_neither_run_nor_recorded():
     assert not NOT_YET_RUN & set(chapter_module("07").ladder_names())  # not checked or timed by the chapter
     assert not NOT_YET_RUN & set(validation.kernel_configurations())  # not in the validation record's scope
     assert not NOT_YET_RUN & set(AUTO_CANDIDATES)  # nor among what k6/auto (and so the op) launches
+
+
+def test_the_fused_backwards_tile_on_the_raster_walk_is_its_kernel_with_another_launch_argument():
+    """k6/pingpong-bn128-g8 (chapter 09's test of the raster walk on a plain GEMM) launches k6/pingpong-bn128's
+    kernel with a raster group of 8: the same instance name, so the same machine code; it waits for its GPU run
+    as a rung not yet run, and chapter 09 profiles it at the Mixtral-like dA cell."""
+    from moe_gemm.core.chapters import chapter_module
+    from moe_gemm.variants.k6.config import NOT_YET_RUN
+
+    tile, raster = LADDER["k6/pingpong-bn128"], LADDER["k6/pingpong-bn128-g8"]
+    assert raster == tile.replace(group=8) and raster.kernel_name == tile.kernel_name
+    assert raster.label == "128x128 pingpong g8 s6" and "k6/pingpong-bn128-g8" in NOT_YET_RUN
+    run = chapter_module("09")
+    assert {"k6/pingpong-bn128-g8", "k6/dswiglu-hints-g8-bn128"} <= set(run.PROFILED[run.DA_CELL])
 
 
 def test_private_staging_rings_drop_the_epilogues_turns_and_a_stage():

@@ -106,10 +106,12 @@ def test_the_record_can_be_read_where_numpy_breaks_numba_cuda(monkeypatch):
 
 def test_run_with_no_family_named_takes_them_all(monkeypatch):
     taken = []
-    monkeypatch.setattr(validation, "run", lambda families, jobs, admit: taken.append((families, jobs, admit)) or 0)
+    monkeypatch.setattr(validation, "run", lambda families, jobs, admit, pending_only: taken.append(
+        (families, jobs, admit, pending_only)) or 0)
     assert validation.main(["run"]) == 0 and validation.main(["run", "k3", "--jobs", "2"]) == 0
-    assert validation.main(["run", "k6", "--admit"]) == 0
-    assert taken == [(list(validation.GPU_TESTS), 8, False), (["k3"], 2, False), (["k6"], 8, True)]
+    assert validation.main(["run", "k6", "--admit"]) == 0 and validation.main(["run", "k6", "--pending-only"]) == 0
+    assert taken == [(list(validation.GPU_TESTS), 8, False, False), (["k3"], 2, False, False), (["k6"], 8, True, False),
+                     (["k6"], 8, False, True)]
 
 
 def test_an_unknown_family_is_refused_in_one_line(capsys):
@@ -241,3 +243,45 @@ def test_the_admission_pass_collects_the_tests_that_name_a_pending_kernel(pendin
     assert keep("tests/test_k8_swiglu_gpu.py::test_one_graph_replayed_with_changing_routings")
     assert keep("tests/test_sanitizer_gpu.py::test_compute_sanitizer_is_clean[memcheck-k6]")
     assert not keep("tests/test_k6_gpu.py::test_edge_cases_exact[k6/pingpong-bn128-one row]")
+
+
+def test_the_pending_only_run_admits_beside_current_records_and_refuses_stale_ones(monkeypatch, tmp_path, capsys):
+    """`run --pending-only`: the second pass of `--admit` alone (no run of the family's own tests), for families
+    whose records are all current: what passes is recorded under its current hash with that pass's counts, the
+    family's other records untouched. A family with a stale record is refused before anything runs."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr("moe_gemm.cuda.gpu.detect_gpu",
+                        lambda: SimpleNamespace(name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0)))
+    record = validation.load_record()
+    written, planned = [], []
+    monkeypatch.setattr(validation, "load_record", lambda: record)
+    monkeypatch.setattr(validation, "write_record", written.append)
+    pending = validation.RUNGS_NOT_YET_RUN | {"k6/pingpong-bn192-pdl"}  # one that has run, made pending again
+    monkeypatch.setattr(validation, "RUNGS_NOT_YET_RUN", pending)
+    validation.pending_markers.cache_clear()
+    k6_pending = validation.pending_kernels("k6")
+    tests = junit(*(("tests.test_k6_gpu", f"test_edge_cases_exact[{name}-one row]", "passed") for name in k6_pending))
+
+    def fake_pytest(args, name, scratch, admit=None):
+        planned.append((name, admit))
+        return run_of(tests if name == "k6-admit" else junit(("t", "x", "passed")), name)
+
+    monkeypatch.setattr(validation, "_pytest", fake_pytest)
+    before = dict(record["kernels"])
+    assert validation.main(["run", "k6", "--pending-only"]) == 0
+    validation.pending_markers.cache_clear()
+    assert planned and all(admit == validation.ADMIT_ONLY for _, admit in planned)  # the second pass alone
+    assert {name for name, _ in planned} == {"k6-admit", *(f"k6-admit-{t}" for t in validation.SANITIZER_TOOLS)}
+    hashes = validation.current_hashes(pending=True)
+    for name in k6_pending:
+        entry = record["kernels"][name]
+        assert entry["hash"] == hashes[name] and entry["gpu"] == "NVIDIA H100 80GB HBM3"
+        assert entry["gpu_tests_passed"] == len(k6_pending)
+    assert {n: e for n, e in record["kernels"].items() if n not in k6_pending} == {
+        n: e for n, e in before.items() if n not in k6_pending}
+    assert f"passed here: {', '.join(sorted(k6_pending))};" in capsys.readouterr().out
+    record["kernels"] = {n: e for n, e in before.items() if not n.startswith("k6/")}  # every k6 record stale
+    planned.clear()
+    assert validation.main(["run", "k6", "--pending-only"]) == 2 and not planned
+    assert "stale" in capsys.readouterr().err

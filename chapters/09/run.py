@@ -109,11 +109,13 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 # 32,768 tokens (65,536 balanced rows, H -> I) on the fused backward's fixed tile (k6/pingpong-bn128, the dswiglu
 # part's "dA tile", up to 1.8x the tuned GEMM's time there) beside k6/auto's tuned choice: why that tile is slow;
 # and, at the same cell, the fused backward itself on that tile's row-major walk and on the raster walk (whose
-# measured time did not fall as the tile's memory traffic predicted): what each reads from DRAM.
+# measured time did not fall as the tile's memory traffic predicted): what each reads from DRAM; then the two
+# launches that test why: the tile's plain GEMM on the raster walk, and the fused kernel there with L2 hints.
 DA_CELL = LAYERS["mixtral"].gate(65536, 0.0)
 PROFILED = {Workload(2048, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad"),
             Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad"),
-            DA_CELL: ("k6/pingpong-bn128", "k6/auto", "k6/dswiglu-bn128", "k6/dswiglu-g8-bn128")}
+            DA_CELL: ("k6/pingpong-bn128", "k6/auto", "k6/dswiglu-bn128", "k6/dswiglu-g8-bn128",
+                      "k6/pingpong-bn128-g8", "k6/dswiglu-hints-g8-bn128")}
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile", "fused_backward", "sonicmoe"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; ours and quack's each at their best"
@@ -135,8 +137,9 @@ def parse_args(argv: Sequence[str] | None):
     add_models_argument(parser, "qwen3 deepseek")
     profiled = {name for names in PROFILED.values() for name in names}
     add_profile_argument(parser, profiled, "k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows, and on the "
-                         "fused backward's tile (k6/pingpong-bn128), k6/auto and the fused backward on both walks at "
-                         "the Mixtral-like dA GEMM (65,536 rows, K = 4,096, N = 14,336)")
+                         "fused backward's tile (k6/pingpong-bn128) on both walks, k6/auto and the fused backward on "
+                         "both walks and with L2 hints at the Mixtral-like dA GEMM (65,536 rows, K = 4,096, "
+                         "N = 14,336)")
     args = parser.parse_args(argv)
     check_profile_argument(parser, args, profiled)
     try:
@@ -226,10 +229,11 @@ def fused_backward_table(rows: Sequence[dict[str, Any]]) -> Table:
 
     body = tuple((f"H={r['hidden']} I={r['intermediate']} E={r['experts']}", f"{r['tokens']:,}", ms(r, "dgemm_ms"),
                   ms(r, "dgemm_tile_ms"), ms(r, "dswiglu_ms"), ms(r, "fused_ms"), ms(r, "fused_prefetch_ms"),
-                  ms(r, "fused_g8_ms"), f"{fused_backward_extra(r):.2f}", f"{r['fused_error_vs_unfused']:.1e}")
+                  ms(r, "fused_g8_ms"), ms(r, "fused_hints_g8_ms"), f"{fused_backward_extra(r):.2f}",
+                  f"{r['fused_error_vs_unfused']:.1e}")
                  for r in rows)
-    return Table(("layer", "tokens", "dA ms", "dA tile ms", "pass ms", "fused ms", "prefetch ms", "g8 ms", "extra",
-                  "vs unfused"), body,
+    return Table(("layer", "tokens", "dA ms", "dA tile ms", "pass ms", "fused ms", "prefetch ms", "g8 ms",
+                  "g8 hints ms", "extra", "vs unfused"), body,
                  title="SwiGLU's backward fused into the dA GEMM",
                  legend="dA: dY W_down^T on our op (its configuration tuned for the shape), writing dact [M, I]; "
                         "dA tile: the same GEMM on the fused kernel's tile, 128 x 128 ping-pong, 6 stages, no "
@@ -237,7 +241,8 @@ def fused_backward_table(rows: Sequence[dict[str, Any]]) -> Table:
                         "operations "
                         "(dh [M, 2I] and the activation from dact and the saved pre-activation); fused: one k6 launch "
                         "writing dh and the activation; prefetch: the same with h fetched by TMA during the tile's "
-                        "main loop; g8: the first with its tiles walked in raster groups of 8 M tiles; extra: (the "
+                        "main loop; g8: the first with its tiles walked in raster groups of 8 M tiles; g8 hints: that "
+                        "with W_down's loads evict-last and h's evict-first in L2; extra: (the "
                         "fastest fused - dA) / pass, the target's measure (goal <= "
                         f"{FUSED_TARGET}); vs unfused: relative difference of the outputs; graph replays, interleaved")
 

@@ -27,7 +27,8 @@ QUANTIZE_STEPS = {"k8/quantize-1x128-first": (1, False), "k8/quantize-1x128-piec
 # moe_gemm.variants.k6.config.FUSED_BACKWARD and the name its kernels have in the validation record (with "-bf16"
 # or "-fp16" after it) and in NOT_YET_RUN below.
 FUSED_BACKWARD_RECORDS = {"k6/dswiglu-bn128": "torch/dswiglu", "k6/dswiglu-prefetch-bn128": "torch/dswiglu-prefetch",
-                          "k6/dswiglu-g8-bn128": "torch/dswiglu-g8"}
+                          "k6/dswiglu-g8-bn128": "torch/dswiglu-g8",
+                          "k6/dswiglu-hints-g8-bn128": "torch/dswiglu-hints-g8"}
 
 # The FP8 layer's GEMM 1 with the SwiGLU epilogue (k8_fp8_swiglu): each configuration of
 # moe_gemm.variants.k8.config.SWIGLU and its name in the validation record; "k8/gemm-swiglu" in NOT_YET_RUN
@@ -38,8 +39,8 @@ FP8_SWIGLU_PENDING = "k8/gemm-swiglu"
 # Kernels the op would launch that are built, compiled and inspected on every machine but have not yet passed
 # their GPU tests: the op runs the same computation as torch operations instead, and the GPU validation record
 # leaves them out. To admit one: `python -m moe_gemm.measure.validation run torch --admit` on an sm_90a GPU
-# (its GPU tests run and, where they pass, it is recorded), then remove it here. Empty: the prefetching fused
+# (its GPU tests run and, where they pass, it is recorded), then remove it here. The prefetching fused
 # backward and the FP8 layer's GEMM 1 with the SwiGLU epilogue (its e4m3 output held to one e4m3 step plus the
 # FP8 sums' own error) passed on an H100 (2026-12-06), and so did the raster-walked fused backward (the first
-# one's kernel with another launch argument).
-NOT_YET_RUN: frozenset[str] = frozenset()
+# one's kernel with another launch argument); the raster-walked one with L2 eviction priorities has not run.
+NOT_YET_RUN: frozenset[str] = frozenset({"torch/dswiglu-hints-g8"})

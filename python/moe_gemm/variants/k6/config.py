@@ -66,6 +66,10 @@ class K6Config:
     # into dynamic shared memory after the staging ring, so the producer reads each from shared memory as it reads the
     # host list from global memory (the template's LIST_UNITS; walk::Walk::list); the units past them as ``cursor`` says
     listed: bool = False
+    # dswiglu, h loaded by the epilogue: W_down's boxes loaded evict-last, h loaded and dh and the activation stored
+    # evict-first, so that the epilogue's use-once streams do not push out of L2 the column tiles a raster group's
+    # other M tiles read next (the template's L2_HINTS; ptx.cuh, l2_hints)
+    l2_hints: bool = False
 
     def __post_init__(self) -> None:
         if self.element not in ("bf16", "fp16") or self.out not in ("bf16", "fp16", "fp32"):
@@ -81,6 +85,9 @@ class K6Config:
                                  "'none')")
         if self.private_rings and (self.mode != "pingpong" or self.epilogue != "none" or self.cluster != 1):
             raise ValueError("private staging rings are a rung of the plain ping-pong GEMM without a cluster")
+        if self.l2_hints and (self.epilogue != "dswiglu" or self.prefetch_h):
+            raise ValueError("the L2 hints are a rung of the SwiGLU backward whose epilogue loads h (epilogue "
+                             "'dswiglu', prefetch_h off)")
         if self.prefetch_h and (self.epilogue != "dswiglu" or self.mode != "pingpong" or self.cluster != 1):
             raise ValueError("h is prefetched for the SwiGLU backward's ping-pong tiles without a cluster (epilogue "
                              "'dswiglu')")
@@ -130,7 +137,8 @@ class K6Config:
         mode = 0 if self.mode == "pingpong" else 1
         if self.epilogue == "dswiglu":
             entry = f"{KERNEL_FUNCTION}_dswiglu" + ("_prefetch" if self.prefetch_h else "")
-            return f"{entry}<{mode}, {self.stages}, {ELEMENT_CODES[self.element]}>"
+            hints = ", true" if self.l2_hints else ""
+            return f"{entry}<{mode}, {self.stages}, {ELEMENT_CODES[self.element]}{hints}>"
         if self.epilogue == "swiglu":
             entry = f"{KERNEL_FUNCTION}_swiglu" + ("" if self.cluster == 1 else "_cluster2")
             return f"{entry}<{mode}, {self.stages}, {self.staging_boxes}, {types}>"
@@ -155,7 +163,7 @@ class K6Config:
         types = "" if (self.element, self.out) == ("bf16", "bf16") else f" {self.element}->{self.out}"
         extra = "".join(f" {word}" for word, on in (("pdl", self.pdl), ("rings", self.private_rings),
                                                     ("tail", self.producer_tail), ("cursor", self.cursor),
-                                                    ("listed", self.listed)) if on)
+                                                    ("listed", self.listed), ("L2 hints", self.l2_hints)) if on)
         return f"{self.bm}x{self.bn} {self.mode}{cluster}{group} s{self.stages}{types}{extra}"
 
     def replace(self, **changes) -> K6Config:
@@ -182,6 +190,9 @@ LADDER: dict[str, K6Config] = {
     # (d) the same walks in raster groups of 8 M tiles
     "k6/pingpong-cluster-bn192-g8": K6Config("pingpong", 192, stages=5, cluster=2, staging_boxes=2, group=8),
     "k6/coop256-cluster-bn128-g8": K6Config("cooperative", 128, stages=4, cluster=2, staging_boxes=1, group=8),
+    # the fused SwiGLU backward's tile (chapter 09) as a plain GEMM on the raster walk: what its memory traffic
+    # falls to when the walk alone changes
+    "k6/pingpong-bn128-g8": K6Config("pingpong", 128, stages=6, staging_boxes=2, group=8),
     # (f) the host-built walk, for the device walk's cost; B^T for chapter 08's backward pass
     "k6/pingpong-cluster-bn192-host": K6Config("pingpong", 192, stages=5, cluster=2, staging_boxes=2,
                                                schedule="host"),
@@ -247,6 +258,11 @@ FUSED_BACKWARD: dict[str, K6Config] = {
     # with one M tile at a time, every M tile of an expert streams all of W_down[e] again once it outgrows L2
     "k6/dswiglu-g8-bn128": K6Config("pingpong", 128, stages=6, staging_boxes=1, b_layout="nk", epilogue="dswiglu",
                                     group=8),
+    # the raster walk with L2 eviction priorities: W_down's boxes evict-last, the epilogue's streams (h in, dh and
+    # the activation out: 160 KB a unit) evict-first, so that they do not push W_down's column tiles out of L2
+    # before the group's other M tiles read them
+    "k6/dswiglu-hints-g8-bn128": K6Config("pingpong", 128, stages=6, staging_boxes=1, b_layout="nk",
+                                          epilogue="dswiglu", group=8, l2_hints=True),
 }
 
 # What k6/auto chooses among (its chooser: moe_gemm.variants.k6.auto).
@@ -268,8 +284,9 @@ LADDER.update(LISTED_TWINS)
 # `python -m moe_gemm.measure.validation run k6 --admit` on an sm_90a GPU runs their GPU tests and
 # compute-sanitizer with the family's and records those that pass; then take their names out of here.
 # The PDL, private-ring, producer-tail, cursor and unit-list rungs passed on an H100 (2026-12-06); the unit list's
-# twins above have not run yet.
-NOT_YET_RUN: frozenset[str] = frozenset(LISTED_TWINS)
+# twins above and the fused backward's tile on the raster walk (k6/pingpong-bn128's kernel, another launch
+# argument) have not run yet.
+NOT_YET_RUN: frozenset[str] = frozenset({*LISTED_TWINS, "k6/pingpong-bn128-g8"})
 
 # What the torch op chooses among for b given K-major: the -kmajor rungs, each validated on the GPU as
 # a LADDER rung (four, not all nine candidates: every rung is compiled and tested in CI).
