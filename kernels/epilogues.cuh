@@ -36,6 +36,23 @@ __device__ __forceinline__ void unpack_pair(unsigned packed, float& lo, float& h
     }
 }
 
+// --8<-- [start:dswiglu_pair]
+// SwiGLU's backward for a pair of elements (a thread's accumulator pair, or a packed pair of 16-bit values),
+// in fp32, from the gradient of the output (dact) and the saved gate and up:
+//   s = sigmoid(gate), act = gate s up, dgate = dact up s (1 + gate (1 - s)), dup = dact gate s.
+// k6's fused epilogue (chapter 09) and the separate pass (kernels/swiglu_backward.cu) both compute it here.
+__device__ __forceinline__ void dswiglu_pair(const float (&dact)[2], const float (&gate)[2], const float (&up)[2],
+                                             float (&dgate)[2], float (&dup)[2], float (&act)[2]) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        const float s = 1.0f / (1.0f + __expf(-gate[c]));
+        act[c] = gate[c] * s * up[c];
+        dgate[c] = dact[c] * up[c] * s * (1.0f + gate[c] * (1.0f - s));
+        dup[c] = dact[c] * gate[c] * s;
+    }
+}
+// --8<-- [end:dswiglu_pair]
+
 // C[index], C[index + 1] = lo, hi in OUT: one 4-byte store for 16-bit outputs, one 8-byte store for
 // fp32 (index is even: a thread's pair of accumulator columns, 8j + 2t and the next). ACCUMULATE
 // (fp32 only): C[index], C[index + 1] += lo, hi, one 8-byte reduction in L2 (ptx.cuh, red_add_f32x2).

@@ -284,7 +284,8 @@ __device__ __forceinline__ void swiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TIL
 // --8<-- [start:dswiglu]
 // The SwiGLU's backward fused into the epilogue of the dA GEMM that follows it in the backward pass: the
 // accumulators hold dact = dY W_down^T for the warpgroup's rows row0 .. row0 + rows - 1 and columns col0 ..
-// col0 + BN - 1 of I (the GEMM's N); the forward saved h = [gate | up] [M_tot, 2N]. In fp32, per element:
+// col0 + BN - 1 of I (the GEMM's N); the forward saved h = [gate | up] [M_tot, 2N]. In fp32, per element
+// (epilogues.cuh, dswiglu_pair):
 //   s = sigmoid(gate), act = gate s up, dgate = dact up s (1 + gate (1 - s)), dup = dact gate s,
 // and the epilogue writes dh = [dgate | dup] [M_tot, 2N] and act [M_tot, N] (what dW_down = act^T dY reads),
 // so dact [M_tot, N] is never written nor read back. From registers, as k1's epilogue: the thread's
@@ -322,13 +323,7 @@ __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TI
                 float dgate[2], dup[2], a[2];
                 sm90::unpack_pair<IN>(gates[j], gate[0], gate[1]);
                 sm90::unpack_pair<IN>(ups[j], up[0], up[1]);
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const float s = 1.0f / (1.0f + __expf(-gate[c]));
-                    a[c] = gate[c] * s * up[c];
-                    dgate[c] = d[c] * up[c] * s * (1.0f + gate[c] * (1.0f - s));
-                    dup[c] = d[c] * gate[c] * s;
-                }
+                sm90::dswiglu_pair(d, gate, up, dgate, dup, a);
                 sm90::store_pair<OUT>(dh, h_row + col, dgate[0], dgate[1]);
                 sm90::store_pair<OUT>(dh, h_row + N + col, dup[0], dup[1]);
                 sm90::store_pair<OUT>(act, act_row + col, a[0], a[1]);

@@ -208,7 +208,7 @@ def test_the_l2_hints_are_a_rung_of_the_raster_walked_fused_backward_not_yet_run
     with pytest.raises(ValueError, match="L2 hints"):
         CONFIG.replace(epilogue="none", b_layout="kn", l2_hints=True)
     assert FUSED_BACKWARD_RECORDS["k6/dswiglu-hints-g8-bn128"] in NOT_YET_RUN
-    assert validation.pending_kernels("torch") == ["torch/dswiglu-hints-g8-bf16", "torch/dswiglu-hints-g8-fp16"]
+    assert {"torch/dswiglu-hints-g8-bf16", "torch/dswiglu-hints-g8-fp16"} <= set(validation.pending_kernels("torch"))
     assert FUSED_KEYS["k6/dswiglu-hints-g8-bn128"] == "fused_hints_g8"
 
 

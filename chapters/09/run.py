@@ -228,18 +228,20 @@ def fused_backward_table(rows: Sequence[dict[str, Any]]) -> Table:
         return f"{row[key]:.3f}" if key in row else "-"
 
     body = tuple((f"H={r['hidden']} I={r['intermediate']} E={r['experts']}", f"{r['tokens']:,}", ms(r, "dgemm_ms"),
-                  ms(r, "dgemm_tile_ms"), ms(r, "dswiglu_ms"), ms(r, "fused_ms"), ms(r, "fused_prefetch_ms"),
+                  ms(r, "dgemm_tile_ms"), ms(r, "dswiglu_ms"), ms(r, "dswiglu_kernel_ms"), ms(r, "fused_ms"),
+                  ms(r, "fused_prefetch_ms"),
                   ms(r, "fused_g8_ms"), ms(r, "fused_hints_g8_ms"), f"{fused_backward_extra(r):.2f}",
                   f"{r['fused_error_vs_unfused']:.1e}")
                  for r in rows)
-    return Table(("layer", "tokens", "dA ms", "dA tile ms", "pass ms", "fused ms", "prefetch ms", "g8 ms",
-                  "g8 hints ms", "extra", "vs unfused"), body,
+    return Table(("layer", "tokens", "dA ms", "dA tile ms", "pass ms", "pass kernel ms", "fused ms", "prefetch ms",
+                  "g8 ms", "g8 hints ms", "extra", "vs unfused"), body,
                  title="SwiGLU's backward fused into the dA GEMM",
                  legend="dA: dY W_down^T on our op (its configuration tuned for the shape), writing dact [M, I]; "
                         "dA tile: the same GEMM on the fused kernel's tile, 128 x 128 ping-pong, 6 stages, no "
                         "cluster (k6/pingpong-bn128, W_down^T copied to [E, H, I]); pass: SwiGLU's backward as torch "
                         "operations "
-                        "(dh [M, 2I] and the activation from dact and the saved pre-activation); fused: one k6 launch "
+                        "(dh [M, 2I] and the activation from dact and the saved pre-activation); pass kernel: the same "
+                        "as one kernel (kernels/swiglu_backward.cu); fused: one k6 launch "
                         "writing dh and the activation; prefetch: the same with h fetched by TMA during the tile's "
                         "main loop; g8: the first with its tiles walked in raster groups of 8 M tiles; g8 hints: that "
                         "with W_down's loads evict-last and h's evict-first in L2; extra: (the "

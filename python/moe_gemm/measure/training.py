@@ -226,9 +226,11 @@ def measure_fused_backward(shape: LayerShape, tokens_list: Sequence[int]) -> lis
 def fused_backward(layer: Any, x: Any) -> dict[str, float]:
     """The dA GEMM of GEMM 2 with SwiGLU's backward fused (moe_gemm.torch.fused_backward.fused, launched directly:
     the op waits for the validation record), the dA GEMM alone (dact [M, I] written) and SwiGLU's backward as
-    torch operations (moe_gemm.torch.swiglu.dswiglu), in interleaved rounds of graph replays after one eager call
-    of each GEMM (the op tunes a new shape there). First the fused result is checked against the unfused one: a
-    RuntimeError, and nothing timed, beyond FUSED_BACKWARD_CHECK. Also the bytes the separate pass moves at
+    torch operations (moe_gemm.torch.swiglu.dswiglu_torch) and, once it has passed its GPU tests, as one kernel
+    (dswiglu_pass), in interleaved rounds of graph replays after one eager call of each GEMM (the op tunes a new
+    shape there), with the one-pass kernel a device copy of as many bytes as it moves (its ceiling). First the
+    fused result is checked against the unfused one: a RuntimeError, and nothing timed, beyond
+    FUSED_BACKWARD_CHECK. Also the bytes the separate pass moves at
     best (dact read, h read, dh and the activation written) and those the fused kernel adds to the GEMM (h read,
     dh and the activation written, dact not written)."""
     import torch
@@ -237,7 +239,7 @@ def fused_backward(layer: Any, x: Any) -> dict[str, float]:
     from moe_gemm.torch.fused_backward import has_run, refusal
     from moe_gemm.torch.layer import dispatch
     from moe_gemm.torch.ops import grouped_mm
-    from moe_gemm.torch.swiglu import dswiglu
+    from moe_gemm.torch.swiglu import dswiglu_pass, dswiglu_torch, runs_the_pass_kernel
     from moe_gemm.variants.k6.config import FUSED_BACKWARD
 
     _, _, offs, rows = dispatch(x, layer.gate, layer.top_k, layer.normalize)
@@ -248,31 +250,43 @@ def fused_backward(layer: Any, x: Any) -> dict[str, float]:
     if reason is not None:
         raise ValueError(f"the fused SwiGLU backward cannot take this layer's shapes: {reason}")
     dact = grouped_mm(dy, w_down_t, offs)
-    want = dswiglu(dact, h)
+    want = dswiglu_torch(dact, h)
     calls, errors = {}, {}
+    if runs_the_pass_kernel(dact, h):  # the separate pass as one kernel, checked as the fused ones are
+        calls["dswiglu_kernel"], errors["dswiglu_kernel_error_vs_unfused"] = checked_backward(
+            "the one-pass SwiGLU backward", lambda: dswiglu_pass(dact, h), want)
+        source = torch.empty((dact.shape[0], 3 * dact.shape[1]), dtype=dact.dtype, device=dact.device)
+        target = torch.empty_like(source)  # its ceiling: a copy of as many bytes as it reads, into as many
+        calls["copy"] = lambda: target.copy_(source)
     for config in (c for c in FUSED_BACKWARD if has_run(c)):  # the twin that prefetches h once it has passed
         key = FUSED_KEYS[config]
         calls[key], errors[f"{key}_error_vs_unfused"] = checked_fused(config, dy, layer.w_down, offs, h, want)
     tile, tile_error = fused_tile_gemm(dy, w_down_t, offs, dact)
     timed = time_interleaved({**calls, "dgemm": lambda: grouped_mm(dy, w_down_t, offs), "dgemm_tile": tile,
-                              "dswiglu": lambda: dswiglu(dact, h)})
+                              "dswiglu": lambda: dswiglu_torch(dact, h)})
     m, inter = dact.shape
     return {**{f"{name}_ms": t.median_ms for name, t in timed.items()}, **errors, "dgemm_tile_error": tile_error,
             "dswiglu_pass_bytes": m * inter * 2 * 6, "fused_adds_bytes": m * inter * 2 * 4}
 
 
+def checked_backward(name: str, call: Callable[[], Sequence[Any]],
+                     want: Sequence[Any]) -> tuple[Callable[[], Sequence[Any]], float]:
+    """``call`` (returning dh and the activation) as a call to repeat, and its result's relative error against
+    ``want`` (torch's unfused dh and activation): a RuntimeError naming ``name``, and nothing to time, beyond
+    FUSED_BACKWARD_CHECK."""
+    error = max(relative_error(g, w) for g, w in zip(call(), want))
+    if error > FUSED_BACKWARD_CHECK:
+        raise RuntimeError(f"{name} is {error:.2e} from the unfused SwiGLU backward (allowed "
+                           f"{FUSED_BACKWARD_CHECK}): not timed")
+    return call, error
+
+
 def checked_fused(config: str, dy: Any, w_down: Any, offs: Any, h: Any,
                   want: Sequence[Any]) -> tuple[Callable[[], Any], float]:
-    """The fused SwiGLU backward ``config`` (one of FUSED_BACKWARD) as a call to repeat, and its result's relative
-    error against ``want`` (the unfused dh and activation): a RuntimeError, and nothing to time, beyond
-    FUSED_BACKWARD_CHECK."""
+    """The fused SwiGLU backward ``config`` (one of FUSED_BACKWARD), :func:`checked_backward`."""
     from moe_gemm.torch.fused_backward import fused
 
-    error = max(relative_error(g, w) for g, w in zip(fused(dy, w_down, offs, h, config), want))
-    if error > FUSED_BACKWARD_CHECK:
-        raise RuntimeError(f"{config} is {error:.2e} from the unfused SwiGLU backward (allowed "
-                           f"{FUSED_BACKWARD_CHECK}): not timed")
-    return (lambda: fused(dy, w_down, offs, h, config)), error
+    return checked_backward(config, lambda: fused(dy, w_down, offs, h, config), want)
 
 
 def fused_backward_call(config: str, workload: Workload) -> Callable[[], Any]:
@@ -282,7 +296,7 @@ def fused_backward_call(config: str, workload: Workload) -> Callable[[], Any]:
     import torch
 
     from moe_gemm.torch.ops import grouped_mm
-    from moe_gemm.torch.swiglu import dswiglu
+    from moe_gemm.torch.swiglu import dswiglu_torch
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, hidden, inter = workload.tokens, workload.K, workload.N
@@ -293,7 +307,7 @@ def fused_backward_call(config: str, workload: Workload) -> Callable[[], Any]:
     offs = torch.as_tensor(workload.counts, dtype=torch.int64).cumsum(0).to(device="cuda", dtype=torch.int32)
     dy, h = randn(rows, hidden), randn(rows, 2 * inter)
     w_down = randn(workload.experts, inter, hidden, scale=hidden ** -0.5)
-    want = dswiglu(grouped_mm(dy, w_down.transpose(1, 2), offs), h)
+    want = dswiglu_torch(grouped_mm(dy, w_down.transpose(1, 2), offs), h)
     return checked_fused(config, dy, w_down, offs, h, want)[0]
 
 

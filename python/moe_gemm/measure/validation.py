@@ -60,6 +60,8 @@ from moe_gemm.torch.kernels import (
     QUANTIZE,
     QUANTIZE_STEPS,
     QUANTIZE_WEIGHTS,
+    SWIGLU_BACKWARD,
+    SWIGLU_BACKWARD_PENDING,
     SWIGLU_QUANTIZE,
     quantize_instance,
 )
@@ -78,13 +80,16 @@ RECORD_PATH = KERNEL_DIR / "validated.json"
 GPU_TESTS = {**{c.family: c.gpu_tests for c in CHAPTERS if c.gpu_tests and c.passed_on_gpu},
              "ceiling": ("tests/test_ceilings.py",)}
 # Kernels a chapter runs that are not variants, each in the family whose GPU tests run it (the part of its
-# name before '/'): the torch layer's combine (chapter 08) and chapter 10's FP8 quantizers (with the activation
+# name before '/'): the torch layer's combine (chapter 08), SwiGLU's backward as one pass (chapter 09), in both
+# 16-bit types, and chapter 10's FP8 quantizers (with the activation
 # quantizer's earlier steps, which the chapter times), whose GPU tests include compute-sanitizer memcheck on them.
 # The op's fused SwiGLU backward (chapter 09) is k6 with the "dswiglu" epilogue, in both 16-bit types, and its twin
 # that prefetches h; the FP8 layer's GEMM 1 with the SwiGLU epilogue (chapter 10) is k8's, writing bf16 or e4m3;
 # each is left out while moe_gemm.torch.kernels.NOT_YET_RUN names it (built and compiled, its GPU tests not yet
 # passed).
-OTHER_KERNELS = {"torch/combine": COMBINE, "k8/quantize-1x128": QUANTIZE, "k8/quantize-128x128": QUANTIZE_WEIGHTS,
+OTHER_KERNELS = {"torch/combine": COMBINE, **{f"{SWIGLU_BACKWARD_PENDING}-{element}": kernel
+                                              for element, kernel in SWIGLU_BACKWARD.items()},
+                 "k8/quantize-1x128": QUANTIZE, "k8/quantize-128x128": QUANTIZE_WEIGHTS,
                  "k8/swiglu-quantize-1x128": SWIGLU_QUANTIZE,
                  **{name: (QUANTIZE[0], quantize_instance(*step)) for name, step in QUANTIZE_STEPS.items()},
                  **{record: (K8_SOURCE, K8_SWIGLU[config].kernel_name)
@@ -163,7 +168,7 @@ def pending_kernels(family: str | None = None) -> list[str]:
 
 # The GPU tests of the kernels the torch op launches directly run each configuration under its variant's name
 # (tests/test_dswiglu_gpu.py), or have a module of their own (tests/test_k8_swiglu_gpu.py).
-PENDING_TEST_MODULES = {"k8/gemm-swiglu": "test_k8_swiglu_gpu"}
+PENDING_TEST_MODULES = {"k8/gemm-swiglu": "test_k8_swiglu_gpu", SWIGLU_BACKWARD_PENDING: "test_swiglu_backward_gpu"}
 
 
 def admission_markers(name: str) -> tuple[str, ...]:
