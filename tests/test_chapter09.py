@@ -229,18 +229,23 @@ def test_at_the_measured_projections_k7_beats_torch_trails_quack_and_trails_most
 
 
 def test_the_fused_backward_misses_its_target_and_beats_the_unfused_path_where_the_page_says():
-    """The H100 measurement on the page: the target (0.4 passes) missed at every point by the fastest of the three
-    fused launches; it is cheaper than the GEMM then the pass (extra below 1) at the Qwen3-like size and at 4,096
-    tokens at the other two (at the DeepSeek-V3-like one only on the raster walk), dearer at 32,768 tokens at the
-    Mixtral-like and DeepSeek-V3-like sizes."""
+    """The H100 measurement on the page: the target (0.4 passes) met at one point by the fastest of the fused
+    launches (the Qwen3-like size at 4,096 tokens, by the twin that prefetches h) and missed at the others; it is
+    cheaper than the GEMM then the pass (extra below 1) at the Qwen3-like size and at 4,096 tokens at the other
+    two (at the DeepSeek-V3-like one only on the raster walk), about level at the Mixtral-like size at 32,768
+    tokens (the first row of that size after the first, as the page reads it) and dearer at the DeepSeek-V3-like
+    size at 32,768."""
     from moe_gemm.measure.training import fused_backward_extra
 
     rows = (recorded("09", "h100") or {}).get("fused_backward")
     assert rows and len(rows) == 6
     extra = {(r["hidden"], r["tokens"]): fused_backward_extra(r) for r in rows}
-    assert all(value > RUN.FUSED_TARGET for value in extra.values())
+    assert [key for key, value in extra.items() if value <= RUN.FUSED_TARGET] == [(2048, 4096)]
+    best = rows[2]
+    assert (best["hidden"], best["tokens"]) == (2048, 4096) and best["fused_prefetch_ms"] <= best["fused_ms"]
     assert extra[2048, 4096] < 1 and extra[2048, 32768] < 1 and extra[4096, 4096] < 1 and extra[7168, 4096] < 1
-    assert extra[4096, 32768] > 1 and extra[7168, 32768] > 1
+    assert 0.95 < extra[4096, 32768] < 1.05 and extra[7168, 32768] > 1
+    assert (rows[1]["hidden"], rows[1]["tokens"]) == (4096, 32768)
     # at the DeepSeek-V3-like size only the raster walk beats the other two
     assert all(r["fused_g8_ms"] < min(r["fused_ms"], r["fused_prefetch_ms"]) for r in rows if r["hidden"] == 7168)
     assert all(r["fused_error_vs_unfused"] < 1e-2 for r in rows)
@@ -251,7 +256,7 @@ def test_the_tile_not_the_epilogue_and_the_prefetching_twin_read_as_the_page_say
     Mixtral-like and DeepSeek-V3-like sizes at 32,768 tokens, about the tuned one at the Qwen3-like size at 4,096;
     against that tile the faster fused kernel adds under 0.7 of a pass, 0.4 or less at some points; the twin that
     prefetches h is faster than the plain fused kernel at five of six (slower at the Mixtral-like size, 32,768
-    tokens) and at the Qwen3-like size its extra time is above 0.4 and below 0.5."""
+    tokens) and at the Qwen3-like size its extra time is within 0.4 at 4,096 tokens and above it at 32,768."""
     rows = {(r["hidden"], r["tokens"]): r for r in (recorded("09", "h100") or {}).get("fused_backward", [])}
     assert len(rows) == 6
     tile = {key: r["dgemm_tile_ms"] / r["dgemm_ms"] for key, r in rows.items()}
@@ -261,9 +266,9 @@ def test_the_tile_not_the_epilogue_and_the_prefetching_twin_read_as_the_page_say
     assert 1 <= sum(value <= 0.4 for value in own) < len(own) and max(own) < 0.7
     slower = [key for key, r in rows.items() if r["fused_prefetch_ms"] > r["fused_ms"]]
     assert slower == [(4096, 32768)]
-    for tokens in (4096, 32768):
-        r = rows[2048, tokens]
-        assert 0.4 < (r["fused_prefetch_ms"] - r["dgemm_ms"]) / r["dswiglu_ms"] < 0.5
+    prefetched = {tokens: (rows[2048, tokens]["fused_prefetch_ms"] - rows[2048, tokens]["dgemm_ms"])
+                  / rows[2048, tokens]["dswiglu_ms"] for tokens in (4096, 32768)}
+    assert prefetched[4096] <= 0.4 < prefetched[32768] < 0.5
 
 
 def test_sonicmoes_flops_are_the_sum_of_our_layers_gemms():
@@ -334,6 +339,34 @@ def test_the_raster_walk_reads_as_the_page_says():
     assert 0.95 < ratio[4096, 32768] <= 1.0
     mixtral = rows[4096, 32768]
     assert mixtral["fused_g8_ms"] > 1.5 * (mixtral["dgemm_ms"] + mixtral["dswiglu_ms"] / 3)
-    assert ratio[4096, 4096] < 0.9 and ratio[7168, 4096] < 0.9 and ratio[7168, 32768] < 1.0
+    assert ratio[4096, 4096] < 0.95 and ratio[7168, 4096] < 0.9 and ratio[7168, 32768] < 1.0
     assert ratio[2048, 4096] > 1.05 and ratio[2048, 32768] > 1.05
     assert all(r["fused_g8_error_vs_unfused"] < 1e-2 for r in rows.values())
+
+
+def test_the_l2_hints_and_the_one_pass_kernel_read_as_the_page_says():
+    """The H100 run of 2026-12-07: the L2 hints cut the raster walk's DRAM reads but leave them near the row-major
+    tile's (the prediction, the plain raster walk's bytes and h, about 12 GB, is wrong), and the timed gain is
+    smaller than the profiled one; the plain GEMM on the raster walk gave no profile. The one-pass SwiGLU backward
+    holds its prediction: at most bytes / (0.8 x 3.35 TB/s) at the Mixtral-like size with 32,768 tokens, at least
+    three times faster than torch's operations everywhere, about 86% of the datasheet bandwidth at 32,768 tokens,
+    faster than torch's copy of its bytes there; against it every fused launch loses."""
+    data = recorded("09", "h100") or {}
+    prof = {r["variant"]: r for r in data.get("profile", []) if (r["K"], r["N"]) == (4096, 14336)}
+    hinted, g8, tile = prof["k6/dswiglu-hints-g8-bn128"], prof["k6/dswiglu-g8-bn128"], prof["k6/pingpong-bn128"]
+    assert "k6/pingpong-bn128-g8" not in prof
+    assert hinted["dram_bytes_read"] < 0.9 * g8["dram_bytes_read"]
+    assert abs(hinted["dram_bytes_read"] / tile["dram_bytes_read"] - 1) < 0.05 and hinted["dram_bytes_read"] > 40e9
+    assert hinted["duration_ns"] > 0.6 * g8["duration_ns"]
+    rows = {(r["hidden"], r["tokens"]): r for r in data["fused_backward"]}
+    mixtral = rows[4096, 32768]
+    assert mixtral["fused_hints_g8_ms"] / mixtral["fused_g8_ms"] > hinted["duration_ns"] / g8["duration_ns"]
+    bytes_moved = 12 * 32768 * 2 * 14336
+    assert mixtral["dswiglu_kernel_ms"] <= bytes_moved / (0.8 * 3.35e12) * 1e3
+    for r in rows.values():
+        rate = 12 * r["tokens"] * r["top_k"] * r["intermediate"] / (r["dswiglu_kernel_ms"] * 1e9)
+        assert r["dswiglu_ms"] / r["dswiglu_kernel_ms"] > 3 and r["dswiglu_kernel_error_vs_unfused"] < 1e-2
+        assert (0.84 < rate / 3.35 < 0.88 and r["copy_ms"] > r["dswiglu_kernel_ms"]) if r["tokens"] == 32768 else (
+            r["copy_ms"] / r["dswiglu_kernel_ms"] > 0.9)
+        fastest = min(r[k] for k in ("fused_ms", "fused_prefetch_ms", "fused_g8_ms", "fused_hints_g8_ms"))
+        assert fastest > r["dgemm_ms"] + r["dswiglu_kernel_ms"]

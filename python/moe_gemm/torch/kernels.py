@@ -49,5 +49,5 @@ FP8_SWIGLU_PENDING = "k8/gemm-swiglu"
 # backward and the FP8 layer's GEMM 1 with the SwiGLU epilogue (its e4m3 output held to one e4m3 step plus the
 # FP8 sums' own error) passed on an H100 (2026-12-06), and so did the raster-walked fused backward (the first
 # one's kernel with another launch argument); the raster-walked one with L2 eviction priorities and SwiGLU's
-# backward as one pass have not run.
-NOT_YET_RUN: frozenset[str] = frozenset({"torch/dswiglu-hints-g8", SWIGLU_BACKWARD_PENDING})
+# backward as one pass passed theirs on an H100 (2026-12-07). Empty.
+NOT_YET_RUN: frozenset[str] = frozenset()
