@@ -154,41 +154,64 @@ extern "C" __global__ void __launch_bounds__(k8::THREADS) swiglu_quantize_1x128(
 }
 // --8<-- [end:swiglu]
 
+// --8<-- [start:weights]
 // The weights' quantizer: one expert's B[e] [K, N] in bf16 (the layer's [E, K, N], as GEMM 1 and 2 take
 // it) becomes e4m3 in 128 x 128 blocks with one fp32 scale each, written transposed, q [E, N, K]: FP8
 // wgmma reads both operands K-major from shared memory (it has no transposed layouts for 8-bit types), so
 // the GEMM's B is [E, N, K]. Scales scale[e][nb][kb], [E, ceil(N / 128), ceil(K / 128)], row-major: the
-// GEMM reads one per (N tile, k-block). Weights are quantized once, so this kernel is simple rather
-// than fast: one 256-thread block per block of 128 x 128, staged in shared memory as bf16 (33 KB), its
-// amax reduced over the block, then each thread converts 64 elements of one column of B (one row of q)
-// and writes them as four 16-byte stores. The host checks K % 16 == 0 (whole 16-byte stores of q rows)
-// and N % 8 == 0 (whole 16-byte loads of B rows); a partial last block along either is zero-padded.
-extern "C" __global__ void __launch_bounds__(256) quantize_128x128_t(const uint4* __restrict__ b,
-                                                                     uint4* __restrict__ q,
-                                                                     float* __restrict__ scale,
-                                                                     int K, int N) {
+// GEMM reads one per (N tile, k-block). One 256-thread block per block of 128 x 128, staged in shared memory
+// as bf16 (33 KB), its amax reduced over the block, then each thread converts 64 elements of one column of B
+// (one row of q) and writes them as four 16-byte stores. The host checks K % 16 == 0 (whole 16-byte stores of
+// q rows) and N % 8 == 0 (whole 16-byte loads of B rows); a partial last block along either is zero-padded.
+// Two template parameters are the steps chapter 10 times, from the first version (false, false) to the op's
+// (true, true):
+//   LOADS_FIRST    a thread's eight 16-byte loads written before the first is staged: the first version's loop,
+//                  as compiled, keeps two in flight (its SASS: pairs of loads between runs of shared-memory
+//                  stores), so a block's 32 KB arrives in four round trips; with this ptxas issues five before the
+//                  first is used and the other three as it arrives (about one and a half round trips), and stages
+//                  each pair of values with one 32-bit store where the loop used two 16-bit ones;
+//   WHOLE_SECTORS  the two threads of a q row store its 128 bytes in alternating 16-byte pieces, so that each
+//                  store instruction writes whole 32-byte sectors (the first version gave each thread one 64-byte
+//                  half: every store covered halves of two sectors), and the two read staged rows 16 apart,
+//                  whose words fall in other banks (64 apart, a row of 65 words, they share banks: two-way
+//                  conflicts on every column read).
+template <bool LOADS_FIRST, bool WHOLE_SECTORS>
+__global__ void __launch_bounds__(256) quantize_128x128_t(const uint4* __restrict__ b, uint4* __restrict__ q,
+                                                          float* __restrict__ scale, int K, int N) {
     using namespace k8;
     constexpr int ROW = GROUP + 2;  // bf16 per staged row: 65 words, so a column read walks the banks
+    constexpr int PASSES = GROUP / 16;  // loads: 16 threads per row of 128 columns, 16 rows per pass
     __shared__ unsigned short tile[GROUP][ROW];
     __shared__ float warp_amax[256 / 32];
     const int nb = blockIdx.x, kb = blockIdx.y, e = blockIdx.z;
     const int n0 = nb * GROUP, k0 = kb * GROUP;
     const unsigned short* expert = reinterpret_cast<const unsigned short*>(b) + static_cast<long long>(e) * K * N;
+    const int c_load = (threadIdx.x % LANES) * PER_THREAD;
+    auto load = [&](int pass) {
+        const int k = k0 + pass * 16 + threadIdx.x / LANES, n = n0 + c_load;
+        return k < K && n < N ? *reinterpret_cast<const uint4*>(expert + static_cast<long long>(k) * N + n)
+                              : make_uint4(0, 0, 0, 0);
+    };
     float amax = 0.0f;
-    // Loads: 16 threads per row of 128 columns, 16 rows per pass, 8 passes.
-    for (int pass = 0; pass < GROUP / 16; ++pass) {
-        const int r = pass * 16 + threadIdx.x / LANES, c = (threadIdx.x % LANES) * PER_THREAD;
-        const int k = k0 + r, n = n0 + c;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (k < K && n < N) v = *reinterpret_cast<const uint4*>(expert + static_cast<long long>(k) * N + n);
+    auto stage = [&](int pass, uint4 v) {
+        const int r = pass * 16 + threadIdx.x / LANES;
         const unsigned words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            tile[r][c + 2 * i] = static_cast<unsigned short>(words[i] & 0xffffu);
-            tile[r][c + 2 * i + 1] = static_cast<unsigned short>(words[i] >> 16);
+            tile[r][c_load + 2 * i] = static_cast<unsigned short>(words[i] & 0xffffu);
+            tile[r][c_load + 2 * i + 1] = static_cast<unsigned short>(words[i] >> 16);
             amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(words[i] << 16)),
                                      fabsf(__uint_as_float(words[i] & 0xffff0000u))));
         }
+    };
+    if constexpr (LOADS_FIRST) {
+        uint4 loaded[PASSES];
+#pragma unroll
+        for (int pass = 0; pass < PASSES; ++pass) loaded[pass] = load(pass);
+#pragma unroll
+        for (int pass = 0; pass < PASSES; ++pass) stage(pass, loaded[pass]);
+    } else {
+        for (int pass = 0; pass < PASSES; ++pass) stage(pass, load(pass));
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
@@ -200,13 +223,14 @@ extern "C" __global__ void __launch_bounds__(256) quantize_128x128_t(const uint4
     const e4m3::Divisor d = e4m3::divisor_of(e4m3::scale_of(amax));
     const int k_blocks = (K + GROUP - 1) / GROUP, n_blocks = (N + GROUP - 1) / GROUP;
     if (threadIdx.x == 0) scale[(static_cast<long long>(e) * n_blocks + nb) * k_blocks + kb] = d.s;
-    // Stores: thread t writes row n0 + t / 2 of q, its K elements k0 + 64 (t % 2) .. + 63.
-    const int c = threadIdx.x / 2, half = (threadIdx.x % 2) * 64;
+    // Stores: thread t writes 64 of the K elements of row n0 + t / 2 of q, from k0: pieces 16 * (2 chunk + t % 2)
+    // (WHOLE_SECTORS) or 64 (t % 2) + 16 chunk.
+    const int c = threadIdx.x / 2;
     if (n0 + c >= N) return;
     unsigned char* row = reinterpret_cast<unsigned char*>(q) + (static_cast<long long>(e) * N + n0 + c) * K + k0;
 #pragma unroll
     for (int chunk = 0; chunk < 4; ++chunk) {  // 16 elements, 16 bytes
-        const int r0 = half + 16 * chunk;
+        const int r0 = WHOLE_SECTORS ? 16 * (2 * chunk + threadIdx.x % 2) : (threadIdx.x % 2) * 64 + 16 * chunk;
         if (k0 + r0 >= K) break;
         unsigned words[4];
 #pragma unroll
@@ -220,3 +244,4 @@ extern "C" __global__ void __launch_bounds__(256) quantize_128x128_t(const uint4
         *reinterpret_cast<uint4*>(row + r0) = make_uint4(words[0], words[1], words[2], words[3]);
     }
 }
+// --8<-- [end:weights]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm.torch.kernels import QUANTIZE_STEPS
+from moe_gemm.torch.kernels import QUANTIZE_STEPS, QUANTIZE_WEIGHTS_STEPS
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -69,18 +69,21 @@ def test_each_earlier_step_of_the_kernel_gives_the_references_bits(fp8_gpu, step
     assert torch.equal(scale.cpu()[:, :x.shape[0]], want_scale[:, :x.shape[0]]), name
 
 
-@pytest.mark.parametrize("experts, K, N", [(2, 7168, 2048), (1, 144, 200), (3, 16, 8)])
-def test_the_weights_kernel_gives_the_references_bits(fp8_gpu, experts, K, N):
-    """Full blocks at DeepSeek-V3's down projection's K and N, partial ones along both axes, a block
-    smaller than one 16-byte store's worth of rows; one expert's block made all zeros, one holding a large
-    value."""
-    from moe_gemm.torch.quantize import quantize_128x128_t, weights_reference
+@pytest.mark.parametrize("step", ["now", *sorted(QUANTIZE_WEIGHTS_STEPS)])
+@pytest.mark.parametrize("experts, K, N", [(2, 7168, 2048), (1, 144, 200), (3, 16, 8), (1, 176, 136)])
+def test_the_weights_kernel_gives_the_references_bits(fp8_gpu, experts, K, N, step):
+    """Full blocks at DeepSeek-V3's down projection's K and N, partial ones along both axes (K = 144 and 176: a
+    last block of one and of three 16-byte pieces a row, where each store pattern stops at a different thread), a
+    block smaller than one 16-byte store's worth of rows; one expert's block made all zeros, one holding a large
+    value. The op's kernel and each earlier step that chapter 10 times."""
+    from moe_gemm.torch.quantize import quantize_128x128_t, quantize_128x128_t_step, weights_reference
 
     b = torch.randn(experts, K, N, generator=torch.Generator().manual_seed(2)) * 0.02
     b[0, :128, :128] = 0
     b[-1, 3, 5] = 40.0
     b = b.to(torch.bfloat16)
-    q, scale = quantize_128x128_t(b.to(fp8_gpu))
+    q, scale = (quantize_128x128_t(b.to(fp8_gpu)) if step == "now" else
+                quantize_128x128_t_step(b.to(fp8_gpu), step))
     want_q, want_scale = weights_reference(b)
     assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
     assert torch.equal(scale.cpu(), want_scale)
@@ -113,8 +116,11 @@ def test_the_kernel_is_clean_under_memcheck(fp8_gpu, sanitize):
               "        quantize_1x128_step(torch.randn(M, K, device='cuda').to(torch.bfloat16), step)\n"
               "for M, I in ((300, 2048), (7, 200), (1, 8)):\n"
               "    swiglu_quantize_1x128(torch.randn(M, 2 * I, device='cuda').to(torch.bfloat16))\n"
-              "for E, K, N in ((2, 256, 384), (1, 144, 200)):\n"
+              "from moe_gemm.torch.quantize import QUANTIZE_WEIGHTS_STEPS, quantize_128x128_t_step\n"
+              "for E, K, N in ((2, 256, 384), (1, 144, 200), (1, 176, 136)):\n"
               "    quantize_128x128_t(torch.randn(E, K, N, device='cuda').to(torch.bfloat16))\n"
+              "    for step in QUANTIZE_WEIGHTS_STEPS:\n"
+              "        quantize_128x128_t_step(torch.randn(E, K, N, device='cuda').to(torch.bfloat16), step)\n"
               "torch.cuda.synchronize(); print('quantized')\n")
     returncode, output = sanitize(script, "quantize_")
     assert returncode == 0 and "quantized" in output and "ERROR SUMMARY: 0 errors" in output, output[-3000:]

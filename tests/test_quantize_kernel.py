@@ -90,6 +90,43 @@ def test_the_weights_kernel_compiles_without_spills_in_static_shared_memory():
     assert "F2FP.SATFINITE.E4M3" in kernel.sass() and "STG.E.128" in kernel.sass()
 
 
+def test_the_weights_kernel_writes_its_eight_loads_before_staging_them_where_its_first_version_looped():
+    """Chapter 10's reading of the two versions' SASS: the first version's staging loop holds two 16-byte loads
+    and sixteen 16-bit shared-memory stores (eight passes as four trips of the loop); with LOADS_FIRST all eight
+    loads are straight-line code and each pair of values is staged by one 32-bit store. WHOLE_SECTORS changes
+    only the store side: the same loads."""
+    from moe_gemm.cuda.nvrtc import compile_kernel
+    from moe_gemm.cuda.sass import function_sass, opcode_counts
+    from moe_gemm.torch.kernels import QUANTIZE_WEIGHTS, QUANTIZE_WEIGHTS_STEPS, weights_instance
+
+    def counts(name):
+        kernel = compile_kernel(QUANTIZE_WEIGHTS[0], name, arch="sm_90a")
+        assert kernel.report.spill_store_bytes == 0 and kernel.report.stack_frame_bytes == 0, name
+        return opcode_counts(function_sass(kernel.sass(), kernel.symbol),
+                             ("LDG.E.128.CONSTANT", "STS.U16", "STS"))  # prefixes: STS counts STS.U16 too
+
+    first = counts(weights_instance(*QUANTIZE_WEIGHTS_STEPS["k8/quantize-128x128-first"]))
+    now = counts(QUANTIZE_WEIGHTS[1])
+    # the staging stores and one of the warp's maximum
+    assert first == {"LDG.E.128.CONSTANT": 2, "STS.U16": 16, "STS": 16 + 1}, first
+    assert now == {"LDG.E.128.CONSTANT": 8, "STS.U16": 0, "STS": 32 + 1}, now
+    for step, flags in QUANTIZE_WEIGHTS_STEPS.items():
+        assert counts(weights_instance(*flags))["LDG.E.128.CONSTANT"] == (8 if flags[0] else 2), step
+
+
+def test_an_earlier_step_of_the_weights_kernel_is_refused_for_an_unknown_name_or_off_the_gpu():
+    from moe_gemm.torch.kernels import QUANTIZE_WEIGHTS_STEPS
+    from moe_gemm.torch.quantize import quantize_128x128_t_step
+
+    b = torch.randn(1, 128, 128).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="step must be one of"):
+        quantize_128x128_t_step(b, "k8/quantize-128x128")
+    with pytest.raises(ValueError, match="compute capability 8.9"):
+        quantize_128x128_t_step(b, next(iter(QUANTIZE_WEIGHTS_STEPS)))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        quantize_128x128_t_step(torch.randn(1, 12, 8).to(torch.bfloat16), next(iter(QUANTIZE_WEIGHTS_STEPS)))
+
+
 @pytest.mark.parametrize("experts, K, N", [(2, 256, 384), (1, 144, 200), (3, 16, 8), (0, 128, 128)])
 def test_the_weights_cpu_path_is_the_reference_transposed(experts, K, N):
     from moe_gemm.model.quantize import quantize

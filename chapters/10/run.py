@@ -276,16 +276,19 @@ def accuracy_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def quantize_table(rows: Sequence[dict[str, Any]]) -> Table:
-    body = tuple((f"{r['kernel']}, step {r['step'].removeprefix('k8/quantize-1x128-')}" if "step" in r else r["kernel"],
+    body = tuple((f"{r['kernel']}, step {r['step'].split('x128-', 1)[1]}" if "step" in r else r["kernel"],
                   r["shape"], f"{r['median_us']:.1f}", f"{r['tbps']:.2f}", f"{r['copy_tbps']:.2f}",
                   f"{r['of_copy']:.2f}", f"{r['unfused_us'] / r['median_us']:.2f}" if "unfused_us" in r else "-")
                  for r in rows)
     return Table(("kernel", "shape", "us", "TB/s", "copy TB/s", "of copy", "unfused / it"), body,
                  title="The quantizers",
                  legend="TB/s: bytes read (bf16) plus written (e4m3 and fp32 scales) per time; copy: a device copy of "
-                        "the same input bytes, same run; step: the activation quantizer's earlier versions (first: one "
-                        "16-byte piece a thread and __fdiv_rn on every value; pieces: four pieces a thread; "
-                        "divide-once: each group's values divided from its reciprocal), the same bits; unfused / it: "
+                        "the same input bytes, same run; step: a quantizer's earlier versions, the same bits (the "
+                        "activations': first: one 16-byte piece a thread and __fdiv_rn on every value; pieces: four "
+                        "pieces a thread; divide-once: each group's values divided from its reciprocal; the weights': "
+                        "first: two loads in flight a thread, stores covering half sectors; loads-first: every load "
+                        "written before the first is staged; whole-sectors: each store writing whole sectors); "
+                        "unfused / it: "
                         "the SwiGLU quantizer's time against torch's SwiGLU followed by quantize_1x128")
 
 

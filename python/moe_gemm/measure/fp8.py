@@ -48,13 +48,20 @@ def quantize_rows(activations: Sequence[tuple[int, int]], weights: Sequence[tupl
                   swiglu: Sequence[tuple[int, int]] = (), **timing: int) -> list[dict[str, Any]]:
     """One row per shape: the quantizer's time and bandwidth, the copy's, and their ratio. ``activations``: the op's
     activation quantizer and, in rows with a ``step`` (its name in moe_gemm.torch.kernels.QUANTIZE_STEPS), each of
-    its earlier steps. ``swiglu``: (M, I) of GEMM 1's outputs [M, 2I] for the SwiGLU quantizer, whose rows also hold
-    the unfused way's time (torch's SwiGLU, then quantize_1x128)."""
+    its earlier steps; ``weights``: the weights' quantizer, likewise (QUANTIZE_WEIGHTS_STEPS). ``swiglu``: (M, I) of
+    GEMM 1's outputs [M, 2I] for the SwiGLU quantizer, whose rows also hold the unfused way's time (torch's SwiGLU,
+    then quantize_1x128)."""
     import torch
 
-    from moe_gemm.torch.kernels import QUANTIZE_STEPS
+    from moe_gemm.torch.kernels import QUANTIZE_STEPS, QUANTIZE_WEIGHTS_STEPS
     from moe_gemm.torch.layer import swiglu as torch_swiglu
-    from moe_gemm.torch.quantize import quantize_1x128, quantize_1x128_step, quantize_128x128_t, swiglu_quantize_1x128
+    from moe_gemm.torch.quantize import (
+        quantize_1x128,
+        quantize_1x128_step,
+        quantize_128x128_t,
+        quantize_128x128_t_step,
+        swiglu_quantize_1x128,
+    )
 
     rows = []
     for M, K in activations:
@@ -81,13 +88,18 @@ def quantize_rows(activations: Sequence[tuple[int, int]], weights: Sequence[tupl
         row["unfused_us"] = _median_us(lambda h=h: quantize_1x128(torch_swiglu(h).contiguous()), **timing)
         rows.append(row)
     for experts, K, N in weights:
-        progress(f"[quantize] 128 x 128 blocks of [{experts}, {K:,}, {N:,}], written transposed")
+        progress(f"[quantize] 128 x 128 blocks of [{experts}, {K:,}, {N:,}], written transposed, the op's kernel "
+                 f"and its {len(QUANTIZE_WEIGHTS_STEPS)} earlier steps")
         b = torch.randn(experts, K, N, device="cuda").to(torch.bfloat16)
         copy = torch.empty_like(b)
         moved = b.nbytes + experts * K * N + 4 * experts * -(-K // BLOCK) * -(-N // BLOCK)
+        copy_us = _median_us(lambda b=b, copy=copy: copy.copy_(b), **timing)
+        for step in QUANTIZE_WEIGHTS_STEPS:
+            row = _row("quantize_128x128_t", f"[{experts}, {K:,}, {N:,}]", moved, 2 * b.nbytes,
+                       _median_us(lambda b=b, step=step: quantize_128x128_t_step(b, step), **timing), copy_us)
+            rows.append({**row, "step": step})
         rows.append(_row("quantize_128x128_t", f"[{experts}, {K:,}, {N:,}]", moved, 2 * b.nbytes,
-                         _median_us(lambda b=b: quantize_128x128_t(b), **timing),
-                         _median_us(lambda b=b, copy=copy: copy.copy_(b), **timing)))
+                         _median_us(lambda b=b: quantize_128x128_t(b), **timing), copy_us))
     return rows
 
 

@@ -60,10 +60,12 @@ from moe_gemm.torch.kernels import (
     QUANTIZE,
     QUANTIZE_STEPS,
     QUANTIZE_WEIGHTS,
+    QUANTIZE_WEIGHTS_STEPS,
     SWIGLU_BACKWARD,
     SWIGLU_BACKWARD_PENDING,
     SWIGLU_QUANTIZE,
     quantize_instance,
+    weights_instance,
 )
 from moe_gemm.variants import registry
 from moe_gemm.variants.k6.config import FUSED_BACKWARD
@@ -81,8 +83,8 @@ GPU_TESTS = {**{c.family: c.gpu_tests for c in CHAPTERS if c.gpu_tests and c.pas
              "ceiling": ("tests/test_ceilings.py",)}
 # Kernels a chapter runs that are not variants, each in the family whose GPU tests run it (the part of its
 # name before '/'): the torch layer's combine (chapter 08), SwiGLU's backward as one pass (chapter 09), in both
-# 16-bit types, and chapter 10's FP8 quantizers (with the activation
-# quantizer's earlier steps, which the chapter times), whose GPU tests include compute-sanitizer memcheck on them.
+# 16-bit types, and chapter 10's FP8 quantizers (with the activation quantizer's and the weights' quantizer's
+# earlier steps, which the chapter times), whose GPU tests include compute-sanitizer memcheck on them.
 # The op's fused SwiGLU backward (chapter 09) is k6 with the "dswiglu" epilogue, in both 16-bit types, and its twin
 # that prefetches h; the FP8 layer's GEMM 1 with the SwiGLU epilogue (chapter 10) is k8's, writing bf16 or e4m3;
 # each is left out while moe_gemm.torch.kernels.NOT_YET_RUN names it (built and compiled, its GPU tests not yet
@@ -92,6 +94,7 @@ OTHER_KERNELS = {"torch/combine": COMBINE, **{f"{SWIGLU_BACKWARD_PENDING}-{eleme
                  "k8/quantize-1x128": QUANTIZE, "k8/quantize-128x128": QUANTIZE_WEIGHTS,
                  "k8/swiglu-quantize-1x128": SWIGLU_QUANTIZE,
                  **{name: (QUANTIZE[0], quantize_instance(*step)) for name, step in QUANTIZE_STEPS.items()},
+                 **{name: (QUANTIZE[0], weights_instance(*step)) for name, step in QUANTIZE_WEIGHTS_STEPS.items()},
                  **{record: (K8_SOURCE, K8_SWIGLU[config].kernel_name)
                     for config, record in FP8_SWIGLU_RECORDS.items()},
                  **{f"{record}-{element}": (K6_SOURCE, FUSED_BACKWARD[config].replace(

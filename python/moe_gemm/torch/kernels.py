@@ -15,13 +15,24 @@ def quantize_instance(pieces: int, divide_once: bool) -> str:
 
 PIECES = 4  # the activation quantizers' 16-byte pieces per thread (k8::PIECES; the SwiGLU quantizer's too)
 QUANTIZE = ("k8_quantize.cu", quantize_instance(PIECES, True))  # chapter 10's activation quantizer (torch.quantize)
-QUANTIZE_WEIGHTS = ("k8_quantize.cu", "quantize_128x128_t")  # and its weights' quantizer
+def weights_instance(loads_first: bool, whole_sectors: bool) -> str:
+    """The weights' quantizer's instance: a thread's loads all written before the first is staged; each store
+    instruction writing whole 32-byte sectors (kernels/k8_quantize.cu, quantize_128x128_t<LOADS_FIRST,
+    WHOLE_SECTORS>)."""
+    return f"quantize_128x128_t<{str(loads_first).lower()}, {str(whole_sectors).lower()}>"
+
+
+QUANTIZE_WEIGHTS = ("k8_quantize.cu", weights_instance(True, True))  # and its weights' quantizer
 SWIGLU_QUANTIZE = ("k8_quantize.cu", "swiglu_quantize_1x128")  # the FP8 layer's SwiGLU and quantization in one pass
 # The activation quantizer's steps before it, which chapter 10's quantize part times beside it: its first version
 # (one 16-byte piece a thread, __fdiv_rn on every value) and each of the two changes alone (kernels/k8_quantize.cu,
 # quantize_1x128<PIECES, DIVIDE_ONCE>), as (PIECES, DIVIDE_ONCE).
 QUANTIZE_STEPS = {"k8/quantize-1x128-first": (1, False), "k8/quantize-1x128-pieces": (4, False),
                   "k8/quantize-1x128-divide-once": (1, True)}
+# The weights' quantizer's steps likewise: its first version (two loads in flight a thread, stores covering half
+# sectors) and each change alone, as (LOADS_FIRST, WHOLE_SECTORS).
+QUANTIZE_WEIGHTS_STEPS = {"k8/quantize-128x128-first": (False, False), "k8/quantize-128x128-loads-first": (True, False),
+                          "k8/quantize-128x128-whole-sectors": (False, True)}
 
 # The SwiGLU's backward fused into the dA GEMM (k6's "dswiglu" epilogue): each configuration of
 # moe_gemm.variants.k6.config.FUSED_BACKWARD and the name its kernels have in the validation record (with "-bf16"

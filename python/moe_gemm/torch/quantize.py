@@ -25,8 +25,10 @@ from moe_gemm.torch.kernels import (
     QUANTIZE,
     QUANTIZE_STEPS,
     QUANTIZE_WEIGHTS,
+    QUANTIZE_WEIGHTS_STEPS,
     SWIGLU_QUANTIZE,
     quantize_instance,
+    weights_instance,
 )
 
 THREADS = 256  # kernels/k8_quantize.cu: __launch_bounds__(256), 16 threads per group of 128
@@ -171,6 +173,23 @@ def quantize_128x128_t(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_weights(b)
     if not _on_fp8_gpu(b):
         return weights_reference(b)
+    return _launch_128x128_t(QUANTIZE_WEIGHTS[1], b)
+
+
+def quantize_128x128_t_step(b: torch.Tensor, step: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_128x128_t by one of the weights' quantizer's earlier steps (moe_gemm.torch.kernels.
+    QUANTIZE_WEIGHTS_STEPS: the same bits, slower), which chapter 10 times beside it; on a GPU of compute capability
+    8.9 or newer only."""
+    _check_weights(b)
+    if step not in QUANTIZE_WEIGHTS_STEPS:
+        raise ValueError(f"quantize_128x128_t_step: step must be one of {sorted(QUANTIZE_WEIGHTS_STEPS)}, "
+                         f"got {step!r}")
+    if not _on_fp8_gpu(b):
+        raise ValueError("quantize_128x128_t_step: b must be on a GPU of compute capability 8.9 or newer")
+    return _launch_128x128_t(weights_instance(*QUANTIZE_WEIGHTS_STEPS[step]), b)
+
+
+def _launch_128x128_t(kernel: str, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     from moe_gemm.cuda.device import make_context_current
     from moe_gemm.cuda.launch import launch
 
@@ -179,7 +198,7 @@ def quantize_128x128_t(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty((experts, -(-N // BLOCK), -(-K // BLOCK)), dtype=torch.float32, device=b.device)
     if q.numel():
         make_context_current(b.device.index)
-        launch(_kernel(QUANTIZE_WEIGHTS[1]), (scale.shape[1], scale.shape[2], experts), THREADS, 0, b.data_ptr(),
+        launch(_kernel(kernel), (scale.shape[1], scale.shape[2], experts), THREADS, 0, b.data_ptr(),
                q.data_ptr(), scale.data_ptr(), np.int32(K), np.int32(N),
                stream=torch.cuda.current_stream(b.device).cuda_stream, device=b.device.index)
     return q, scale
