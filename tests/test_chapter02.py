@@ -148,6 +148,56 @@ def test_profile_target_counts_the_launches_before_the_profiled_one():
     assert launches_before_profiled(10) == 11  # the checked launch, then ten warm-ups
 
 
+def test_profile_target_keeps_the_prepared_launch_and_its_output_alive_while_it_launches(monkeypatch, capsys):
+    """Every launch the profiler sees writes the output the prepared launch owns: the target keeps the Prepared
+    (its output and keep_alive buffers), not only its launch(). Keeping only launch() freed the output before the
+    warm-up launches, which then wrote freed memory (an illegal address on the H100, at every k6 rung)."""
+    import gc
+    import weakref
+
+    import cuda.bindings.driver
+
+    import moe_gemm.cuda.device
+    import moe_gemm.measure.check
+    import moe_gemm.variants.registry
+    from moe_gemm.cuda.variant import Prepared
+    from moe_gemm.measure import profile_target
+
+    class Output:  # stands in for the device buffer the launch writes
+        pass
+
+    alive = []
+
+    class Fake:
+        name = "k1/fake"
+
+        def prepare(self, dev):
+            output = Output()
+            ref = weakref.ref(output)
+
+            def launch():
+                gc.collect()
+                alive.append(ref() is not None)
+
+            return Prepared(launch=launch, output=output)
+
+    class Passed:
+        passed = True
+
+        def describe(self):
+            return "ok"
+
+    monkeypatch.setattr(moe_gemm.variants.registry, "get", lambda name: Fake())
+    monkeypatch.setattr(moe_gemm.cuda.device, "DeviceProblem", lambda problem: object())
+    monkeypatch.setattr(moe_gemm.cuda.device, "synchronize", lambda: None)
+    monkeypatch.setattr(moe_gemm.measure.check, "verify", lambda variant, dev: Passed())
+    monkeypatch.setattr(cuda.bindings.driver, "cuProfilerStart", lambda: None)
+    monkeypatch.setattr(cuda.bindings.driver, "cuProfilerStop", lambda: None)
+    assert profile_target.main(["k1/fake", "256", "0", "--experts", "4", "-K", "64", "-N", "64", "--warmup", "3"]) == 0
+    assert alive == [True] * 4  # three warm-ups and the profiled launch
+    assert "3 warm-up launches, 1 profiled" in capsys.readouterr().out
+
+
 def test_sanitize_target_without_a_gpu_exits_0(monkeypatch, capsys):
     import moe_gemm.cuda.gpu
     from moe_gemm.measure import sanitize_target

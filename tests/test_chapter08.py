@@ -354,8 +354,8 @@ def test_the_train_part_saves_its_own_section_merges_by_size_and_has_a_target(tm
     gpu = gpu_for_tests(tmp_path, monkeypatch)
     calls = []
 
-    def measure_train(shape, tokens, with_transformers):
-        calls.append((shape.hidden, tuple(tokens), with_transformers))
+    def measure_train(shape, tokens, with_transformers, with_quack):
+        calls.append((shape.hidden, tuple(tokens), with_transformers, with_quack))
         ways = RUN.TRAIN_WAYS if with_transformers else RUN.TRAIN_WAYS[:2]
         return [train_row(shape, t, way, ms, graph=way != "train/transformers") for t in tokens
                 for way, ms in zip(ways, (2.0, 2.4 + len(calls), 3.0))]
@@ -363,23 +363,26 @@ def test_the_train_part_saves_its_own_section_merges_by_size_and_has_a_target(tm
     monkeypatch.setattr(RUN, "measure_train", measure_train)
     args = ["--parts", "train", "--layers", "qwen3", "mixtral"]
     assert RUN.run_on_gpu(RUN.parse_args(args), gpu) == 0
-    assert calls == [(2048, (4096, 32768), True), (4096, (4096, 32768), True)]  # --train-tokens' default
+    # --train-tokens' default, one token count a call (each saved as it ends); --no-peers leaves quack out
+    assert calls == [(2048, (4096,), True, True), (2048, (32768,), True, True),
+                     (4096, (4096,), True, True), (4096, (32768,), True, True)]
     out = capsys.readouterr().out
     assert "A training step (forward + backward, no optimizer)" in out and "3.0 / 3.0 / 3.0" in out
     assert "Eager calls against CUDA-graph replays" in out
     assert RUN.run_on_gpu(RUN.parse_args([*args[:2], "--layers", "qwen3", "--train-tokens", "4096",
-                                          "--no-transformers"]), gpu) == 0
+                                          "--no-transformers", "--no-peers"]), gpu) == 0
+    assert calls[-1] == (2048, (4096,), False, False)
     data = results.recorded("08", gpu.slug)
     assert set(data) <= RUN.SECTIONS and "records" in data
     kept = sorted((r["hidden"], r["tokens"], r["variant"], r["median_ms"]) for r in data["train"])
-    assert kept == [(2048, 4096, "train/ours", 2.0), (2048, 4096, "train/torch_grouped_mm", 5.4),
-                    (2048, 32768, "train/ours", 2.0), (2048, 32768, "train/torch_grouped_mm", 3.4),
+    assert kept == [(2048, 4096, "train/ours", 2.0), (2048, 4096, "train/torch_grouped_mm", 7.4),
+                    (2048, 32768, "train/ours", 2.0), (2048, 32768, "train/torch_grouped_mm", 4.4),
                     (2048, 32768, "train/transformers", 3.0),
-                    (4096, 4096, "train/ours", 2.0), (4096, 4096, "train/torch_grouped_mm", 4.4),
+                    (4096, 4096, "train/ours", 2.0), (4096, 4096, "train/torch_grouped_mm", 5.4),
                     (4096, 4096, "train/transformers", 3.0), (4096, 32768, "train/ours", 2.0),
-                    (4096, 32768, "train/torch_grouped_mm", 4.4), (4096, 32768, "train/transformers", 3.0)]
+                    (4096, 32768, "train/torch_grouped_mm", 6.4), (4096, 32768, "train/transformers", 3.0)]
     target = next(t for t in data["targets"] if "train/torch_grouped_mm" in t["target"])
-    assert target["value"] == pytest.approx(3.4 / 2.0) and target["met"] and "H=2048, 32,768 tokens" in target["target"]
+    assert target["value"] == pytest.approx(4.4 / 2.0) and target["met"] and "H=2048, 32,768 tokens" in target["target"]
     assert set(data["part_runs"]) == {"train-qwen3", "train-mixtral"}
 
 

@@ -217,6 +217,25 @@ def test_the_fused_backward_is_profiled_on_both_walks_in_its_range_and_a_named_p
     assert RUN.parse_args(["--parts", "--profile", *fused]).profile == list(fused)
 
 
+def test_a_profile_that_fails_prints_its_reason_under_its_name_and_the_others_go_on(monkeypatch, capsys):
+    """A variant ncu gives no profile of is left out with the last lines of ncu's and the target's output (the
+    reason: a wrong answer, a refused launch), not only the first line of the error, which holds none of it."""
+    from moe_gemm.measure import profile
+
+    def ncu(target, metrics, kernel_regex, skip):
+        if "k6/pingpong-bn128-g8" in target:
+            return 1, "", "==PROF== Connected\nk6/pingpong-bn128-g8: wrong answer (3 mismatches); not profiling\n"
+        return 0, "report", ""
+
+    monkeypatch.setattr(profile, "_run_ncu", ncu)
+    monkeypatch.setattr(profile, "parse_ncu_csv", lambda report, metrics: {key: 1.5 for key in profile.ESSENTIAL})
+    rows = RUN.profile_rows(("k6/pingpong-bn128-g8", "k6/pingpong-bn128"))
+    assert [r["variant"] for r in rows] == ["k6/pingpong-bn128"]
+    err = capsys.readouterr().err
+    assert "k6/pingpong-bn128-g8: no profile (ncu gave no usable profile" in err
+    assert "[profile]     k6/pingpong-bn128-g8: wrong answer (3 mismatches); not profiling" in err
+
+
 def test_at_the_measured_projections_k7_beats_torch_trails_quack_and_trails_most_at_qwen3s_up_projection():
     records = DATA["records"]
     measured = [(label, w) for label, w in RUN.MODELS.items()

@@ -35,8 +35,8 @@ over chapter 06's grid (M_tot 512 .. 65,536 x s 0 .. 1.6) and the model projecti
 eagerly and as CUDA-graph replays. The bucketing part tunes the op exactly at both ends of three M_tot
 buckets of each model projection and times, at each end, the other end's choice against its own
 (moe_gemm.measure.bucketing). Results go to chapters/08/results/<gpu>.json, written after each
-layer size, fused test, training-step size and scoreboard group; what the run does not measure stays
-from the file it finds.
+layer size, fused test, training step (each size at each token count) and scoreboard group; what the run
+does not measure stays from the file it finds.
 
 Without a GPU or torch it says what it would run, shows the recorded results, and exits 0.
 """
@@ -368,12 +368,13 @@ def run_on_gpu(args, gpu) -> int:
     if "train" in args.parts:
         train_tokens = ", ".join(f"{t:,}" for t in args.train_tokens)
         for key in args.layers:
-            results.replace("train", measure_train(LAYERS[key], args.train_tokens, not args.no_transformers),
-                            layer_key)
-            release_memory()
-            results.ran(f"train-{key}", f"a training step of the {LAYERS[key].label} layer at {train_tokens} tokens, "
-                                        "ours, the torch layer and transformers' grouped_mm block")
-            save()
+            for tokens in args.train_tokens:  # saved after each token count: a run stopped later keeps it
+                results.replace("train", measure_train(LAYERS[key], [tokens], not args.no_transformers,
+                                                       with_quack=not args.no_peers), layer_key)
+                release_memory()
+                results.ran(f"train-{key}", f"a training step of the {LAYERS[key].label} layer at {train_tokens} "
+                                            "tokens, ours, the torch layer and transformers' grouped_mm block")
+                save()
     if "scoreboard" in args.parts:
         results.put(host_probe=host_probe())
         grid_rows = []

@@ -183,6 +183,9 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
             **kind, **values, "issue_model": model_issue(values)}
 
 
+PROFILE_ERROR_LINES = 25  # of a failed profile's output, printed under its name
+
+
 def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = ()) -> list[dict[str, Any]]:
     """A chapter's ``--profile``: each variant of ``cells`` (a Workload -> the variant names to profile there; only
     those named in ``only``, where it names any) under ncu, the first launch of its profiler range, on the
@@ -196,8 +199,11 @@ def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = ()) 
             try:
                 rows.append(profile_variant(name, cell.tokens, cell.skew, experts=cell.experts, K=cell.K, N=cell.N,
                                             profiler_range=True, ragged=cell.ragged, fmt=cell.fmt.name))
-            except (RuntimeError, ValueError) as error:
-                progress(f"[profile] {name}: no profile ({str(error).splitlines()[0]})")
+            except (RuntimeError, ValueError) as error:  # the reason in full: ncu's and the target's last lines
+                lines = [line for line in str(error).splitlines() if line.strip()]
+                progress(f"[profile] {name}: no profile ({lines[0] if lines else type(error).__name__})")
+                for line in lines[1:][-PROFILE_ERROR_LINES:]:
+                    progress(f"[profile]     {line}")
     return rows
 
 

@@ -69,7 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not check.passed:
             print(f"{variant.name}: wrong answer ({check.describe()}); not profiling", file=sys.stderr)
             return 1
-        launch, checked = variant.prepare(dev).launch, check.describe()
+        # The prepared launch is kept, not only its launch(): it owns the output and the buffers the launch reads
+        # (Prepared.output, keep_alive), which would be freed with it, and the launches would write freed memory.
+        prepared = variant.prepare(dev)
+        launch, checked = prepared.launch, check.describe()
     for _ in range(args.warmup):
         launch()
     from cuda.bindings import driver

@@ -9,6 +9,7 @@ installed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -101,22 +102,23 @@ def peak_memory(step: Callable[[], None], tensors: Sequence[Any]) -> int:
     return torch.cuda.max_memory_allocated() - before - gradients
 
 
-def train_ways(with_transformers: bool) -> tuple[str, ...]:
-    """The ways measure_train times: TRAIN_WAYS, less transformers' unless asked, less quack's where it is
-    not installed."""
+def train_ways(with_transformers: bool, with_quack: bool = True) -> tuple[str, ...]:
+    """The ways measure_train times: TRAIN_WAYS, less transformers' unless asked, less quack's unless asked or
+    where it is not installed."""
     from moe_gemm.variants.peer.quack import quack_available
 
     return tuple(w for w in TRAIN_WAYS if (w != "train/transformers" or with_transformers)
-                 and (w != "train/quack" or quack_available() is None))
+                 and (w != "train/quack" or (with_quack and quack_available() is None)))
 
 
 def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transformers: bool,
-                  forward_too: bool = False) -> list[Row]:
+                  forward_too: bool = False, with_quack: bool = True) -> list[Row]:
     """Each of TRAIN_WAYS' training steps over one seeded_layer at each token count, on the same tokens
     and output gradient: its peak memory, its time eagerly and as CUDA-graph replays (eager_and_graph),
     its GPU time by kind of kernel (kernel_split), and its gradients' error against ours (the worst of gate,
     w_gate_up, w_down; checked()). ``forward_too``: also the forward pass alone with autograd recording
-    (``forward_eager_ms``), eagerly, as SonicMoE times it to split a step into its forward and its backward."""
+    (``forward_eager_ms``), eagerly, as SonicMoE times it to split a step into its forward and its backward.
+    ``with_quack``: False leaves quack's way out where it is installed."""
     import torch
 
     layer = seeded_layer(shape)
@@ -125,7 +127,7 @@ def measure_train(shape: LayerShape, tokens_list: Sequence[int], with_transforme
         x = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16).requires_grad_()
         dy = torch.randn(tokens, shape.hidden, device="cuda").to(torch.bfloat16)
         reference = None
-        for name in train_ways(with_transformers):
+        for name in train_ways(with_transformers, with_quack):
             progress(f"[{shape.label}, {tokens:,} tokens] {name}: forward + backward")
             row = time_way(layer, name, x, dy, reference, forward_too)
             if row is None:
@@ -147,6 +149,11 @@ def time_way(layer: Any, name: str, x: Any, dy: Any, reference: list[Any] | None
     from moe_gemm.torch.bench import time_call
     from moe_gemm.torch.ops import offsets_unchecked
 
+    started = time.perf_counter()
+
+    def done(what: str) -> None:  # a step can take minutes (an autotuner's first calls at a new shape)
+        progress(f"  {name}: {what} after {time.perf_counter() - started:.0f} s")
+
     way = step = None
     tensors: list[Any] = []
     try:
@@ -155,12 +162,15 @@ def time_way(layer: Any, name: str, x: Any, dy: Any, reference: list[Any] | None
         with offsets_unchecked():
             memory = peak_memory(step, tensors)
             gradients = checked(way.gradients())
+            done("first step run and its gradients checked")
             kept = [g.clone() for g in gradients] if name == "train/ours" else None
             error = (0.0 if kept is not None else None if reference is None
                      else max(relative_error(g, r) for g, r in zip(gradients, reference)))
             del gradients
             timed = eager_and_graph(step, release=lambda: drop_gradients(tensors))
+            done("timed eagerly and as graph replays")
             timed["kernel_ms_by_kind"] = kernel_split(step, tensors)
+            done("its GPU time split by kind of kernel")
             if forward_too:
                 timed["forward_eager_ms"] = time_call(lambda: way.forward(x), graph=False).median_ms
     except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as failure:

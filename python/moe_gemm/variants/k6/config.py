@@ -283,10 +283,10 @@ LADDER.update(LISTED_TWINS)
 # them out (and says so), their GPU tests skip, and the validation record does not cover them. To admit them:
 # `python -m moe_gemm.measure.validation run k6 --admit` on an sm_90a GPU runs their GPU tests and
 # compute-sanitizer with the family's and records those that pass; then take their names out of here.
-# The PDL, private-ring, producer-tail, cursor and unit-list rungs passed on an H100 (2026-12-06); the unit list's
-# twins above and the fused backward's tile on the raster walk (k6/pingpong-bn128's kernel, another launch
-# argument) have not run yet.
-NOT_YET_RUN: frozenset[str] = frozenset({*LISTED_TWINS, "k6/pingpong-bn128-g8"})
+# None now: the PDL, private-ring, producer-tail, cursor and unit-list rungs passed on an H100 (2026-12-06), the
+# unit list's twins above and the fused backward's tile on the raster walk (k6/pingpong-bn128's kernel, another
+# launch argument) on an H100 (2026-12-07).
+NOT_YET_RUN: frozenset[str] = frozenset()
 
 # What the torch op chooses among for b given K-major: the -kmajor rungs, each validated on the GPU as
 # a LADDER rung (four, not all nine candidates: every rung is compiled and tested in CI).
