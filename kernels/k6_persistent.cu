@@ -594,6 +594,16 @@ __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_dswiglu(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, preact, act);
 }
 
+// The same in a cluster of two blocks along M: the two take two M tiles of one N column and share each W_down box
+// (B multicast), so W_down crosses from memory once per pair of M tiles; each block's epilogue is its own tile's.
+template <int MODE, int STAGES, int IN>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_dswiglu_cluster2(K6_PARAMS,
+                                                                                                        const void* __restrict__ preact,
+                                                                                                        void* __restrict__ act) {
+    k6::k6_body<MODE, 128, STAGES, 2, 1, true, 1, true, k6::DACT_SWIGLU, IN, IN>(
+        &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N, preact, act);
+}
+
 // The same with h prefetched by TMA during the tile's main loop (k6::PrefetchH): tmap_h maps h [M_tot, 2N] in
 // boxes of 128 rows x 64 columns; 64 KB of h's buffer leave room for four stages of the ring, not six.
 template <int MODE, int STAGES, int IN>

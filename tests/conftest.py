@@ -81,9 +81,11 @@ def graph_replays():
 
 @pytest.fixture
 def sanitize():
-    """``sanitize(script, kernels, tool="memcheck", env=None)``: the Python ``script`` run under compute-sanitizer's
-    ``tool``, checking only the kernels whose names start with ``kernels`` (not torch's) and not reporting driver
-    API errors; returns (exit status, stdout and stderr). Skips the test where compute-sanitizer is not found."""
+    """``sanitize(script, kernels, printed, tool="memcheck", env=None)``: the Python ``script`` run under
+    compute-sanitizer's ``tool``, checking only the kernels whose names start with ``kernels`` (not torch's) and not
+    reporting driver API errors; it asserts that the script exited 0 having printed ``printed`` (it ran to its end)
+    and that the tool found nothing, and returns the output. A failure's message is each finding's first line and
+    the summary (:func:`sanitizer_findings`). Skips the test where compute-sanitizer is not found."""
     import subprocess
     import sys
 
@@ -93,9 +95,21 @@ def sanitize():
     if found is None:
         pytest.skip("compute-sanitizer not found")
 
-    def run(script: str, kernels: str, tool: str = "memcheck", env: dict | None = None) -> tuple[int, str]:
+    def run(script: str, kernels: str, printed: str, tool: str = "memcheck", env: dict | None = None) -> str:
         proc = subprocess.run([found, "--tool", tool, "--report-api-errors", "no", "--kernel-name", f"kns={kernels}",
                                sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
-        return proc.returncode, proc.stdout + proc.stderr
+        output = proc.stdout + proc.stderr
+        clean = ("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards") if tool == "racecheck" else (
+            "ERROR SUMMARY: 0 errors",)
+        assert proc.returncode == 0 and printed in output, sanitizer_findings(output)
+        assert any(summary in output for summary in clean), sanitizer_findings(output)
+        return output
 
     return run
+
+
+def sanitizer_findings(output: str) -> str:
+    """compute-sanitizer's error headlines (each finding's first line) and its summary, in one short
+    message: a long report's tail alone hides the first finding, the one that matters."""
+    heads = [line for line in output.splitlines() if "Invalid" in line or "Program hit" in line or "SUMMARY" in line]
+    return "\n".join(dict.fromkeys(heads)) or output[-3000:]

@@ -40,18 +40,21 @@ def test_the_fused_backwards_target_is_its_worst_extra_time_in_separate_passes()
     assert row["value"] == pytest.approx(0.45) and row["goal"] == 0.4 and not row["met"] and row["at_most"]
     assert "H=7168, 32,768 tokens" in row["target"]
     table = RUN.fused_backward_table([FUSED_ROWS[0], {**FUSED_ROWS[1], "dgemm_tile_ms": 9.6}])
-    assert table.headers[4:6] == ("pass ms", "pass kernel ms") and table.headers[8:11] == ("g8 ms", "g8 hints ms",
-                                                                                            "extra")
-    assert [r[10] for r in table.rows] == ["0.30", "0.45"] and [r[5] for r in table.rows] == ["-", "-"]
+    assert table.headers[4:6] == ("pass ms", "pass kernel ms")
+    assert table.headers[8:12] == ("g8 ms", "g8 hints ms", "M pair ms", "extra")
+    assert [r[11] for r in table.rows] == ["0.30", "0.45"] and [r[5] for r in table.rows] == ["-", "-"]
     assert [r[3] for r in table.rows] == ["-", "9.600"]  # the tile's own dA: only in rows measured with it
     # where the twin that prefetches h ran, the faster of the two counts; where the raster-walked ones ran, the
     # fastest of them all
     prefetched = {**FUSED_ROWS[1], "fused_prefetch_ms": 9.5}
-    assert RUN.fused_backward_table([prefetched]).rows[0][7:11] == ("9.500", "-", "-", "0.25")
-    assert RUN.fused_backward_table([{**prefetched, "fused_g8_ms": 9.3}]).rows[0][7:11] == ("9.500", "9.300", "-",
-                                                                                             "0.15")
+    assert RUN.fused_backward_table([prefetched]).rows[0][7:12] == ("9.500", "-", "-", "-", "0.25")
+    assert RUN.fused_backward_table([{**prefetched, "fused_g8_ms": 9.3}]).rows[0][7:12] == ("9.500", "9.300", "-",
+                                                                                             "-", "0.15")
     hinted = {**prefetched, "fused_g8_ms": 9.3, "fused_hints_g8_ms": 9.1, "dswiglu_kernel_ms": 0.7}
-    assert RUN.fused_backward_table([hinted]).rows[0][5:11] == ("0.700", "9.900", "9.500", "9.300", "9.100", "0.05")
+    assert RUN.fused_backward_table([hinted]).rows[0][5:12] == ("0.700", "9.900", "9.500", "9.300", "9.100", "-",
+                                                                "0.05")
+    paired = {**hinted, "fused_mcluster_ms": 9.02}  # the M pair, where it ran, counts among the fused launches
+    assert RUN.fused_backward_table([paired]).rows[0][10:12] == ("9.020", "0.01")
     (row,) = [r for r in RUN.target_rows([], [FUSED_ROWS[0], prefetched]) if "fused SwiGLU" in r["target"]]
     assert row["value"] == pytest.approx(0.30) and "H=2048, 4,096 tokens" in row["target"]
     assert RUN.parse_args(["--parts", "dswiglu"]).parts == ["dswiglu"]

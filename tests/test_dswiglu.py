@@ -212,6 +212,48 @@ def test_the_l2_hints_are_a_rung_of_the_raster_walked_fused_backward_not_yet_run
     assert FUSED_KEYS["k6/dswiglu-hints-g8-bn128"] == "fused_hints_g8"
 
 
+PAIR = FUSED_BACKWARD["k6/dswiglu-mcluster-bn128"]
+
+
+@pytest.mark.parametrize("element", ["bf16", "fp16"])
+def test_the_m_pair_multicasts_w_down_and_keeps_the_epilogue(element):
+    """k6/dswiglu-mcluster-bn128 is the fused kernel in a cluster of two blocks along M (k6_persistent_dswiglu_
+    cluster2): W_down's boxes are loaded by multicast (UTMALDG.3D.MULTICAST, none in the single-block kernel), the
+    cluster meets at its barriers, and the epilogue is the single-block kernel's (the same 128 loads of h, 192
+    stores, 128 exponentials); no spills, no serialized wgmma."""
+    from moe_gemm.cuda.sass import function_sass, opcode_counts
+
+    def counts(name, config):
+        compiled = K6Persistent(name, config.replace(element=element, out=element)).compile("sm_90a")
+        assert compiled.report.spill_store_bytes == 0 and "C7520" not in compiled.log, name
+        return opcode_counts(function_sass(compiled.sass(), compiled.symbol),
+                             ("UTMALDG.3D.MULTICAST", "UCGABAR_ARV", "LDG", "STG", "MUFU.EX2", "HGMMA"))
+
+    single, pair = counts("k6/dswiglu-bn128", CONFIG), counts("k6/dswiglu-mcluster-bn128", PAIR)
+    assert single["UTMALDG.3D.MULTICAST"] == 0 < pair["UTMALDG.3D.MULTICAST"] and pair["UCGABAR_ARV"] > 0
+    for op in ("LDG", "STG", "MUFU.EX2", "HGMMA"):
+        assert pair[op] == single[op], op
+
+
+def test_the_m_pair_is_its_own_entry_point_built_and_not_yet_run():
+    """The cluster needs a kernel whose cluster dimensions are compiled in: the configuration names the cluster
+    entry (a cluster along N, or with L2 hints, is refused: W_down is what the pair shares); the other fused
+    kernels keep their names; it waits for its GPU run in NOT_YET_RUN and the dswiglu part times it once
+    admitted, under its own key."""
+    from moe_gemm.measure.training import FUSED_KEYS
+    from moe_gemm.torch.kernels import FUSED_BACKWARD_RECORDS
+
+    assert PAIR == CONFIG.replace(cluster=2, cluster_along="m")
+    assert PAIR.kernel_name == "k6_persistent_dswiglu_cluster2<0, 6, 0>" and PAIR.unit_rows == 2 * CONFIG.bm
+    assert PAIR.label == "128x128 pingpong 2x1 s6"
+    for wrong in ({"cluster_along": "n"}, {"l2_hints": True}):
+        with pytest.raises(ValueError, match="cluster is two blocks along M"):
+            PAIR.replace(**wrong)
+    assert FUSED_BACKWARD_RECORDS["k6/dswiglu-mcluster-bn128"] in NOT_YET_RUN
+    assert not any(n.startswith("torch/dswiglu-mcluster") for n in validation.kernel_configurations())
+    assert FUSED_KEYS["k6/dswiglu-mcluster-bn128"] == "fused_mcluster"
+
+
 def test_each_fused_configuration_has_its_record_name_and_runs_once_admitted(monkeypatch):
     pytest.importorskip("torch")
     from moe_gemm.torch import fused_backward

@@ -111,6 +111,4 @@ def test_the_fused_backward_is_clean_under_memcheck(cuda, config, sanitize):
               "h = torch.randn(700, 400, device='cuda').to(torch.bfloat16)\n"
               "offs = torch.tensor([0, 70, 71, 200, 650], dtype=torch.int32, device='cuda')\n"
               f"fused(dy, w, offs, h, {config!r}); torch.cuda.synchronize(); print('fused')\n")
-    returncode, output = sanitize(script, "k6_persistent_dswiglu")
-    assert returncode == 0 and "fused" in output, output[-3000:]
-    assert "ERROR SUMMARY: 0 errors" in output, output[-3000:]
+    sanitize(script, "k6_persistent_dswiglu", "fused")

@@ -206,8 +206,8 @@ def test_the_device_walk_and_the_block_are_the_kernels():
     warpgroup = int(re.search(r"constexpr int WARPGROUP = (\d+);", (KERNELS / "wgmma_config.cuh").read_text()).group(1))
     entries = entry_points()
     assert sorted(entries) == ["k6_persistent", "k6_persistent_cluster2", "k6_persistent_dswiglu",
-                               "k6_persistent_dswiglu_prefetch", "k6_persistent_swiglu",
-                               "k6_persistent_swiglu_cluster2"]
+                               "k6_persistent_dswiglu_cluster2", "k6_persistent_dswiglu_prefetch",
+                               "k6_persistent_swiglu", "k6_persistent_swiglu_cluster2"]
     for name, (_, attributes) in entries.items():
         warpgroups = re.search(r"__launch_bounds__\((\d+) \* sm90::WARPGROUP, 1\)", attributes)
         assert warpgroups and int(warpgroups.group(1)) * warpgroup == THREADS, name

@@ -169,6 +169,4 @@ def test_the_fused_epilogue_is_clean_under_memcheck(gpu, sanitize):
               "fused_swiglu(a, b.transpose(1, 2), sa, sb, offs)\n"
               "fused_swiglu(a, b.transpose(1, 2), sa, sb, offs, quantize=False)\n"
               "torch.cuda.synchronize(); print('fused')\n")
-    returncode, output = sanitize(script, "k8_fp8_swiglu")
-    assert returncode == 0 and "fused" in output, output[-3000:]
-    assert "ERROR SUMMARY: 0 errors" in output, output[-3000:]
+    sanitize(script, "k8_fp8_swiglu", "fused")

@@ -122,5 +122,4 @@ def test_the_kernel_is_clean_under_memcheck(fp8_gpu, sanitize):
               "    for step in QUANTIZE_WEIGHTS_STEPS:\n"
               "        quantize_128x128_t_step(torch.randn(E, K, N, device='cuda').to(torch.bfloat16), step)\n"
               "torch.cuda.synchronize(); print('quantized')\n")
-    returncode, output = sanitize(script, "quantize_")
-    assert returncode == 0 and "quantized" in output and "ERROR SUMMARY: 0 errors" in output, output[-3000:]
+    sanitize(script, "quantize_", "quantized")

@@ -115,6 +115,4 @@ def test_the_pass_is_clean_under_memcheck(gpu, sanitize):
               "    h = torch.randn(rows, 2 * inter, device='cuda').to(torch.bfloat16)\n"
               "    dswiglu_pass(dact, h)\n"
               "torch.cuda.synchronize(); print('passed through')\n")
-    returncode, output = sanitize(script, "swiglu_backward")
-    assert returncode == 0 and "passed through" in output, output[-3000:]
-    assert "ERROR SUMMARY: 0 errors" in output, output[-3000:]
+    sanitize(script, "swiglu_backward", "passed through")

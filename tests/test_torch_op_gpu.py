@@ -293,13 +293,6 @@ def test_the_combine_kernel_matches_its_torch_definition(cuda, tokens, top_k, hi
     torch.testing.assert_close(out.cpu().float(), want.float(), rtol=1e-2, atol=1e-2)
 
 
-def sanitizer_findings(output: str) -> str:
-    """compute-sanitizer's error headlines (each finding's first line) and its summary, in one short
-    message: a long report's tail alone hides the first finding, the one that matters."""
-    heads = [line for line in output.splitlines() if "Invalid" in line or "Program hit" in line or "SUMMARY" in line]
-    return "\n".join(dict.fromkeys(heads)) or output[-3000:]
-
-
 def test_the_combine_kernel_is_clean_under_memcheck(cuda, sanitize):
     """compute-sanitizer memcheck on the combine kernel alone: its memory accesses (``--kernel-name``;
     torch's own kernels are not checked), not driver API errors (``--report-api-errors no``): the first run
@@ -310,9 +303,7 @@ def test_the_combine_kernel_is_clean_under_memcheck(cuda, sanitize):
               "r = torch.randperm(320, device='cuda')\n"
               "w = torch.rand(40, 8, device='cuda')\n"
               "torch.ops.moe_gemm.combine(y, r, w, 8); torch.cuda.synchronize(); print('combined')\n")
-    returncode, output = sanitize(script, "moe_combine")
-    assert returncode == 0 and "combined" in output, sanitizer_findings(output)
-    assert "ERROR SUMMARY: 0 errors" in output, sanitizer_findings(output)
+    sanitize(script, "moe_combine", "combined")
 
 
 def test_k6_is_clean_under_memcheck_for_any_offs_in_a_captured_graph(cuda, tmp_path, sanitize):
@@ -333,6 +324,4 @@ def test_k6_is_clean_under_memcheck_for_any_offs_in_a_captured_graph(cuda, tmp_p
               "    offs.copy_(torch.tensor(ends, dtype=torch.int32)); graph.replay()\n"
               "torch.cuda.synchronize(); print('replayed')\n")
     env = {**os.environ, "MOE_GEMM_OP_TUNE": "0", "MOE_GEMM_CACHE": str(tmp_path)}  # no tuning launches under the tool
-    returncode, output = sanitize(script, "k6_persistent", env=env)
-    assert returncode == 0 and "replayed" in output, sanitizer_findings(output)
-    assert "ERROR SUMMARY: 0 errors" in output, sanitizer_findings(output)
+    sanitize(script, "k6_persistent", "replayed", env=env)

@@ -194,6 +194,4 @@ def test_the_accumulate_mode_is_clean_under_compute_sanitizer(cuda, tool, saniti
               "offs = torch.tensor([300, 300, 377, 378, 808], dtype=torch.int32, device='cuda')\n"
               "out = torch.zeros(5, 256, 392, device='cuda')\n"
               "weight_grad(a, dc, offs, out=out, accumulate=True); torch.cuda.synchronize(); print('accumulated')\n")
-    returncode, output = sanitize(script, "k7_weight_grad", tool=tool)
-    assert returncode == 0 and "accumulated" in output, output[-3000:]
-    assert "ERROR SUMMARY: 0 errors" in output or "RACECHECK SUMMARY: 0 hazards" in output, output[-3000:]
+    sanitize(script, "k7_weight_grad", "accumulated", tool=tool)

@@ -115,7 +115,7 @@ DA_CELL = LAYERS["mixtral"].gate(65536, 0.0)
 PROFILED = {Workload(2048, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad"),
             Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "peer/quack-wgrad"),
             DA_CELL: ("k6/pingpong-bn128", "k6/auto", "k6/dswiglu-bn128", "k6/dswiglu-g8-bn128",
-                      "k6/pingpong-bn128-g8", "k6/dswiglu-hints-g8-bn128")}
+                      "k6/pingpong-bn128-g8", "k6/dswiglu-hints-g8-bn128", "k6/dswiglu-mcluster-bn128")}
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile", "fused_backward", "sonicmoe"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; ours and quack's each at their best"
@@ -138,8 +138,8 @@ def parse_args(argv: Sequence[str] | None):
     profiled = {name for names in PROFILED.values() for name in names}
     add_profile_argument(parser, profiled, "k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows, and on the "
                          "fused backward's tile (k6/pingpong-bn128) on both walks, k6/auto and the fused backward on "
-                         "both walks and with L2 hints at the Mixtral-like dA GEMM (65,536 rows, K = 4,096, "
-                         "N = 14,336)")
+                         "both walks, with L2 hints and in an M pair at the Mixtral-like dA GEMM (65,536 rows, "
+                         "K = 4,096, N = 14,336)")
     args = parser.parse_args(argv)
     check_profile_argument(parser, args, profiled)
     try:
@@ -230,11 +230,12 @@ def fused_backward_table(rows: Sequence[dict[str, Any]]) -> Table:
     body = tuple((f"H={r['hidden']} I={r['intermediate']} E={r['experts']}", f"{r['tokens']:,}", ms(r, "dgemm_ms"),
                   ms(r, "dgemm_tile_ms"), ms(r, "dswiglu_ms"), ms(r, "dswiglu_kernel_ms"), ms(r, "fused_ms"),
                   ms(r, "fused_prefetch_ms"),
-                  ms(r, "fused_g8_ms"), ms(r, "fused_hints_g8_ms"), f"{fused_backward_extra(r):.2f}",
+                  ms(r, "fused_g8_ms"), ms(r, "fused_hints_g8_ms"), ms(r, "fused_mcluster_ms"),
+                  f"{fused_backward_extra(r):.2f}",
                   f"{r['fused_error_vs_unfused']:.1e}")
                  for r in rows)
     return Table(("layer", "tokens", "dA ms", "dA tile ms", "pass ms", "pass kernel ms", "fused ms", "prefetch ms",
-                  "g8 ms", "g8 hints ms", "extra", "vs unfused"), body,
+                  "g8 ms", "g8 hints ms", "M pair ms", "extra", "vs unfused"), body,
                  title="SwiGLU's backward fused into the dA GEMM",
                  legend="dA: dY W_down^T on our op (its configuration tuned for the shape), writing dact [M, I]; "
                         "dA tile: the same GEMM on the fused kernel's tile, 128 x 128 ping-pong, 6 stages, no "
@@ -244,7 +245,8 @@ def fused_backward_table(rows: Sequence[dict[str, Any]]) -> Table:
                         "as one kernel (kernels/swiglu_backward.cu); fused: one k6 launch "
                         "writing dh and the activation; prefetch: the same with h fetched by TMA during the tile's "
                         "main loop; g8: the first with its tiles walked in raster groups of 8 M tiles; g8 hints: that "
-                        "with W_down's loads evict-last and h's evict-first in L2; extra: (the "
+                        "with W_down's loads evict-last and h's evict-first in L2; M pair: the first in a cluster of "
+                        "two blocks along M sharing W_down by multicast; extra: (the "
                         "fastest fused - dA) / pass, the target's measure (goal <= "
                         f"{FUSED_TARGET}); vs unfused: relative difference of the outputs; graph replays, interleaved")
 

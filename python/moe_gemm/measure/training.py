@@ -325,7 +325,8 @@ def fused_backward_call(config: str, workload: Workload) -> Callable[[], Any]:
 # loaded by the epilogue with the units walked in raster groups of 8 M tiles, without and with L2 eviction
 # priorities.
 FUSED_KEYS = {"k6/dswiglu-bn128": "fused", "k6/dswiglu-prefetch-bn128": "fused_prefetch",
-              "k6/dswiglu-g8-bn128": "fused_g8", "k6/dswiglu-hints-g8-bn128": "fused_hints_g8"}
+              "k6/dswiglu-g8-bn128": "fused_g8", "k6/dswiglu-hints-g8-bn128": "fused_hints_g8",
+              "k6/dswiglu-mcluster-bn128": "fused_mcluster"}
 
 
 FUSED_TILE = "k6/pingpong-bn128"  # the fused kernel's tile, stages and walk (k6/dswiglu-bn128) as a plain GEMM

@@ -88,6 +88,9 @@ class K6Config:
         if self.l2_hints and (self.epilogue != "dswiglu" or self.prefetch_h):
             raise ValueError("the L2 hints are a rung of the SwiGLU backward whose epilogue loads h (epilogue "
                              "'dswiglu', prefetch_h off)")
+        if self.epilogue == "dswiglu" and self.cluster > 1 and (self.cluster_along != "m" or self.l2_hints):
+            raise ValueError("the SwiGLU backward's cluster is two blocks along M sharing W_down (cluster_along 'm', "
+                             "no L2 hints)")
         if self.prefetch_h and (self.epilogue != "dswiglu" or self.mode != "pingpong" or self.cluster != 1):
             raise ValueError("h is prefetched for the SwiGLU backward's ping-pong tiles without a cluster (epilogue "
                              "'dswiglu')")
@@ -136,7 +139,8 @@ class K6Config:
         types = f"{ELEMENT_CODES[self.element]}, {ELEMENT_CODES[self.out]}"
         mode = 0 if self.mode == "pingpong" else 1
         if self.epilogue == "dswiglu":
-            entry = f"{KERNEL_FUNCTION}_dswiglu" + ("_prefetch" if self.prefetch_h else "")
+            entry = f"{KERNEL_FUNCTION}_dswiglu" + ("_prefetch" if self.prefetch_h else "") + (
+                "_cluster2" if self.cluster > 1 else "")
             hints = ", true" if self.l2_hints else ""
             return f"{entry}<{mode}, {self.stages}, {ELEMENT_CODES[self.element]}{hints}>"
         if self.epilogue == "swiglu":
@@ -263,6 +267,11 @@ FUSED_BACKWARD: dict[str, K6Config] = {
     # before the group's other M tiles read them
     "k6/dswiglu-hints-g8-bn128": K6Config("pingpong", 128, stages=6, staging_boxes=1, b_layout="nk",
                                           epilogue="dswiglu", group=8, l2_hints=True),
+    # the first in a cluster of two blocks along M (k6_persistent_dswiglu_cluster2): the pair's two M tiles share
+    # each W_down box by multicast, so W_down, which every M tile of an expert streams again, crosses from memory
+    # once per pair of M tiles
+    "k6/dswiglu-mcluster-bn128": K6Config("pingpong", 128, stages=6, cluster=2, cluster_along="m", staging_boxes=1,
+                                          b_layout="nk", epilogue="dswiglu"),
 }
 
 # What k6/auto chooses among (its chooser: moe_gemm.variants.k6.auto).
