@@ -186,6 +186,15 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
 PROFILE_ERROR_LINES = 25  # of a failed profile's output, printed under its name
 
 
+def built_not_run(name: str) -> bool:
+    """Whether ``name`` is built but has not passed its GPU tests: a rung of a ladder's NOT_YET_RUN, or a fused SwiGLU
+    backward configuration whose record name is in moe_gemm.torch.kernels.NOT_YET_RUN."""
+    from moe_gemm.measure.validation import not_yet_run
+    from moe_gemm.torch.kernels import FUSED_BACKWARD_RECORDS
+
+    return not_yet_run(FUSED_BACKWARD_RECORDS.get(name, name))
+
+
 def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = ()) -> list[dict[str, Any]]:
     """A chapter's ``--profile``: each variant of ``cells`` (a Workload -> the variant names to profile there; only
     those named in ``only``, where it names any) under ncu, the first launch of its profiler range, on the
@@ -195,6 +204,10 @@ def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = ()) 
     rows = []
     for cell, names in cells.items():
         for name in (n for n in names if not only or n in only):
+            if built_not_run(name):  # correct first: a kernel is profiled once it has passed its GPU tests
+                progress(f"[profile] {name}: not profiled, built and not yet run on a GPU (its GPU tests first: "
+                         f"python -m moe_gemm.measure.validation run --pending-only)")
+                continue
             progress(f"[profile] {name} at {cell.label} under ncu")
             try:
                 rows.append(profile_variant(name, cell.tokens, cell.skew, experts=cell.experts, K=cell.K, N=cell.N,
