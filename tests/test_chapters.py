@@ -99,6 +99,14 @@ def test_each_run_py_needs_what_the_table_says_and_runs_in_parts_where_it_says()
 
 def test_the_gpu_session_runs_the_default_stages_from_the_table():
     assert "python3 -m moe_gemm.core.chapters --default-gpu-stages" in (REPO / "tools/gpu_session.sh").read_text()
+
+
+def test_the_gpu_sessions_validate_stage_passes_the_admission_flags_the_validation_cli_takes():
+    """ADMIT=1 and PENDING=1 become --admit and --pending-only, both options of the validation command."""
+    script = (REPO / "tools/gpu_session.sh").read_text()
+    assert "${ADMIT:+--admit}" in script and "${PENDING:+--pending-only}" in script
+    source = Path(validation.__file__).read_text()
+    assert '"--admit"' in source and '"--pending-only"' in source
     proc = subprocess.run([sys.executable, "-m", "moe_gemm.core.chapters", "--default-gpu-stages"], capture_output=True,
                           text=True, check=True)
     assert proc.stdout == "01 02 03 04 06\n"  # 05 needs a Blackwell GPU; 07 and 08 run in parts

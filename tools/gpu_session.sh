@@ -6,7 +6,7 @@
 #             synccheck), in parallel; what passes is recorded in kernels/validated.json
 #             (FAMILIES="k3 k5" for some of them; JOBS processes at once, default 8; ADMIT=1 also runs the
 #             kernels not yet run, alone, and records each that passes: the run names them, to take out of
-#             NOT_YET_RUN)
+#             NOT_YET_RUN; PENDING=1 runs only those, beside families whose records are current)
 #   tests     the whole GPU-marked pytest suite in one process
 #   01 .. 10  each chapter's run.py, which writes chapters/NN/results/<gpu>.json; the default
 #             list is moe_gemm.core.chapters' (01 02 03 04 06: 05 needs a compute capability 10.x
@@ -52,7 +52,7 @@ for stage in "${stages[@]}"; do
     case $stage in
         ceilings) run_stage ceilings 900 python3 -m moe_gemm.measure.ceilings ;;
         validate) run_stage validate ${VALIDATE_TIMEOUT:-1500} python3 -m moe_gemm.measure.validation run ${FAMILIES:-} \
-                      --jobs ${JOBS:-8} ${ADMIT:+--admit} ;;
+                      --jobs ${JOBS:-8} ${ADMIT:+--admit} ${PENDING:+--pending-only} ;;
         tests) run_stage tests ${TESTS_TIMEOUT:-900} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests ;;
         [0-9][0-9]) flags=FLAGS_$stage
                 run_stage "ch$stage" ${CHAPTER_TIMEOUT:-900} python3 "chapters/$stage/run.py" ${!flags:-} ;;
