@@ -412,3 +412,25 @@ def test_the_decode_sized_rows_read_as_the_page_says():
     for tokens, skew in {(r["tokens"], r["skew"]) for r in grid}:
         ours = min(r["useful_tflops"] for r in at(tokens, skew, (*RUN.ROWWISE_PROMOTED, *RUN.ROWWISE_FAST)))
         assert ours > max(r["useful_tflops"] for r in at(tokens, skew, (RUN.TORCH, RUN.TORCH_FAST)))
+
+
+def test_a_quantizers_rows_time_the_copy_then_each_earlier_step_then_the_ops_kernel(monkeypatch):
+    """quantize_rows' rows for one quantizer on one input: the copy timed once and first, each step's row marked
+    with its name, the op's kernel last and unmarked, every row against that copy."""
+    torch = pytest.importorskip("torch")
+    from moe_gemm.measure import fp8
+
+    timed, launched = [], []
+
+    def median_us(launch, **timing):
+        launch()
+        timed.append(len(launched))  # how many kernels had launched when this timing began
+        return 10.0 if len(timed) == 1 else 20.0
+
+    monkeypatch.setattr(fp8, "_median_us", median_us)
+    rows = fp8._stepped_rows("q", "[2, 8]", torch.zeros(2, 8), 48, lambda x: launched.append("op"),
+                             lambda x, step: launched.append(step), ["first", "pieces"], {})
+    assert timed == [0, 1, 2, 3] and launched == ["first", "pieces", "op"]  # the copy first, then the kernels
+    assert [r.get("step") for r in rows] == ["first", "pieces", None]
+    assert all(r["copy_us"] == 10.0 and r["median_us"] == 20.0 and r["of_copy"] == pytest.approx(0.1875)
+               for r in rows)

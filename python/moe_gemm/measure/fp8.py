@@ -16,7 +16,7 @@ kernel as K grows, the FP8 layer, and GEMM 1's SwiGLU epilogue against the separ
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from moe_gemm.cuda.device import DeviceProblem
@@ -68,15 +68,9 @@ def quantize_rows(activations: Sequence[tuple[int, int]], weights: Sequence[tupl
         progress(f"[quantize] 1 x 128 groups of [{M:,}, {K:,}], the op's kernel and its {len(QUANTIZE_STEPS)} "
                  f"earlier steps")
         x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
-        copy = torch.empty_like(x)
         moved = x.nbytes + M * K + 4 * -(-K // BLOCK) * padded_rows(M)  # bf16 in; e4m3 and the scales out
-        copy_us = _median_us(lambda x=x, copy=copy: copy.copy_(x), **timing)
-        for step in QUANTIZE_STEPS:
-            row = _row("quantize_1x128", f"[{M:,}, {K:,}]", moved, 2 * x.nbytes,
-                       _median_us(lambda x=x, step=step: quantize_1x128_step(x, step), **timing), copy_us)
-            rows.append({**row, "step": step})
-        rows.append(_row("quantize_1x128", f"[{M:,}, {K:,}]", moved, 2 * x.nbytes,
-                         _median_us(lambda x=x: quantize_1x128(x), **timing), copy_us))
+        rows += _stepped_rows("quantize_1x128", f"[{M:,}, {K:,}]", x, moved, quantize_1x128, quantize_1x128_step,
+                              QUANTIZE_STEPS, timing)
     for M, width in swiglu:
         progress(f"[quantize] SwiGLU of [{M:,}, {2 * width:,}] in 1 x 128 groups, and the unfused way")
         h = torch.randn(M, 2 * width, device="cuda").to(torch.bfloat16)
@@ -91,16 +85,24 @@ def quantize_rows(activations: Sequence[tuple[int, int]], weights: Sequence[tupl
         progress(f"[quantize] 128 x 128 blocks of [{experts}, {K:,}, {N:,}], written transposed, the op's kernel "
                  f"and its {len(QUANTIZE_WEIGHTS_STEPS)} earlier steps")
         b = torch.randn(experts, K, N, device="cuda").to(torch.bfloat16)
-        copy = torch.empty_like(b)
         moved = b.nbytes + experts * K * N + 4 * experts * -(-K // BLOCK) * -(-N // BLOCK)
-        copy_us = _median_us(lambda b=b, copy=copy: copy.copy_(b), **timing)
-        for step in QUANTIZE_WEIGHTS_STEPS:
-            row = _row("quantize_128x128_t", f"[{experts}, {K:,}, {N:,}]", moved, 2 * b.nbytes,
-                       _median_us(lambda b=b, step=step: quantize_128x128_t_step(b, step), **timing), copy_us)
-            rows.append({**row, "step": step})
-        rows.append(_row("quantize_128x128_t", f"[{experts}, {K:,}, {N:,}]", moved, 2 * b.nbytes,
-                         _median_us(lambda b=b: quantize_128x128_t(b), **timing), copy_us))
+        rows += _stepped_rows("quantize_128x128_t", f"[{experts}, {K:,}, {N:,}]", b, moved, quantize_128x128_t,
+                              quantize_128x128_t_step, QUANTIZE_WEIGHTS_STEPS, timing)
     return rows
+
+
+def _stepped_rows(kernel: str, shape: str, x: Any, moved: int, op: Callable[[Any], Any],
+                  step_op: Callable[[Any, str], Any], steps: Iterable[str],
+                  timing: dict[str, int]) -> list[dict[str, Any]]:
+    """A quantizer's rows on input ``x``: each of its earlier ``steps`` (``step_op``), marked with the step, then the
+    op's kernel (``op``), each against the same device copy of x's bytes."""
+    import torch
+
+    copy = torch.empty_like(x)
+    copy_us = _median_us(lambda: copy.copy_(x), **timing)
+    rows = [{**_row(kernel, shape, moved, 2 * x.nbytes, _median_us(lambda step=step: step_op(x, step), **timing),
+                    copy_us), "step": step} for step in steps]
+    return [*rows, _row(kernel, shape, moved, 2 * x.nbytes, _median_us(lambda: op(x), **timing), copy_us)]
 
 
 def accuracy_rows(variants: Sequence[Any], shape: tuple[int, int, int], ks: Sequence[int],

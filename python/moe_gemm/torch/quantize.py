@@ -124,12 +124,18 @@ def quantize_1x128_step(x: torch.Tensor, step: str) -> tuple[torch.Tensor, torch
     """quantize_1x128 by one of the activation quantizer's earlier steps (moe_gemm.torch.kernels.QUANTIZE_STEPS: the
     same bits, slower), which chapter 10 times beside it; on a GPU of compute capability 8.9 or newer only."""
     _check(x)
-    if step not in QUANTIZE_STEPS:
-        raise ValueError(f"quantize_1x128_step: step must be one of {sorted(QUANTIZE_STEPS)}, got {step!r}")
-    if not _on_fp8_gpu(x):
-        raise ValueError("quantize_1x128_step: x must be on a GPU of compute capability 8.9 or newer")
-    pieces, divide_once = QUANTIZE_STEPS[step]
+    pieces, divide_once = _step_flags("quantize_1x128_step", QUANTIZE_STEPS, step, "x", x)
     return _launch_1x128(quantize_instance(pieces, divide_once), x, x.shape[1], pieces)
+
+
+def _step_flags(function: str, steps: dict[str, tuple], step: str, name: str, t: torch.Tensor) -> tuple:
+    """The template arguments of ``step`` (one of ``steps``: a quantizer's earlier versions) for ``function``'s
+    input ``name``, ``t``; a ValueError for another name or a tensor off a GPU that converts to e4m3."""
+    if step not in steps:
+        raise ValueError(f"{function}: step must be one of {sorted(steps)}, got {step!r}")
+    if not _on_fp8_gpu(t):
+        raise ValueError(f"{function}: {name} must be on a GPU of compute capability 8.9 or newer")
+    return steps[step]
 
 
 def swiglu_quantize_1x128(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,12 +187,8 @@ def quantize_128x128_t_step(b: torch.Tensor, step: str) -> tuple[torch.Tensor, t
     QUANTIZE_WEIGHTS_STEPS: the same bits, slower), which chapter 10 times beside it; on a GPU of compute capability
     8.9 or newer only."""
     _check_weights(b)
-    if step not in QUANTIZE_WEIGHTS_STEPS:
-        raise ValueError(f"quantize_128x128_t_step: step must be one of {sorted(QUANTIZE_WEIGHTS_STEPS)}, "
-                         f"got {step!r}")
-    if not _on_fp8_gpu(b):
-        raise ValueError("quantize_128x128_t_step: b must be on a GPU of compute capability 8.9 or newer")
-    return _launch_128x128_t(weights_instance(*QUANTIZE_WEIGHTS_STEPS[step]), b)
+    return _launch_128x128_t(weights_instance(*_step_flags("quantize_128x128_t_step", QUANTIZE_WEIGHTS_STEPS, step,
+                                                           "b", b)), b)
 
 
 def _launch_128x128_t(kernel: str, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
