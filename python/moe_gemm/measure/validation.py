@@ -452,33 +452,21 @@ def run(families: Sequence[str], jobs: int, admit: bool = False, pending_only: b
         results = list(pool.map(lambda run: _pytest(run[1], run[2], Path(scratch), run[3]), planned))
     passed_pending = []
     for family in families:
+        first = [r for (f, _, _, a), r in zip(planned, results) if f == family and not a]
         second = [r for (f, _, _, a), r in zip(planned, results) if f == family and a]
-        if pending_only:  # the family's records are current: it stands as passed, the second pass's counts kept
-            outcome = {**family_outcome(family, second), "ok": True} if second else None
-            chosen = admitted(family, second) if second else []
-            if second:
-                record_family(record, outcome, gpu, pending_hashes, names=chosen)
-            passed_pending += chosen
-            failed = [name for name in pending_kernels(family) if name not in chosen]
-            for r in second:
-                print(f"  {r['name']:<18} rc={r['returncode']} passed={r['passed']} failed={r['failures']} "
-                      f"errors={r['errors']} skipped={r['skipped']}")
-            if failed:
-                status = 1
-                print(f"  not admitted (a test failed): {', '.join(failed)}", file=sys.stderr)
-                for r in second:
-                    if r["returncode"] != 0:
-                        print(r["tail"], file=sys.stderr)
+        if pending_only and not second:
             continue
-        outcome = family_outcome(family, [r for (f, _, _, a), r in zip(planned, results) if f == family and not a])
-        for r in [*outcome["runs"], *second]:
+        # --pending-only: the family's records are current, so it stands as passed, and the second pass's counts
+        # are the ones recorded for what it admits
+        outcome = {**family_outcome(family, second), "ok": True} if pending_only else family_outcome(family, first)
+        for r in [*first, *second]:
             print(f"  {r['name']:<18} rc={r['returncode']} passed={r['passed']} failed={r['failures']} "
                   f"errors={r['errors']} skipped={r['skipped']}")
-        if outcome["ok"]:
+        if not pending_only and outcome["ok"]:
             record_family(record, outcome, gpu, hashes)
-        else:
+        elif not pending_only:
             status = 1
-            for r in outcome["runs"]:
+            for r in first:
                 if r["returncode"] != 0 or r["skipped"]:
                     print(r["tail"], file=sys.stderr)
         if second:
