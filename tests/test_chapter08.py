@@ -384,6 +384,20 @@ def test_the_train_part_saves_its_own_section_merges_by_size_and_has_a_target(tm
     target = next(t for t in data["targets"] if "train/torch_grouped_mm" in t["target"])
     assert target["value"] == pytest.approx(4.4 / 2.0) and target["met"] and "H=2048, 32,768 tokens" in target["target"]
     assert set(data["part_runs"]) == {"train-qwen3", "train-mixtral"}
+    assert "layer at 4,096, 32,768 tokens" in data["part_runs"]["train-mixtral"]["measured"]
+    assert "layer at 4,096 tokens" in data["part_runs"]["train-qwen3"]["measured"]
+
+    def stopped(shape, tokens, with_transformers, with_quack):  # the run ends during its second token count
+        if tokens == [32768]:
+            raise KeyboardInterrupt
+        return measure_train(shape, tokens, with_transformers, with_quack)
+
+    monkeypatch.setattr(RUN, "measure_train", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        RUN.run_on_gpu(RUN.parse_args(["--parts", "train", "--layers", "deepseek"]), gpu)
+    data = results.recorded("08", gpu.slug)
+    assert {r["tokens"] for r in data["train"] if r["hidden"] == 7168} == {4096}  # kept, and said as much
+    assert "layer at 4,096 tokens" in data["part_runs"]["train-deepseek"]["measured"]
 
 
 def test_the_train_target_fails_when_the_torch_layer_trains_faster():

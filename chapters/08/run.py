@@ -366,14 +366,16 @@ def run_on_gpu(args, gpu) -> int:
                                         f"layer's shapes, {tokens} tokens, in interleaved rounds")
             save()
     if "train" in args.parts:
-        train_tokens = ", ".join(f"{t:,}" for t in args.train_tokens)
         for key in args.layers:
+            measured = []
             for tokens in args.train_tokens:  # saved after each token count: a run stopped later keeps it
                 results.replace("train", measure_train(LAYERS[key], [tokens], not args.no_transformers,
                                                        with_quack=not args.no_peers), layer_key)
                 release_memory()
-                results.ran(f"train-{key}", f"a training step of the {LAYERS[key].label} layer at {train_tokens} "
-                                            "tokens, ours, the torch layer and transformers' grouped_mm block")
+                measured.append(f"{tokens:,}")  # what the record says this run measured: the counts done so far
+                results.ran(f"train-{key}", f"a training step of the {LAYERS[key].label} layer at "
+                                            f"{', '.join(measured)} tokens, ours, the torch layer and transformers' "
+                                            "grouped_mm block")
                 save()
     if "scoreboard" in args.parts:
         results.put(host_probe=host_probe())
