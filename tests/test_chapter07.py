@@ -90,7 +90,7 @@ def test_the_pages_summary_holds():
     assert (counts < 128).sum() > deepseek.experts / 2
 
 
-def test_the_two_routing_rule_reads_what_the_page_says():
+def test_the_two_routing_rule_reads_what_the_page_says(ladder_candidates):
     """In the ladder, at 16,384 rows: the M pair ahead of the N pair on balanced rows and behind at s = 1.2
     (the trade the page describes); the robust rule on the ladder's candidate timings keeps the N pair there,
     and k6/auto chose the N pair at 16,384 rows and the plain ping-pong rung at 65,536 in the ladder's run
@@ -100,7 +100,6 @@ def test_the_two_routing_rule_reads_what_the_page_says():
         pytest.skip("no recorded results")
     from moe_gemm.model.workloads import Workload
     from moe_gemm.variants.k6.auto import robust_choice
-    from moe_gemm.variants.k6.config import AUTO_CANDIDATES
 
     grid, ladder = RUN.of_part(data["records"], "grid"), RUN.of_part(data["records"], "ladder")
 
@@ -110,7 +109,7 @@ def test_the_two_routing_rule_reads_what_the_page_says():
     m_pair, n_pair = "k6/pingpong-mcluster-bn192", "k6/pingpong-cluster-bn192"
     assert tflops(m_pair, 16384, 0.0) > tflops(n_pair, 16384, 0.0)
     assert tflops(n_pair, 16384, 1.2) > tflops(m_pair, 16384, 1.2)
-    timings = [{name: RUN.find(ladder, name, Workload(16384, skew))["median_ms"] for name in AUTO_CANDIDATES}
+    timings = [{name: RUN.find(ladder, name, Workload(16384, skew))["median_ms"] for name in ladder_candidates}
                for skew in (0.0, 1.2)]
     assert robust_choice(timings) == n_pair
     for tokens, rung in ((16384, n_pair), (65536, "k6/pingpong-bn192")):
@@ -489,12 +488,11 @@ def h100_records() -> list[dict]:
     return data["records"]
 
 
-def test_the_four_rungs_read_against_their_twins_as_the_page_says():
+def test_the_four_rungs_read_against_their_twins_as_the_page_says(ladder_candidates):
     """The H100 run that first ran them: PDL within the rounds' spread of its twin, the private rings well ahead
     of the shared ring at the balanced cells and level elsewhere, the producer's tail never slower than the M
     pair and ahead by no more than two rounds of one rung differ; k6/auto against the rung it chose (one
     kernel timed twice) within 0.6%."""
-    from moe_gemm.variants.k6.config import AUTO_CANDIDATES
 
     ladder = RUN.of_part(h100_records(), "ladder")
     table = RUN.twins_table(ladder)
@@ -511,7 +509,7 @@ def test_the_four_rungs_read_against_their_twins_as_the_page_says():
     rounds = RUN.find(ladder, "k6/pingpong-mcluster-bn192", RUN.SEED_FIVE[3])["round_medians_ms"]
     assert min(tail) > 0.995 and max(tail) - 1 < max(rounds) / min(rounds) - 1
     for w in RUN.SEED_FIVE:  # the candidates need not change for the private rings
-        best = max(RUN.find(ladder, c, w)["useful_tflops"] for c in AUTO_CANDIDATES)
+        best = max(RUN.find(ladder, c, w)["useful_tflops"] for c in ladder_candidates)
         assert best > 0.99 * RUN.find(ladder, rings, w)["useful_tflops"]
     over_quack = {w: RUN.ratio(ladder, "k6/auto", RUN.QUACK, w, "ladder") for w in RUN.SEED_FIVE}
     assert min(over_quack, key=over_quack.get) == RUN.SEED_FIVE[3]
@@ -820,3 +818,37 @@ def test_at_dbrx_the_rungs_that_cover_256_rows_beat_every_one_tile_rung_in_k6_au
     b_read = down["experts"] * (down["tokens"] // down["experts"] // 128) * down["K"] * down["N"] * 2
     quack = min(r["median_ms"] for r in records if r["variant"].startswith("peer/quack") and r["K"] == 10752)
     assert b_read / 2 / (DATASHEET_TBPS["h100"] * 1e12) * 1e3 < quack < b_read / (DATASHEET_TBPS["h100"] * 1e12) * 1e3
+
+
+def test_quacks_tile_on_the_raster_walk_reads_as_the_page_says():
+    """The H100's model part with the two raster-walked candidates (2026-12-07): at DBRX's up projection quack's tile
+    on the raster walk is the fastest candidate and k6/auto's choice, ahead of the same tile on the row-major walk; at
+    the Mixtral-sized projection the M pair on the raster walk is, well ahead of its row-major twin; at DBRX's down
+    projection the row-major M pair is the fastest, the two new ones level, and k6/auto keeps the M pair's raster
+    twin. k6/auto stays behind quack at all three. Profiled at DBRX's down projection, quack's pick has our tile,
+    cluster and group size, reads under 0.65 of our DRAM bytes and keeps its tensor pipe busier (above 95% against
+    our under 90%)."""
+    from moe_gemm.model.workloads import Workload
+
+    data = recorded("07", "h100")
+    if data is None:
+        pytest.skip("no H100 results")
+    models = RUN.of_part(data["records"], "models")
+    shapes = {"up": Workload(32768, 0.4, 16, 6144, 21504), "down": Workload(32768, 0.4, 16, 10752, 6144),
+              "mixtral": Workload(32768, 0.4, 8, 4096, 14336)}
+    auto = {key: RUN.find(models, RUN.AUTO, w) for key, w in shapes.items()}
+    coop, mpair = "k6/coop256-cluster-bn192", "k6/pingpong-mcluster-bn192"
+    up, down, mix = (auto[k]["candidate_ms"] for k in ("up", "down", "mixtral"))
+    assert min(up, key=up.get) == auto["up"]["choice"] == f"{coop}-g8" and up[f"{coop}-g8"] < up[coop]
+    assert min(mix, key=mix.get) == auto["mixtral"]["choice"] == f"{mpair}-g8" and mix[f"{mpair}-g8"] < 0.8 * mix[mpair]
+    assert min(down, key=down.get) == mpair and auto["down"]["choice"] == f"{mpair}-g8"
+    assert abs(down[f"{coop}-g8"] / down[f"{mpair}-g8"] - 1) < 0.01
+    for w in shapes.values():
+        assert RUN.ratio(models, RUN.AUTO, RUN.QUACK, w, "models") < 1.0
+        quack = RUN.find(models, "peer/quack", w)["config"]
+        assert (quack["tile_m"], quack["tile_n"], quack["pingpong"], quack["cluster_n"],
+                quack["max_swizzle_size"]) == (256, 192, False, 2, 8)
+    prof = {r["variant"]: r for r in data["profile"] if (r["K"], r["N"]) == (10752, 6144)}
+    ours, quack = prof[f"{coop}-g8"], prof["peer/quack"]
+    assert quack["dram_bytes_read"] < 0.65 * ours["dram_bytes_read"] and quack["l2_bytes"] < ours["l2_bytes"]
+    assert quack["gmma_pipe_pct"] > 95 > 90 > ours["gmma_pipe_pct"] and quack["duration_ns"] < ours["duration_ns"]

@@ -419,13 +419,14 @@ def test_the_layer_table_has_every_transformers_way_and_names_the_eager_only_one
 
 
 def test_the_new_backward_on_the_h100_reads_as_the_page_says():
-    """The layer's training step on an H100. At the Qwen3-like size: ours level with the torch layer (1.0 to 1.05
-    times its speed) and ahead of transformers' block, quack's faster than ours at 32,768 tokens, every way's
-    gradients within 1e-2 of ours, ours peaking below the torch layer at 32,768 tokens. At the Mixtral-like size
-    ours behind the torch layer at both token counts, at the DeepSeek-V3-like size ahead at 4,096 tokens and behind
-    at 32,768 (eager: the graph did not fit); ours peaks above the torch layer at every point but one. Chapter 09's
-    fused dSwiGLU backward at the Mixtral-like size and 32,768 tokens: slower than the tuned dA GEMM and the
-    separate pass together, by well under the step's loss to the torch layer."""
+    """The layer's training step on an H100. At the Qwen3-like size (timed before the one-pass SwiGLU backward):
+    ours level with the torch layer (1.0 to 1.05 times its speed) and ahead of transformers' block, quack's faster
+    than ours at 32,768 tokens, every way's gradients within 1e-2 of ours. With the one-pass kernel (2026-12-07): at
+    the Mixtral-like size ours level with the torch layer (1.0 to 1.06 times its speed; the prediction, about 125 ms
+    at 32,768 tokens, held), at the DeepSeek-V3-like size ahead at 4,096 tokens and behind at 32,768 (eager: the
+    graph did not fit). Ours peaks below the torch layer at 32,768 tokens at the Qwen3-like and Mixtral-like sizes
+    only. Every fused dSwiGLU form is slower than the dA GEMM and the one-pass kernel at the Mixtral-like size and
+    32,768 tokens, so the layer does not launch it."""
     from moe_gemm.torch.fused_backward import LAUNCH_FUSED
 
     data, fused = recorded("08", "h100"), recorded("09", "h100")
@@ -440,39 +441,44 @@ def test_the_new_backward_on_the_h100_reads_as_the_page_says():
 
     for tokens in (4096, 32768):
         ours = train["train/ours", 2048, tokens]
-        assert 1.0 < vs_torch(2048, tokens) < 1.05
+        assert 1.0 < vs_torch(2048, tokens) < 1.05 and 1.0 < vs_torch(4096, tokens) < 1.06
         assert train["train/transformers", 2048, tokens]["median_ms"] > 1.3 * ours["median_ms"]
         assert all(train[w, 2048, tokens]["grad_rel_error_vs_ours"] < 1e-2
                    for w in ("train/torch_grouped_mm", "train/quack"))
-        assert vs_torch(4096, tokens) < 0.95
+    assert 120 < train["train/ours", 4096, 32768]["median_ms"] < 130
     assert train["train/quack", 2048, 32768]["median_ms"] < 0.9 * train["train/ours", 2048, 32768]["median_ms"]
     assert vs_torch(7168, 4096) > 1.05 and vs_torch(7168, 32768) < 0.95
     assert train["train/ours", 7168, 32768]["graph_error"] and train["train/ours", 7168, 4096]["graph_error"] is None
     peak = {key: r["peak_extra_bytes"] for key, r in train.items()}
     for hidden, tokens in ((h, t) for h in (2048, 4096, 7168) for t in (4096, 32768)):
         ours, torch_ = peak["train/ours", hidden, tokens], peak["train/torch_grouped_mm", hidden, tokens]
-        assert (ours < torch_) == ((hidden, tokens) == (2048, 32768))
+        assert (ours < torch_) == ((hidden, tokens) in ((2048, 32768), (4096, 32768))), (hidden, tokens)
     fb = next(r for r in fused["fused_backward"] if r["hidden"] == 4096 and r["tokens"] == 32768)
-    extra = min(fb["fused_ms"], fb["fused_prefetch_ms"], fb["fused_g8_ms"]) - fb["dgemm_ms"] - fb["dswiglu_ms"]
-    lost = train["train/ours", 4096, 32768]["median_ms"] - train["train/torch_grouped_mm", 4096, 32768]["median_ms"]
-    assert extra > 0 and lost > 5 and not LAUNCH_FUSED  # the layer runs SwiGLU's backward unfused
+    fastest = min(fb[k] for k in ("fused_ms", "fused_prefetch_ms", "fused_g8_ms", "fused_hints_g8_ms",
+                                  "fused_mcluster_ms"))
+    assert fastest > fb["dgemm_ms"] + fb["dswiglu_kernel_ms"] and not LAUNCH_FUSED
 
 
-def test_the_kernel_split_accounts_for_the_mixtral_like_gap_as_the_page_says():
-    """One eager training step at the Mixtral-like size and 32,768 tokens, split by kind of kernel: the kinds sum to
-    within 3% of the step's time for both ways; our GEMMs (k6 and k7) take longer in sum than the torch layer's
-    torch._grouped_mm, our elementwise kernels longer than its, its copies longer than ours; the first two together
-    exceed what the step loses; the training forward launches neither fused kernel (SwiGLU's forward or backward)."""
+def test_the_kernel_split_reads_as_the_page_says():
+    """One eager training step at 32,768 tokens, split by kind of kernel: the kinds sum to within 3% of the step's time
+    for both ways; at the Mixtral-like size our GEMMs (k6 and k7) take longer in sum than the torch layer's
+    torch._grouped_mm and our elementwise kernels and copies less than its, 'other' holding our one-pass SwiGLU
+    backward; at the DeepSeek-V3-like size our GEMMs lose more than the step does; the training forward launches
+    neither fused kernel (SwiGLU's forward or backward)."""
     data = recorded("08", "h100")
-    split = {r["variant"]: r for r in (data or {}).get("train", [])
-             if r.get("kernel_ms_by_kind") and r["hidden"] == 4096 and r["tokens"] == 32768}
+    split = {(r["variant"], r["hidden"]): r for r in (data or {}).get("train", [])
+             if r.get("kernel_ms_by_kind") and r["tokens"] == 32768}
     if not split:
-        pytest.skip("no kernel split at the Mixtral-like size on the H100")
+        pytest.skip("no kernel split on the H100")
     for row in split.values():
         assert sum(row["kernel_ms_by_kind"].values()) == pytest.approx(row["eager_ms"], rel=0.03)
-    o, t = split["train/ours"]["kernel_ms_by_kind"], split["train/torch_grouped_mm"]["kernel_ms_by_kind"]
-    gemms = o["GEMM (ours)"] + o["dW (ours)"] - t["GEMM (torch)"]
-    elementwise = o["elementwise"] - t["elementwise"]
-    assert gemms > 0 and elementwise > 0 and t["copies"] > o["copies"]
-    assert gemms + elementwise > sum(o.values()) - sum(t.values()) > 0
-    assert "dA + dSwiGLU (ours)" not in o and "GEMM 1 + SwiGLU (ours)" not in o
+    o, t = split["train/ours", 4096]["kernel_ms_by_kind"], split["train/torch_grouped_mm", 4096]["kernel_ms_by_kind"]
+    assert o["GEMM (ours)"] + o["dW (ours)"] > t["GEMM (torch)"]
+    assert o["elementwise"] < t["elementwise"] and o["copies"] < t["copies"]
+    fb = next(r for r in recorded("09", "h100")["fused_backward"] if (r["hidden"], r["tokens"]) == (4096, 32768))
+    assert o["other"] > fb["dswiglu_kernel_ms"] > t["other"]
+    od, td = split["train/ours", 7168]["kernel_ms_by_kind"], split["train/torch_grouped_mm", 7168]["kernel_ms_by_kind"]
+    lost = split["train/ours", 7168]["eager_ms"] - split["train/torch_grouped_mm", 7168]["eager_ms"]
+    assert od["GEMM (ours)"] + od["dW (ours)"] - td["GEMM (torch)"] > lost > 0
+    assert all("dA + dSwiGLU (ours)" not in r["kernel_ms_by_kind"] and "GEMM 1 + SwiGLU (ours)" not in
+               r["kernel_ms_by_kind"] for r in split.values())

@@ -240,10 +240,12 @@ def test_a_profile_that_fails_prints_its_reason_under_its_name_and_the_others_go
 
 
 def test_a_kernel_not_yet_run_is_not_profiled_and_the_run_says_why(monkeypatch, capsys):
-    """Correct first: the fused backward's M pair, built and not yet run, is left out of the profile (ncu never
-    runs it) with the reason, while the others are profiled."""
-    from moe_gemm.measure import profile
+    """Correct first: a fused backward built and not yet run (the M pair, as it was until its GPU tests passed) is
+    left out of the profile (ncu never runs it) with the reason, while the others are profiled."""
+    from moe_gemm.measure import profile, validation
 
+    assert not profile.built_not_run("k6/dswiglu-mcluster-bn128")
+    monkeypatch.setattr(validation, "NOT_YET_RUN", frozenset({"torch/dswiglu-mcluster"}))
     assert profile.built_not_run("k6/dswiglu-mcluster-bn128") and not profile.built_not_run("k6/dswiglu-bn128")
     profiled = []
 
@@ -270,34 +272,36 @@ def test_at_the_measured_projections_k7_beats_torch_trails_quack_and_trails_most
 
 
 def test_the_fused_backward_misses_its_target_and_beats_the_unfused_path_where_the_page_says():
-    """The H100 measurement on the page: the target (0.4 passes) met at one point by the fastest of the fused
-    launches (the Qwen3-like size at 4,096 tokens, by the twin that prefetches h) and missed at the others; it is
-    cheaper than the GEMM then the pass (extra below 1) at the Qwen3-like size and at 4,096 tokens at the other
-    two (at the DeepSeek-V3-like one only on the raster walk), about level at the Mixtral-like size at 32,768
-    tokens (the first row of that size after the first, as the page reads it) and dearer at the DeepSeek-V3-like
-    size at 32,768."""
+    """The H100 measurement on the page (2026-12-07, with the M pair): the target (0.4 passes) met at two points, both
+    at 4,096 tokens (the Mixtral-like and DeepSeek-V3-like sizes) and both by the M pair, and missed at the others,
+    the Qwen3-like size by a few hundredths; without the M pair met nowhere. The fused launch is cheaper than the
+    GEMM then the pass (extra below 1) everywhere but the DeepSeek-V3-like size at 32,768 tokens."""
     from moe_gemm.measure.training import fused_backward_extra
 
     rows = (recorded("09", "h100") or {}).get("fused_backward")
     assert rows and len(rows) == 6
     extra = {(r["hidden"], r["tokens"]): fused_backward_extra(r) for r in rows}
-    assert [key for key, value in extra.items() if value <= RUN.FUSED_TARGET] == [(2048, 4096)]
-    best = rows[2]
-    assert (best["hidden"], best["tokens"]) == (2048, 4096) and best["fused_prefetch_ms"] <= best["fused_ms"]
-    assert extra[2048, 4096] < 1 and extra[2048, 32768] < 1 and extra[4096, 4096] < 1 and extra[7168, 4096] < 1
-    assert 0.95 < extra[4096, 32768] < 1.05 and extra[7168, 32768] > 1
-    assert (rows[1]["hidden"], rows[1]["tokens"]) == (4096, 32768)
-    # at the DeepSeek-V3-like size only the raster walk beats the other two
-    assert all(r["fused_g8_ms"] < min(r["fused_ms"], r["fused_prefetch_ms"]) for r in rows if r["hidden"] == 7168)
-    assert all(r["fused_error_vs_unfused"] < 1e-2 for r in rows)
+    met = [key for key, value in extra.items() if value <= RUN.FUSED_TARGET]
+    assert sorted(met) == [(4096, 4096), (7168, 4096)]
+    by_key = {(r["hidden"], r["tokens"]): r for r in rows}
+    for key in met:
+        r = by_key[key]
+        assert r["fused_mcluster_ms"] == min(r[f"{k}_ms"] for k in ("fused", "fused_prefetch", "fused_g8",
+                                                                   "fused_hints_g8", "fused_mcluster"))
+    earlier = {key: (min(r[f"{k}_ms"] for k in ("fused", "fused_prefetch", "fused_g8", "fused_hints_g8"))
+                     - r["dgemm_ms"]) / r["dswiglu_ms"] for key, r in by_key.items()}
+    assert min(earlier.values()) > RUN.FUSED_TARGET
+    assert all(RUN.FUSED_TARGET < extra[2048, tokens] < 0.5 for tokens in (4096, 32768))
+    assert [key for key, value in extra.items() if value >= 1] == [(7168, 32768)]
+    assert all(r["fused_error_vs_unfused"] < 1e-2 and r["fused_mcluster_error_vs_unfused"] < 1e-2 for r in rows)
 
 
 def test_the_tile_not_the_epilogue_and_the_prefetching_twin_read_as_the_page_says():
     """The same H100 run: the plain GEMM on the fused kernel's tile takes 0.9-1.9x the tuned one, most at the
     Mixtral-like and DeepSeek-V3-like sizes at 32,768 tokens, about the tuned one at the Qwen3-like size at 4,096;
     against that tile the faster fused kernel adds under 0.7 of a pass, 0.4 or less at some points; the twin that
-    prefetches h is faster than the plain fused kernel at five of six (slower at the Mixtral-like size, 32,768
-    tokens) and at the Qwen3-like size its extra time is within 0.4 at 4,096 tokens and above it at 32,768."""
+    prefetches h is faster than the plain fused kernel at four of six (slower at 32,768 tokens at the Mixtral-like
+    and DeepSeek-V3-like sizes) and at the Qwen3-like size its extra time is a few hundredths above 0.4 at both."""
     rows = {(r["hidden"], r["tokens"]): r for r in (recorded("09", "h100") or {}).get("fused_backward", [])}
     assert len(rows) == 6
     tile = {key: r["dgemm_tile_ms"] / r["dgemm_ms"] for key, r in rows.items()}
@@ -306,10 +310,10 @@ def test_the_tile_not_the_epilogue_and_the_prefetching_twin_read_as_the_page_say
     own = [(min(r["fused_ms"], r["fused_prefetch_ms"]) - r["dgemm_tile_ms"]) / r["dswiglu_ms"] for r in rows.values()]
     assert 1 <= sum(value <= 0.4 for value in own) < len(own) and max(own) < 0.7
     slower = [key for key, r in rows.items() if r["fused_prefetch_ms"] > r["fused_ms"]]
-    assert slower == [(4096, 32768)]
+    assert sorted(slower) == [(4096, 32768), (7168, 32768)]
     prefetched = {tokens: (rows[2048, tokens]["fused_prefetch_ms"] - rows[2048, tokens]["dgemm_ms"])
                   / rows[2048, tokens]["dswiglu_ms"] for tokens in (4096, 32768)}
-    assert prefetched[4096] <= 0.4 < prefetched[32768] < 0.5
+    assert all(0.4 < value < 0.5 for value in prefetched.values())
 
 
 def test_sonicmoes_flops_are_the_sum_of_our_layers_gemms():
@@ -372,12 +376,12 @@ def test_the_tile_timed_as_a_plain_gemm_is_the_fused_kernels_own():
 
 
 def test_the_raster_walk_reads_as_the_page_says():
-    """The g8 launch against the plain fused kernel, same run: a little faster at the Mixtral-like size at 32,768
+    """The g8 launch against the plain fused kernel, same run: level at the Mixtral-like size at 32,768
     tokens (the prediction, about the tuned GEMM plus a third of a pass, is far off), faster at 4,096 tokens there
     and at the DeepSeek-V3-like size, slower at the Qwen3-like size."""
     rows = {(r["hidden"], r["tokens"]): r for r in (recorded("09", "h100") or {}).get("fused_backward", [])}
     ratio = {key: r["fused_g8_ms"] / r["fused_ms"] for key, r in rows.items()}
-    assert 0.95 < ratio[4096, 32768] <= 1.0
+    assert 0.95 < ratio[4096, 32768] < 1.05
     mixtral = rows[4096, 32768]
     assert mixtral["fused_g8_ms"] > 1.5 * (mixtral["dgemm_ms"] + mixtral["dswiglu_ms"] / 3)
     assert ratio[4096, 4096] < 0.95 and ratio[7168, 4096] < 0.9 and ratio[7168, 32768] < 1.0
@@ -388,14 +392,20 @@ def test_the_raster_walk_reads_as_the_page_says():
 def test_the_l2_hints_and_the_one_pass_kernel_read_as_the_page_says():
     """The H100 run of 2026-12-07: the L2 hints cut the raster walk's DRAM reads but leave them near the row-major
     tile's (the prediction, the plain raster walk's bytes and h, about 12 GB, is wrong), and the timed gain is
-    smaller than the profiled one; the plain GEMM on the raster walk gave no profile. The one-pass SwiGLU backward
+    smaller than the profiled one; the plain GEMM on the raster walk (profiled since) reads under 0.6 of the tile's
+    bytes but more than twice what a group keeping W_down in L2 would, and the fused launch on that walk reads more
+    than it by over twice h's bytes. The one-pass SwiGLU backward
     holds its prediction: at most bytes / (0.8 x 3.35 TB/s) at the Mixtral-like size with 32,768 tokens, at least
     three times faster than torch's operations everywhere, about 86% of the datasheet bandwidth at 32,768 tokens,
     faster than torch's copy of its bytes there; against it every fused launch loses."""
     data = recorded("09", "h100") or {}
     prof = {r["variant"]: r for r in data.get("profile", []) if (r["K"], r["N"]) == (4096, 14336)}
     hinted, g8, tile = prof["k6/dswiglu-hints-g8-bn128"], prof["k6/dswiglu-g8-bn128"], prof["k6/pingpong-bn128"]
-    assert "k6/pingpong-bn128-g8" not in prof
+    plain8 = prof["k6/pingpong-bn128-g8"]  # the walk keeps part of W_down in L2: fewer bytes, not an eighth
+    assert 0.3 < plain8["dram_bytes_read"] / tile["dram_bytes_read"] < 0.6
+    assert plain8["dram_bytes_read"] > 2 * (8 * 64 * 14336 * 4096 * 2 / 8 + 65536 * 4096 * 2)
+    assert plain8["duration_ns"] < 0.7 * tile["duration_ns"] and plain8["gmma_pipe_pct"] > 80
+    assert g8["dram_bytes_read"] - plain8["dram_bytes_read"] > 2 * 65536 * 2 * 14336 * 2  # more than h's bytes
     assert hinted["dram_bytes_read"] < 0.9 * g8["dram_bytes_read"]
     assert abs(hinted["dram_bytes_read"] / tile["dram_bytes_read"] - 1) < 0.05 and hinted["dram_bytes_read"] > 40e9
     assert hinted["duration_ns"] > 0.6 * g8["duration_ns"]
@@ -411,3 +421,24 @@ def test_the_l2_hints_and_the_one_pass_kernel_read_as_the_page_says():
             r["copy_ms"] / r["dswiglu_kernel_ms"] > 0.9)
         fastest = min(r[k] for k in ("fused_ms", "fused_prefetch_ms", "fused_g8_ms", "fused_hints_g8_ms"))
         assert fastest > r["dgemm_ms"] + r["dswiglu_kernel_ms"]
+
+
+def test_the_m_pair_reads_as_the_page_says():
+    """The fused backward in an M pair (H100, 2026-12-07): under the profiler at the Mixtral-like dA cell it reads
+    fewer bytes than the single block but more than the prediction's W_down halved plus h, and its launch is shorter;
+    timed, it is faster than the single block at every point, misses the target at the Mixtral-like size at 32,768
+    tokens by a few percent and is slower there than the unfused path with the one-pass kernel (so the op keeps
+    that path)."""
+    data = recorded("09", "h100") or {}
+    prof = {r["variant"]: r for r in data.get("profile", []) if (r["K"], r["N"]) == (4096, 14336)}
+    pair, single, tile = prof["k6/dswiglu-mcluster-bn128"], prof["k6/dswiglu-bn128"], prof["k6/pingpong-bn128"]
+    predicted = tile["dram_bytes_read"] / 2 + 65536 * 2 * 14336 * 2
+    assert predicted < pair["dram_bytes_read"] < 0.65 * single["dram_bytes_read"]
+    assert pair["duration_ns"] < 0.7 * single["duration_ns"]
+    rows = {(r["hidden"], r["tokens"]): r for r in data["fused_backward"]}
+    assert all(r["fused_mcluster_ms"] < r["fused_ms"] for r in rows.values())
+    mixtral = rows[4096, 32768]
+    target = mixtral["dgemm_ms"] + 0.4 * mixtral["dswiglu_ms"]
+    assert 1.0 < mixtral["fused_mcluster_ms"] / target < 1.1 and mixtral["fused_mcluster_ms"] > 15
+    for r in (rows[4096, 32768], rows[7168, 32768], rows[2048, 32768]):
+        assert r["fused_mcluster_ms"] > r["dgemm_ms"] + r["dswiglu_kernel_ms"]

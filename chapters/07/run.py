@@ -123,7 +123,10 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 # 65,536 rows: the same rung on the host list, where the device walk costs the most (8-18 us a launch).
 # At 65,536 rows s=1.2 the M pair's three walks and k6/auto-host (its host-list twin there): the one cell where the
 # walk part timed both remedies slower than the plain device walk.
+# At DBRX's down projection (B[e] 132 MB, far past L2) quack's pick and our same tile and cluster on the row-major
+# walk and in raster groups of 8 M tiles: how much of B each reads from memory again.
 PROFILED = {
+    MODELS["DBRX w2 (8k tokens, top-4)"]: ("k6/coop256-cluster-bn192", "k6/coop256-cluster-bn192-g8", "peer/quack"),
     Workload(65536, 0.0): ("k6/auto", "k6/auto-host", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192",
                            "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-cursor",
                            "k6/pingpong-mcluster-bn192-listed",

@@ -6,6 +6,7 @@ fused into the dA GEMM (k6's dswiglu epilogue).
     python chapters/09/run.py --quick           # fewer timed launches per round
     python chapters/09/run.py --tokens 4096 16384   # a part of the grid
     python chapters/09/run.py --parts models --models qwen3   # some of the model projections
+    python chapters/09/run.py --parts dswiglu --layers deepseek   # the fused backward at some layer sizes
     python chapters/09/run.py --parts grid --tokens 2048 --profile   # also Nsight Compute, k7 beside quack
     python chapters/09/run.py --parts --profile k6/dswiglu-g8-bn128  # only that variant's profile, replaced
 
@@ -133,6 +134,8 @@ def parse_args(argv: Sequence[str] | None):
     parser.add_argument("--configs", nargs="+", choices=list(SONICMOE), default=list(SONICMOE),
                         help="the sonicmoe part's configurations (default all): "
                              + "; ".join(f"{key}: {c.label}" for key, c in SONICMOE.items()))
+    parser.add_argument("--layers", nargs="+", choices=list(LAYERS), default=list(LAYERS),
+                        help="the dswiglu part's layer sizes (default: all three)")
     add_grid_arguments(parser, GRID_ROWS)
     add_models_argument(parser, "qwen3 deepseek")
     profiled = {name for names in PROFILED.values() for name in names}
@@ -353,7 +356,7 @@ def run_on_gpu(args, gpu) -> int:
         from moe_gemm.measure.layer import layer_key
         from moe_gemm.measure.training import measure_fused_backward
 
-        for key, shape in LAYERS.items():  # a stopped run keeps every size it finished
+        for key, shape in ((key, LAYERS[key]) for key in args.layers):  # a stopped run keeps every size it finished
             results.replace("fused_backward", measure_fused_backward(shape, FUSED_TOKENS), layer_key)
             results.ran(f"dswiglu-{key}", f"the fused SwiGLU backward, the dA GEMM and the pass at the {shape.label} "
                                           f"layer's shapes, {', '.join(f'{t:,}' for t in FUSED_TOKENS)} tokens")

@@ -63,4 +63,4 @@ FP8_SWIGLU_PENDING = "k8/gemm-swiglu"
 # one's kernel with another launch argument); the raster-walked one with L2 eviction priorities and SwiGLU's
 # backward as one pass passed theirs on an H100 (2026-12-07). The fused backward in a cluster of two along M
 # (W_down multicast to an M pair) is built and has not run.
-NOT_YET_RUN: frozenset[str] = frozenset({"torch/dswiglu-mcluster"})
+NOT_YET_RUN: frozenset[str] = frozenset()

@@ -194,6 +194,11 @@ LADDER: dict[str, K6Config] = {
     # (d) the same walks in raster groups of 8 M tiles
     "k6/pingpong-cluster-bn192-g8": K6Config("pingpong", 192, stages=5, cluster=2, staging_boxes=2, group=8),
     "k6/coop256-cluster-bn128-g8": K6Config("cooperative", 128, stages=4, cluster=2, staging_boxes=1, group=8),
+    # quack's pick at the model projections whose B[e] outgrows L2 (256 x 192 cooperative, a pair along N, raster
+    # groups of 8): on a row-major walk every M tile of an expert streams B[e] from memory again; and the M pair so
+    "k6/coop256-cluster-bn192-g8": K6Config("cooperative", 192, stages=3, cluster=2, staging_boxes=3, group=8),
+    "k6/pingpong-mcluster-bn192-g8": K6Config("pingpong", 192, stages=5, cluster=2, cluster_along="m",
+                                              staging_boxes=2, group=8),
     # the fused SwiGLU backward's tile (chapter 09) as a plain GEMM on the raster walk: what its memory traffic
     # falls to when the walk alone changes
     "k6/pingpong-bn128-g8": K6Config("pingpong", 128, stages=6, staging_boxes=2, group=8),
@@ -274,17 +279,19 @@ FUSED_BACKWARD: dict[str, K6Config] = {
                                           b_layout="nk", epilogue="dswiglu"),
 }
 
-# What k6/auto chooses among (its chooser: moe_gemm.variants.k6.auto).
-AUTO_CANDIDATES: tuple[str, ...] = (
+# What k6/auto chooses among (its chooser: moe_gemm.variants.k6.auto) once each has run on a GPU: AUTO_CANDIDATES
+# below leaves out those still in NOT_YET_RUN.
+CANDIDATES: tuple[str, ...] = (
     "k6/pingpong-bn192", "k6/pingpong-bn128", "k6/pingpong-cluster-bn192", "k6/pingpong-cluster-bn128",
     "k6/coop256-cluster-bn128", "k6/coop256-cluster-bn192", "k6/pingpong-cluster-bn192-g8",
-    "k6/coop256-cluster-bn128-g8", "k6/pingpong-mcluster-bn192",
+    "k6/coop256-cluster-bn128-g8", "k6/pingpong-mcluster-bn192", "k6/coop256-cluster-bn192-g8",
+    "k6/pingpong-mcluster-bn192-g8",
 )
 
 # The unit list, which chapter 07's walk part put within 1% of the host list at 65,536 balanced rows on the M pair,
 # carried into each other candidate of k6/auto: built and compiled, for k6/auto to choose among once they have run
 # on a GPU (the change to every device-walked rung the chapter's page names as the walk's next step).
-LISTED_TWINS: dict[str, K6Config] = {f"{name}-listed": LADDER[name].replace(listed=True) for name in AUTO_CANDIDATES
+LISTED_TWINS: dict[str, K6Config] = {f"{name}-listed": LADDER[name].replace(listed=True) for name in CANDIDATES
                                      if f"{name}-listed" not in LADDER}
 LADDER.update(LISTED_TWINS)
 
@@ -292,10 +299,13 @@ LADDER.update(LISTED_TWINS)
 # them out (and says so), their GPU tests skip, and the validation record does not cover them. To admit them:
 # `python -m moe_gemm.measure.validation run k6 --admit` on an sm_90a GPU runs their GPU tests and
 # compute-sanitizer with the family's and records those that pass; then take their names out of here.
-# None now: the PDL, private-ring, producer-tail, cursor and unit-list rungs passed on an H100 (2026-12-06), the
-# unit list's twins above and the fused backward's tile on the raster walk (k6/pingpong-bn128's kernel, another
-# launch argument) on an H100 (2026-12-07).
+# Passed on an H100 so far: the PDL, private-ring, producer-tail, cursor and unit-list rungs (2026-12-06), the unit
+# list's twins and the fused backward's tile on the raster walk (2026-12-07). Waiting: the two raster-walked
+# candidates for the model projections (the same kernels as their row-major rungs, another launch argument) and
+# their unit-list twins.
 NOT_YET_RUN: frozenset[str] = frozenset()
+
+AUTO_CANDIDATES: tuple[str, ...] = tuple(name for name in CANDIDATES if name not in NOT_YET_RUN)
 
 # What the torch op chooses among for b given K-major: the -kmajor rungs, each validated on the GPU as
 # a LADDER rung (four, not all nine candidates: every rung is compiled and tested in CI).
