@@ -33,6 +33,8 @@
 //                           (chapter 08), its backward after the dA GEMM of GEMM 2 (chapter 09).
 //   L2_HINTS                the backward's loads carry L2 eviction priorities: W_down's boxes
 //                           evict-last, the saved pre-activation evict-first.
+//   RASTER_N                the raster groups run along N (groups of columns, the expert's M tiles
+//                           walked inside, every other group upward): quack's varlen order.
 //
 // Every consumer warpgroup owns 128 rows (two m64 wgmmas per k16 step, BN/2 x 2 accumulators per
 // thread) and issues only the m64 wgmmas whose rows hold tokens: a tile with 40 rows pays for one
@@ -344,7 +346,7 @@ __device__ __forceinline__ void dswiglu(const float (&acc)[Cfg::M_ITERS][Cfg::TI
 template <int MODE, int BN, int STAGES, int CLUSTER_M, int CLUSTER_N, bool B_K_MAJOR, int STAGING_BOXES,
           bool DEVICE_SCHEDULE, int EPILOGUE, int IN, int OUT, bool PDL = false, bool PREFETCH_H = false,
           bool PRIVATE_RINGS = false, bool PRODUCER_TAIL = false, bool CURSOR = false, bool LIST_UNITS = false,
-          bool L2_HINTS = false>
+          bool L2_HINTS = false, bool RASTER_N = false>
 __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C, const int4* units_list,
                                         int num_units, const int* ends, int tokens, int experts, int group, int K,
@@ -357,7 +359,9 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     constexpr bool F16 = IN == sm90::F16;
     __shared__ alignas(8) unsigned long long full[STAGES];
     __shared__ alignas(8) unsigned long long empty[STAGES];
-    __shared__ walk::Walk<Cfg::UNIT_ROWS, Cfg::UNIT_COLS> order;  // DEVICE_SCHEDULE only (2 KB)
+    __shared__ walk::Walk<Cfg::UNIT_ROWS, Cfg::UNIT_COLS, RASTER_N> order;  // DEVICE_SCHEDULE only (2 KB)
+    static_assert(!RASTER_N || (DEVICE_SCHEDULE && !CURSOR && !LIST_UNITS && EPILOGUE == STORE_C),
+                  "the walk along N is the plain GEMM's device walk, its units looked up one by one");
     __shared__ sm90::Slots<STAGES> slots;
     extern __shared__ unsigned char dynamic_smem[];
     const unsigned ring = (smem_u32(dynamic_smem) + sm90::SWIZZLE_ALIGN - 1) & ~(sm90::SWIZZLE_ALIGN - 1);
@@ -543,24 +547,26 @@ __device__ __forceinline__ void k6_body(const CUtensorMap* tmap_a, const CUtenso
     int experts, int group, int K, int N
 
 // PDL (rung h), PRIVATE_RINGS (a staging ring per ping-pong warpgroup), CURSOR (the device walk's units
-// looked up from the last one's place: Walk::unit with a Cursor) and LIST_UNITS (the block's first units listed
-// by all its threads before the main loop: Walk::list), trailing parameters with defaults: the other rungs'
-// instances keep their names and code.
+// looked up from the last one's place: Walk::unit with a Cursor), LIST_UNITS (the block's first units listed
+// by all its threads before the main loop: Walk::list) and RASTER_N (the raster groups along N), trailing
+// parameters with defaults: the other rungs' instances keep their names and code.
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, int IN, int OUT,
-          bool PDL = false, bool PRIVATE_RINGS = false, bool CURSOR = false, bool LIST_UNITS = false>
+          bool PDL = false, bool PRIVATE_RINGS = false, bool CURSOR = false, bool LIST_UNITS = false,
+          bool RASTER_N = false>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, 1, 1, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE, k6::STORE_C, IN, OUT, PDL, false,
-                PRIVATE_RINGS, false, CURSOR, LIST_UNITS>(
+                PRIVATE_RINGS, false, CURSOR, LIST_UNITS, false, RASTER_N>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 
 // ALONG_M: the cluster's two blocks take two M tiles of one N column (B shared), else two N tiles
 // of one M tile (A shared). PRODUCER_TAIL: the producer's tail instead of the closing cluster barrier.
 template <int MODE, int BN, int STAGES, bool B_K_MAJOR, int STAGING_BOXES, bool DEVICE_SCHEDULE, bool ALONG_M,
-          int IN, int OUT, bool PDL = false, bool PRODUCER_TAIL = false, bool CURSOR = false, bool LIST_UNITS = false>
+          int IN, int OUT, bool PDL = false, bool PRODUCER_TAIL = false, bool CURSOR = false, bool LIST_UNITS = false,
+          bool RASTER_N = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(3 * sm90::WARPGROUP, 1) k6_persistent_cluster2(K6_PARAMS) {
     k6::k6_body<MODE, BN, STAGES, ALONG_M ? 2 : 1, ALONG_M ? 1 : 2, B_K_MAJOR, STAGING_BOXES, DEVICE_SCHEDULE,
-                k6::STORE_C, IN, OUT, PDL, false, false, PRODUCER_TAIL, CURSOR, LIST_UNITS>(
+                k6::STORE_C, IN, OUT, PDL, false, false, PRODUCER_TAIL, CURSOR, LIST_UNITS, false, RASTER_N>(
         &tmap_a, &tmap_b, &tmap_c, C, units_list, num_units, ends, tokens, experts, group, K, N);
 }
 

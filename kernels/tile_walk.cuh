@@ -12,6 +12,12 @@
 // columns they span. GROUP = 1 is the plain row-major walk. CUTLASS and quack call this swizzle
 // "rasterization"; python/moe_gemm/variants/k6/walk.py is its mirror (the host-built unit list).
 //
+// ALONG_N turns the group the other way, as quack's varlen-M scheduler does by default: GROUP columns of
+// units at a time, the expert's M tiles walked inside the group (its columns fastest), and every other group
+// walked upward, so that the M tiles read last are the first read again:
+//
+//     (m0, n0) .. (m0, n7) (m1, n0) .. (m1, n7) .. (mL, n7)  (mL, n8) .. (mL, n15) (mL-1, n8) ..    for GROUP = 8.
+//
 // The launch reads only the expert ends (int32, the cumulative row counts torch._grouped_mm takes as
 // `offs`), so a CUDA graph captured once replays correctly for any routing of the same M_tot. Nothing
 // checks those ends on the host (reading them back would cost a synchronisation per launch), so the
@@ -27,13 +33,13 @@ enum : int { MAX_EXPERTS = 256 };  // the prefix sums live in shared memory (2 K
 enum : int { LISTED = 128 };       // units a block may list before its main loop (Walk::list: 2 KB of int4)
 
 // --8<-- [start:walk]
-template <int BM, int UNIT_COLS>
+template <int BM, int UNIT_COLS, bool ALONG_N = false>
 struct Walk {
     int offsets[MAX_EXPERTS + 1];  // first row of expert e; offsets[experts] = M_tot
     int starts[MAX_EXPERTS + 1];   // units of experts 0 .. e-1
     int experts;
     int n_units;  // units across N: ceil(N / UNIT_COLS)
-    int group;    // M tiles per raster group
+    int group;    // M tiles per raster group (ALONG_N: columns of units per group)
 
     __device__ int total() const { return starts[experts]; }
 
@@ -81,6 +87,7 @@ struct Walk {
         __syncthreads();
     }
 
+    // --8<-- [start:unit]
     // Unit `index` as (expert, row0, rows, col0): the last expert whose units start at or before
     // it (a binary search over starts), then the grouped position inside that expert.
     __device__ int4 unit(int index) const {
@@ -92,12 +99,21 @@ struct Walk {
         const int row0 = offsets[lo], rows = offsets[lo + 1] - row0;
         const int m_tiles = (rows + BM - 1) / BM;
         const int local = index - starts[lo];
+        if constexpr (ALONG_N) {
+            const int span = group * m_tiles;  // units of one full group of columns
+            const int g = local / span, within = local - g * span;
+            const int in_group = min(group, n_units - g * group);  // the last group may be narrow
+            const int down = within / in_group;
+            const int m = g % 2 ? m_tiles - 1 - down : down, n = g * group + within % in_group;
+            return make_int4(lo, row0 + m * BM, min(BM, rows - m * BM), n * UNIT_COLS);
+        }
         const int span = group * n_units;  // units of one full group
         const int g = local / span, within = local - g * span;
         const int in_group = min(group, m_tiles - g * group);  // the last group may be short
         const int m = g * group + within % in_group, n = within / in_group;
         return make_int4(lo, row0 + m * BM, min(BM, rows - m * BM), n * UNIT_COLS);
     }
+    // --8<-- [end:unit]
 
     // --8<-- [start:cursor]
     // The same unit for a caller whose indices only grow by a fixed step (a persistent block's: first,

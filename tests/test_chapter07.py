@@ -852,3 +852,17 @@ def test_quacks_tile_on_the_raster_walk_reads_as_the_page_says():
     ours, quack = prof[f"{coop}-g8"], prof["peer/quack"]
     assert quack["dram_bytes_read"] < 0.65 * ours["dram_bytes_read"] and quack["l2_bytes"] < ours["l2_bytes"]
     assert quack["gmma_pipe_pct"] > 95 > 90 > ours["gmma_pipe_pct"] and quack["duration_ns"] < ours["duration_ns"]
+
+
+def test_our_tile_is_held_back_by_l2_where_quacks_is_not():
+    """The DBRX down-projection profile as the page reads it: our L2 near its peak throughput (above 85%), quack's
+    well below (under 65%), and the walk in quack's order built and waiting for its GPU run."""
+    from moe_gemm.variants.k6.config import NOT_YET_RUN
+
+    data = recorded("07", "h100")
+    if data is None:
+        pytest.skip("no H100 results")
+    prof = {r["variant"]: r for r in data["profile"] if (r["K"], r["N"]) == (10752, 6144)}
+    assert prof["k6/coop256-cluster-bn192-g8"]["l2_throughput_pct"] > 85 > 65 > prof["peer/quack"]["l2_throughput_pct"]
+    assert "k6/coop256-cluster-bn192-n8" in NOT_YET_RUN and "k6/coop256-cluster-bn192-n8" in RUN.PROFILED[
+        RUN.MODELS["DBRX w2 (8k tokens, top-4)"]]

@@ -16,11 +16,13 @@ from moe_gemm.cuda.tensormap import TiledMap
 from moe_gemm.variants.k6 import K6Persistent, ladder
 from moe_gemm.variants.k6.config import (
     AUTO_CANDIDATES,
+    CANDIDATES,
     ELEMENT_CODES,
     FUSED,
     FUSED_BACKWARD,
     LADDER,
     MAX_EXPERTS,
+    NOT_YET_RUN,
     STATIC_SMEM_ALLOWANCE,
     THREADS,
     K6Config,
@@ -231,7 +233,8 @@ def test_every_kernel_name_fills_its_template_in_order():
                   "DEVICE_SCHEDULE": config.schedule == "device", "ALONG_M": config.cluster_along == "m",
                   "IN": ELEMENT_CODES[config.element], "OUT": ELEMENT_CODES[config.out], "PDL": config.pdl,
                   "PRIVATE_RINGS": config.private_rings, "PRODUCER_TAIL": config.producer_tail,
-                  "CURSOR": config.cursor, "LIST_UNITS": config.listed, "L2_HINTS": config.l2_hints}
+                  "CURSOR": config.cursor, "LIST_UNITS": config.listed, "L2_HINTS": config.l2_hints,
+                  "RASTER_N": config.raster == "n"}
         for (kind, parameter, _), value in zip(parameters, values):
             given = {"true": True, "false": False}[value] if kind == "bool" else int(value)
             assert given == wanted[parameter] and type(given) is type(wanted[parameter]), (name, parameter, value)
@@ -463,7 +466,6 @@ def test_a_programmatic_launch_carries_the_stream_serialization_attribute():
 def test_rungs_not_yet_run_are_compiled_but_neither_run_nor_recorded():
     from moe_gemm.core.chapters import chapter_module
     from moe_gemm.measure import validation
-    from moe_gemm.variants.k6.config import NOT_YET_RUN
 
     assert NOT_YET_RUN <= set(LADDER) and {r.name for r in ladder()} >= NOT_YET_RUN  # compiled, in the report
     assert not NOT_YET_RUN & set(chapter_module("07").ladder_names())  # not checked or timed by the chapter
@@ -520,3 +522,29 @@ def test_the_producer_tail_replaces_the_closing_cluster_barrier():
     for wrong in ({"cluster": 1}, {"epilogue": "swiglu", "bn": 128}):
         with pytest.raises(ValueError, match="producer tail"):
             tail.replace(**wrong)
+
+
+def test_the_walk_along_n_is_quacks_order_and_visits_every_unit_once():
+    """The raster along N (walk.expert_units with raster "n", kernels/tile_walk.cuh's Walk<.., true>): groups of
+    `group` columns of units, the expert's M units walked inside each group with its columns fastest, every other
+    group from the last M unit up, a narrow last group; every unit once. Only the plain GEMM's device walk takes it."""
+    order = expert_units(700, 20, 128, 8, "n")  # 6 M units, columns 0-7, 8-15 and a narrow 16-19
+    assert len(order) == 6 * 20 and len({tuple(u) for u in order}) == 120
+    assert order[:9].tolist() == [[0, n] for n in range(8)] + [[1, 0]]
+    assert order[48:50].tolist() == [[5, 8], [5, 9]] and order[95].tolist() == [0, 15]
+    assert order[96:101].tolist() == [[0, 16], [0, 17], [0, 18], [0, 19], [1, 16]]
+    assert np.array_equal(expert_units(700, 20, 128, 1, "n")[:7], [[0, 0], [1, 0], [2, 0], [3, 0], [4, 0], [5, 0],
+                                                                   [5, 1]])
+    units = unit_list(np.array([300, 0, 700]), 2000, 256, 384, 8, "n")
+    assert len(units) == 2 * 6 + 3 * 6 and set(units[:, 0]) == {0, 2}
+    rung = LADDER["k6/coop256-cluster-bn192-n8"]
+    assert rung == LADDER["k6/coop256-cluster-bn192-g8"].replace(raster="n") and rung.label.endswith("n8 s3")
+    assert rung.kernel_name.endswith(", false, false, false, false, true>")  # RASTER_N, the last template argument
+    assert LADDER["k6/coop256-cluster-bn192-g8"].kernel_name.endswith(", 0, 0>")  # the other rungs' names unchanged
+    for wrong in ({"cursor": True}, {"listed": True}, {"schedule": "host"}):
+        with pytest.raises(ValueError, match="raster along N"):
+            rung.replace(**wrong)
+    # built, not yet run: a candidate of k6/auto's once admitted, with no unit-list twin (it looks units up one by one)
+    name = "k6/coop256-cluster-bn192-n8"
+    assert name in NOT_YET_RUN and name in CANDIDATES and name not in AUTO_CANDIDATES
+    assert f"{name}-listed" not in LADDER

@@ -94,10 +94,12 @@ def test_persistent_grids_below_at_and_above_the_slots(name, units_per_slot, sm9
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("name, group", [("k6/pingpong-cluster-bn192-g8", 8),
                                          *((f"k6/pingpong-mcluster-bn192-{walk}", g) for walk in ("cursor", "listed")
-                                           for g in (1, 3))])
+                                           for g in (1, 3)),
+                                         *(("k6/coop256-cluster-bn192-n8", g) for g in (1, 3, 8))])
 def test_device_walk_matches_the_host_walk_bit_for_bit(name, group, seed, sm90a):
-    """The device walk (and its cursor, in groups of one M tile and of several) against the host list, with many
-    experts, about a third of them empty, so that a block's units cross experts and raster groups."""
+    """The device walk (and its cursor, in groups of one M tile and of several; and the walk along N, in groups of
+    one column and of several) against the host list, with many experts, about a third of them empty, so that a
+    block's units cross experts and raster groups."""
     from moe_gemm.cuda.device import DeviceProblem
     from moe_gemm.measure.check import run_once
 
@@ -110,7 +112,7 @@ def test_device_walk_matches_the_host_walk_bit_for_bit(name, group, seed, sm90a)
     dev = DeviceProblem(problem)
     config = LADDER[name].replace(group=group)
     device = K6Persistent("device", config)
-    host = K6Persistent("host", config.replace(schedule="host", cursor=False, listed=False))
+    host = K6Persistent("host", config.replace(schedule="host", cursor=False, listed=False, raster="m"))
     np.testing.assert_array_equal(run_once(device, dev).view(np.uint16), run_once(host, dev).view(np.uint16))
 
 
@@ -184,7 +186,7 @@ def test_refusals_before_any_launch(sm90a):
 @pytest.mark.parametrize("ends", list(ADVERSARIAL_ENDS))
 @pytest.mark.parametrize("name", ["k6/pingpong-bn128", "k6/pingpong-cluster-bn192-g8", "k6/coop256-bn128",
                                   "k6/swiglu-coop256-cluster", "k6/pingpong-mcluster-bn192-cursor",
-                                  "k6/pingpong-mcluster-bn192-listed"])
+                                  "k6/pingpong-mcluster-bn192-listed", "k6/coop256-cluster-bn192-n8"])
 def test_any_expert_ends_stay_inside_the_tensors(name, ends, sm90a):
     from moe_gemm.cuda.device import DeviceProblem
     from moe_gemm.measure.check import run_once

@@ -124,9 +124,10 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 # At 65,536 rows s=1.2 the M pair's three walks and k6/auto-host (its host-list twin there): the one cell where the
 # walk part timed both remedies slower than the plain device walk.
 # At DBRX's down projection (B[e] 132 MB, far past L2) quack's pick and our same tile and cluster on the row-major
-# walk and in raster groups of 8 M tiles: how much of B each reads from memory again.
+# walk, in raster groups of 8 M tiles and in quack's order (groups of 8 columns): how much each reads again.
 PROFILED = {
-    MODELS["DBRX w2 (8k tokens, top-4)"]: ("k6/coop256-cluster-bn192", "k6/coop256-cluster-bn192-g8", "peer/quack"),
+    MODELS["DBRX w2 (8k tokens, top-4)"]: ("k6/coop256-cluster-bn192", "k6/coop256-cluster-bn192-g8",
+                                           "k6/coop256-cluster-bn192-n8", "peer/quack"),
     Workload(65536, 0.0): ("k6/auto", "k6/auto-host", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192",
                            "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-cursor",
                            "k6/pingpong-mcluster-bn192-listed",
@@ -160,8 +161,8 @@ def parse_args(argv: Sequence[str] | None):
     add_models_argument(parser, "gpt-oss dbrx")
     profiled = {name for names in PROFILED.values() for name in names}
     add_profile_argument(parser, profiled, "k6/auto (on the device walk and on the host list), a rung per ladder "
-                         "step, k3 and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung and quack at "
-                         "16,384 rows")
+                         "step, k3 and quack at 65,536 rows, s=0, on k6/auto, the M-paired rung and quack at "
+                         "16,384 rows, and on quack's tile on three walks and quack's pick at DBRX's down projection")
     args = parser.parse_args(argv)
     check_profile_argument(parser, args, profiled)
     chosen_models(args.models)  # a name that matches no shape is refused before anything runs

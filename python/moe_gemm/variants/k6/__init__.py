@@ -118,7 +118,8 @@ class K6Persistent(NamedConfigVariant):
         problem, config = dev.problem, self.config
         kernel = self.compile()
         slots = self.slots(sm_count)
-        units_host = unit_list(problem.counts, problem.N, config.unit_rows, config.unit_cols, config.group)
+        units_host = unit_list(problem.counts, problem.N, config.unit_rows, config.unit_cols, config.group,
+                               config.raster)
         units, units_address, count = None, 0, 0  # the device walk finds its units itself
         if config.schedule == "host":
             units = to_device(units_host if len(units_host) else np.zeros((1, 4), dtype=np.int32))

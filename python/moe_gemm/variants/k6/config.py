@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from moe_gemm.variants.k6.walk import Raster
 from moe_gemm.variants.sm90.config import BK, BOX, SWIZZLE_ALIGN, WARPGROUP, BLayout
 
 SOURCE = "k6_persistent.cu"
@@ -40,6 +41,10 @@ class K6Config:
     cluster_along: Literal["n", "m"] = "n"
     staging_boxes: int = 2  # 64 x 64 C staging boxes per ring (ping-pong: one ring; cooperative: one per warpgroup)
     group: int = 1  # M tiles per raster group of the tile walk (1: row-major within an expert)
+    # what a raster group gathers: "m", ``group`` M tiles with the columns walked inside; "n", ``group`` columns of
+    # units with the expert's M tiles walked inside, every other group upward (quack's varlen order; the template's
+    # RASTER_N, the device walk's unit lookup only)
+    raster: Raster = "m"
     schedule: Schedule = "device"
     b_layout: BLayout = "kn"
     # swiglu: C = silu(gate) * up, [M_tot, N / 2]; dswiglu: C = dh [M_tot, 2N] from the saved pre-activation
@@ -79,6 +84,10 @@ class K6Config:
             raise ValueError("programmatic dependent launch is a rung of the plain GEMM (epilogue 'none')")
         if self.producer_tail and (self.cluster != 2 or self.epilogue != "none"):
             raise ValueError("the producer tail replaces the closing cluster barrier of the plain GEMM's clusters")
+        if self.raster == "n" and (self.schedule != "device" or self.epilogue != "none" or self.cursor
+                                   or self.listed):
+            raise ValueError("the raster along N is a rung of the plain GEMM's device walk, without the cursor or "
+                             "the unit list")
         for on, what in ((self.cursor, "the walk's cursor"), (self.listed, "the unit list")):
             if on and (self.schedule != "device" or self.epilogue != "none"):
                 raise ValueError(f"{what} is a rung of the plain GEMM's device walk (schedule 'device', epilogue "
@@ -151,8 +160,9 @@ class K6Config:
         device = "true" if self.schedule == "device" else "false"
         along = (", true" if self.cluster_along == "m" else ", false") if self.cluster > 1 else ""
         # the trailing template parameters, false by default, written up to the last one set: PDL, then
-        # PRODUCER_TAIL (clusters) or PRIVATE_RINGS, then CURSOR, then LIST_UNITS
-        flags = [self.pdl, self.producer_tail if self.cluster > 1 else self.private_rings, self.cursor, self.listed]
+        # PRODUCER_TAIL (clusters) or PRIVATE_RINGS, then CURSOR, then LIST_UNITS, then RASTER_N
+        flags = [self.pdl, self.producer_tail if self.cluster > 1 else self.private_rings, self.cursor, self.listed,
+                 self.raster == "n"]
         while flags and not flags[-1]:
             flags.pop()
         trailing = "".join(f", {str(f).lower()}" for f in flags)
@@ -163,7 +173,7 @@ class K6Config:
     def label(self) -> str:
         """What a results record keeps of the configuration: '128x192 pingpong 1x2 g8 s4'."""
         cluster = "" if self.cluster == 1 else " 1x2" if self.cluster_along == "n" else " 2x1"
-        group = f" g{self.group}" if self.group > 1 else ""
+        group = f" {'g' if self.raster == 'm' else 'n'}{self.group}" if self.group > 1 or self.raster == "n" else ""
         types = "" if (self.element, self.out) == ("bf16", "bf16") else f" {self.element}->{self.out}"
         extra = "".join(f" {word}" for word, on in (("pdl", self.pdl), ("rings", self.private_rings),
                                                     ("tail", self.producer_tail), ("cursor", self.cursor),
@@ -199,6 +209,11 @@ LADDER: dict[str, K6Config] = {
     "k6/coop256-cluster-bn192-g8": K6Config("cooperative", 192, stages=3, cluster=2, staging_boxes=3, group=8),
     "k6/pingpong-mcluster-bn192-g8": K6Config("pingpong", 192, stages=5, cluster=2, cluster_along="m",
                                               staging_boxes=2, group=8),
+    # quack's tile in quack's order: raster groups of 8 columns of units, the expert's M tiles walked inside each,
+    # every other group upward (its varlen scheduler's default); the profile of quack's pick read 0.57 of our
+    # tile's DRAM bytes on the walk above
+    "k6/coop256-cluster-bn192-n8": K6Config("cooperative", 192, stages=3, cluster=2, staging_boxes=3, group=8,
+                                            raster="n"),
     # the fused SwiGLU backward's tile (chapter 09) as a plain GEMM on the raster walk: what its memory traffic
     # falls to when the walk alone changes
     "k6/pingpong-bn128-g8": K6Config("pingpong", 128, stages=6, staging_boxes=2, group=8),
@@ -285,14 +300,15 @@ CANDIDATES: tuple[str, ...] = (
     "k6/pingpong-bn192", "k6/pingpong-bn128", "k6/pingpong-cluster-bn192", "k6/pingpong-cluster-bn128",
     "k6/coop256-cluster-bn128", "k6/coop256-cluster-bn192", "k6/pingpong-cluster-bn192-g8",
     "k6/coop256-cluster-bn128-g8", "k6/pingpong-mcluster-bn192", "k6/coop256-cluster-bn192-g8",
-    "k6/pingpong-mcluster-bn192-g8",
+    "k6/pingpong-mcluster-bn192-g8", "k6/coop256-cluster-bn192-n8",
 )
 
 # The unit list, which chapter 07's walk part put within 1% of the host list at 65,536 balanced rows on the M pair,
-# carried into each other candidate of k6/auto: built and compiled, for k6/auto to choose among once they have run
-# on a GPU (the change to every device-walked rung the chapter's page names as the walk's next step).
+# carried into each other candidate of k6/auto (but the walk along N, which looks its units up one by one): built
+# and compiled, for k6/auto to choose among once they have run on a GPU (the change to every device-walked rung the
+# chapter's page names as the walk's next step).
 LISTED_TWINS: dict[str, K6Config] = {f"{name}-listed": LADDER[name].replace(listed=True) for name in CANDIDATES
-                                     if f"{name}-listed" not in LADDER}
+                                     if f"{name}-listed" not in LADDER and LADDER[name].raster == "m"}
 LADDER.update(LISTED_TWINS)
 
 # Rungs built, compiled and inspected on every machine that have not yet run on a GPU: chapter 07's run leaves
@@ -300,10 +316,9 @@ LADDER.update(LISTED_TWINS)
 # `python -m moe_gemm.measure.validation run k6 --admit` on an sm_90a GPU runs their GPU tests and
 # compute-sanitizer with the family's and records those that pass; then take their names out of here.
 # Passed on an H100 so far: the PDL, private-ring, producer-tail, cursor and unit-list rungs (2026-12-06), the unit
-# list's twins and the fused backward's tile on the raster walk (2026-12-07). Waiting: the two raster-walked
-# candidates for the model projections (the same kernels as their row-major rungs, another launch argument) and
-# their unit-list twins.
-NOT_YET_RUN: frozenset[str] = frozenset()
+# list's twins, the fused backward's tile on the raster walk and the two raster-walked candidates for the model
+# projections with their unit-list twins (2026-12-07). Waiting: quack's tile in quack's order.
+NOT_YET_RUN: frozenset[str] = frozenset({"k6/coop256-cluster-bn192-n8"})
 
 AUTO_CANDIDATES: tuple[str, ...] = tuple(name for name in CANDIDATES if name not in NOT_YET_RUN)
 

@@ -5,17 +5,28 @@ makes of whatever expert ends it is given.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from moe_gemm.model.routing import expert_offsets
 
+Raster = Literal["m", "n"]  # what a raster group gathers: M tiles (the columns walked inside) or columns
+
 
 # --8<-- [start:walk]
-def expert_units(rows: int, n_units: int, unit_rows: int, group: int) -> np.ndarray:
-    """(m unit, n unit) of one expert's units in walk order: its M units ``group`` at a time, each
-    group column by column."""
+def expert_units(rows: int, n_units: int, unit_rows: int, group: int, raster: Raster = "m") -> np.ndarray:
+    """(m unit, n unit) of one expert's units in walk order. Raster "m": its M units ``group`` at a time, each
+    group column by column. Raster "n" (quack's varlen order): its columns of units ``group`` at a time, the
+    expert's M units walked inside each group row by row, every other group from the last M unit up."""
     m_tiles = -(-rows // unit_rows)
     order = []
+    if raster == "n":
+        for g, n0 in enumerate(range(0, n_units, group)):
+            columns = range(n0, min(n0 + group, n_units))
+            for m in (range(m_tiles) if g % 2 == 0 else range(m_tiles - 1, -1, -1)):
+                order.extend((m, n) for n in columns)
+        return np.array(order, dtype=np.int64).reshape(-1, 2)
     for g0 in range(0, m_tiles, group):
         in_group = min(group, m_tiles - g0)
         for n in range(n_units):
@@ -23,15 +34,16 @@ def expert_units(rows: int, n_units: int, unit_rows: int, group: int) -> np.ndar
     return np.array(order, dtype=np.int64).reshape(-1, 2)
 
 
-def unit_list(counts: np.ndarray, N: int, unit_rows: int, unit_cols: int, group: int) -> np.ndarray:
+def unit_list(counts: np.ndarray, N: int, unit_rows: int, unit_cols: int, group: int,
+              raster: Raster = "m") -> np.ndarray:
     """int32 [units, 4]: (expert, row0, rows, col0) per unit of ``unit_rows`` x ``unit_cols``, experts in order."""
     if group < 1:
-        raise ValueError(f"a raster group holds at least one M tile, got {group}")
+        raise ValueError(f"a raster group holds at least one tile, got {group}")
     offsets = expert_offsets(np.asarray(counts, dtype=np.int64))
     n_units = -(-N // unit_cols)
     parts = []
     for e, rows in enumerate(np.asarray(counts, dtype=np.int64)):
-        units = expert_units(int(rows), n_units, unit_rows, group)
+        units = expert_units(int(rows), n_units, unit_rows, group, raster)
         if not len(units):
             continue
         row0 = offsets[e] + units[:, 0] * unit_rows
