@@ -95,7 +95,9 @@ def test_persistent_grids_below_at_and_above_the_slots(name, units_per_slot, sm9
 @pytest.mark.parametrize("name, group", [("k6/pingpong-cluster-bn192-g8", 8),
                                          *((f"k6/pingpong-mcluster-bn192-{walk}", g) for walk in ("cursor", "listed")
                                            for g in (1, 3)),
-                                         *(("k6/coop256-cluster-bn192-n8", g) for g in (1, 3, 8))])
+                                         *((f"k6/{tile}-n8", g) for tile in ("coop256-cluster-bn192",
+                                                                             "pingpong-mcluster-bn192")
+                                           for g in (1, 3, 8))])
 def test_device_walk_matches_the_host_walk_bit_for_bit(name, group, seed, sm90a):
     """The device walk (and its cursor, in groups of one M tile and of several; and the walk along N, in groups of
     one column and of several) against the host list, with many experts, about a third of them empty, so that a

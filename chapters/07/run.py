@@ -127,7 +127,8 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 # walk, in raster groups of 8 M tiles and in quack's order (groups of 8 columns): how much each reads again.
 PROFILED = {
     MODELS["DBRX w2 (8k tokens, top-4)"]: ("k6/coop256-cluster-bn192", "k6/coop256-cluster-bn192-g8",
-                                           "k6/coop256-cluster-bn192-n8", "peer/quack"),
+                                           "k6/coop256-cluster-bn192-n8", "k6/pingpong-mcluster-bn192-n8",
+                                           "peer/quack"),
     Workload(65536, 0.0): ("k6/auto", "k6/auto-host", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192",
                            "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-cursor",
                            "k6/pingpong-mcluster-bn192-listed",
