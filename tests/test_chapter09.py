@@ -440,5 +440,5 @@ def test_the_m_pair_reads_as_the_page_says():
     mixtral = rows[4096, 32768]
     target = mixtral["dgemm_ms"] + 0.4 * mixtral["dswiglu_ms"]
     assert 1.0 < mixtral["fused_mcluster_ms"] / target < 1.1 and mixtral["fused_mcluster_ms"] > 15
-    for r in (rows[4096, 32768], rows[7168, 32768], rows[2048, 32768]):
-        assert r["fused_mcluster_ms"] > r["dgemm_ms"] + r["dswiglu_kernel_ms"]
+    faster = [key for key, r in rows.items() if r["fused_mcluster_ms"] < r["dgemm_ms"] + r["dswiglu_kernel_ms"]]
+    assert faster == [(7168, 4096)]  # the one point where the pair beats the GEMM then the one-pass kernel
