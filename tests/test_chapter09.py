@@ -309,6 +309,9 @@ def test_the_tile_not_the_epilogue_and_the_prefetching_twin_read_as_the_page_say
     assert sorted(tile, key=tile.get)[-2:] in ([(4096, 32768), (7168, 32768)], [(7168, 32768), (4096, 32768)])
     own = [(min(r["fused_ms"], r["fused_prefetch_ms"]) - r["dgemm_tile_ms"]) / r["dswiglu_ms"] for r in rows.values()]
     assert 1 <= sum(value <= 0.4 for value in own) < len(own) and max(own) < 0.7
+    qwen = {t: (min(rows[2048, t]["fused_ms"], rows[2048, t]["fused_prefetch_ms"]) - rows[2048, t]["dgemm_tile_ms"])
+            / rows[2048, t]["dswiglu_ms"] for t in (4096, 32768)}
+    assert qwen[4096] > 0.4 > qwen[32768] > 0.25 and tile[2048, 32768] > 1.2  # the page's reading of that size
     slower = [key for key, r in rows.items() if r["fused_prefetch_ms"] > r["fused_ms"]]
     assert sorted(slower) == [(4096, 32768), (7168, 32768)]
     prefetched = {tokens: (rows[2048, tokens]["fused_prefetch_ms"] - rows[2048, tokens]["dgemm_ms"])
