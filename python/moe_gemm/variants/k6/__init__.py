@@ -5,6 +5,7 @@
 ``k6/pingpong-cluster-bn*``                   (b) clusters of two blocks along N, A multicast
 ``k6/coop256-*``                              (c) 256-row tiles, 128 rows per warpgroup
 ``...-g8``                                    (d) the walk in raster groups of 8 M tiles
+``...-n8``                                    the walk in raster groups of 8 columns, M walked inside (quack's order)
 ``k6/auto``                                   (e) the configuration for the shape, autotuned once and cached
 ``...-host``                                  (f) the host-built walk: every other rung finds its walk on the device
 ``...-kmajor``                                B given as B^T [E, N, K] (chapter 08's backward pass reads it so)
