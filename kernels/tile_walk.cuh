@@ -89,7 +89,8 @@ struct Walk {
 
     // --8<-- [start:unit]
     // Unit `index` as (expert, row0, rows, col0): the last expert whose units start at or before
-    // it (a binary search over starts), then the grouped position inside that expert.
+    // it (a binary search over starts), then the grouped position inside that expert (ALONG_N: in
+    // groups of columns, every other one walked from the expert's last M tile up).
     __device__ int4 unit(int index) const {
         int lo = 0, hi = experts;
         while (hi - lo > 1) {
