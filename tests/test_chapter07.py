@@ -866,3 +866,24 @@ def test_our_tile_is_held_back_by_l2_where_quacks_is_not():
     assert prof["k6/coop256-cluster-bn192-g8"]["l2_throughput_pct"] > 85 > 65 > prof["peer/quack"]["l2_throughput_pct"]
     assert "k6/coop256-cluster-bn192-n8" in NOT_YET_RUN and "k6/coop256-cluster-bn192-n8" in RUN.PROFILED[
         RUN.MODELS["DBRX w2 (8k tokens, top-4)"]]
+
+
+def test_the_h100s_model_shapes_have_a_chart_of_their_own(tmp_path):
+    """The H100's results hold model shapes the H200's do not: the figure script draws them on a chart of their own
+    (models-h100.png), one group of bars per shape it measured, the page shows it."""
+    import importlib.util
+    from pathlib import Path
+
+    data = recorded("07", "h100")
+    if data is None:
+        pytest.skip("no H100 results")
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("chapter07_figures", root / "chapters" / "07" / "figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    fig = figures.models_figure(data)
+    shapes = [w for w in RUN.MODELS.values() if RUN.find(RUN.of_part(data["records"], "models"), RUN.AUTO, w)]
+    assert len(fig.axes[0].get_xticks()) == len(shapes) == 5
+    written = {p.name for p in figures.write_outputs(tmp_path)}
+    assert "models-h100.png" in written
+    assert "figures/07/models-h100.png" in (root / "site_docs" / "07-last-mile.md").read_text()

@@ -1,10 +1,11 @@
-"""Chapter 07's figures, drawn from chapters/07/results/h200.json (the walk's from the H100's where need be).
+"""Chapter 07's figures, drawn from chapters/07/results/h200.json (the walk's and a model chart from the H100's).
 
     python chapters/07/figures.py          # writes site_docs/figures/07/*.png
 
 * grid.png: k6/auto over quack and over the faster torch._grouped_mm layout in every cell measured
   (graph replays at 2,048 rows and fewer);
 * models.png: useful TFLOP/s of k6/auto, quack and torch at the model shapes measured;
+* models-<gpu>.png: the same from each other GPU's results file whose model part holds a shape (the H100's);
 * ladder.png: every rung's share of the roofline at 65,536 rows, s=0, quack's and torch's beside it;
 * walk.png: the device walk's and each remedy's extra time over the host list at the seed five, with the
   spread of one kernel timed twice (the walk part, from the first results file that holds it, the recorded
@@ -117,6 +118,10 @@ def write_outputs(root: Path) -> list[Path]:
     walk = walk_records()
     if walk is not None:
         written.append(save_figure(walk_figure(*walk), CHAPTER, "walk", root))
+    for gpu in recorded_gpus(CHAPTER)[1:]:  # the other GPUs' model shapes, each on its own chart
+        other = recorded(CHAPTER, gpu) or {}
+        if RUN.of_part(other.get("records", []), "models"):
+            written.append(save_figure(models_figure(other), CHAPTER, f"models-{gpu}", root))
     data = recorded(CHAPTER)
     if data is None:
         return written
