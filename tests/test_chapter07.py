@@ -887,3 +887,19 @@ def test_the_h100s_model_shapes_have_a_chart_of_their_own(tmp_path):
     written = {p.name for p in figures.write_outputs(tmp_path)}
     assert "models-h100.png" in written
     assert "figures/07/models-h100.png" in (root / "site_docs" / "07-last-mile.md").read_text()
+
+
+def test_quacks_launch_moves_about_what_its_tiles_ask_for_and_ours_half_as_much_again():
+    """At DBRX's down projection (H100 profile): the units of 256 x 384 must ask L2 for about 30 GB (each unit's A
+    rows and B columns once, C once); quack's launch moves within 10% of that through L2, ours over 1.4 times."""
+    from moe_gemm.model.roofline import tile_request_bytes
+    from moe_gemm.model.routing import expert_counts
+
+    data = recorded("07", "h100")
+    if data is None:
+        pytest.skip("no H100 results")
+    asked = tile_request_bytes(expert_counts(16, 32768, 0.4), 10752, 6144, 256, 384)
+    assert 29e9 < asked < 31e9
+    prof = {r["variant"]: r for r in data["profile"] if (r["K"], r["N"]) == (10752, 6144)}
+    assert 1.0 < prof["peer/quack"]["l2_bytes"] / asked < 1.1
+    assert prof["k6/coop256-cluster-bn192-g8"]["l2_bytes"] / asked > 1.4

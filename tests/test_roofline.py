@@ -13,7 +13,7 @@ from moe_gemm.core.paths import REPO_ROOT
 from moe_gemm.measure.ceilings import ceiling_value, recorded_ceilings, roofline_basis
 from moe_gemm.measure.results import recorded
 from moe_gemm.model.problem import FP8_BLOCKWISE
-from moe_gemm.model.roofline import RooflineBasis, compulsory_bytes
+from moe_gemm.model.roofline import RooflineBasis, compulsory_bytes, tile_request_bytes
 from moe_gemm.model.workloads import SEED, Workload
 from moe_gemm.site.pages import Pages
 
@@ -90,3 +90,14 @@ def test_the_e4m3_peak_comes_from_the_ceilings_record_where_it_was_measured(tmp_
     assert basis([*bf16, {"variant": "ceiling/wgmma_e4m3", "tflops": 1800.0}]).peak(fp8) == 1800.0
     with pytest.raises(ValueError, match="no e4m3 wgmma peak"):
         basis(bf16).peak(fp8)
+
+
+def test_a_tiled_launch_asks_for_each_units_operands_once():
+    """Two experts of 300 and 0 rows, K = 64, N = 200, units of 256 x 128: 2 M units x 2 N units of the first
+    expert, each reading 256 rows of A and 128 columns of B along K (the rows past 300 and the columns past 200
+    included), C written once; more than the compulsory bytes, which read each operand once."""
+    counts = np.array([300, 0])
+    asked = tile_request_bytes(counts, 64, 200, 256, 128)
+    assert asked == 2 * (2 * 2 * (256 + 128) * 64 + 300 * 200)
+    assert asked > compulsory_bytes(counts, 64, 200)
+    assert tile_request_bytes(counts, 64, 200, 512, 256) < asked  # larger units re-read less

@@ -44,6 +44,17 @@ def compulsory_bytes(counts: np.ndarray, K: int, N: int, element_bytes: int = 2,
     return tokens * K + weights * K * N + 4 * scales + 2 * tokens * N
 
 
+def tile_request_bytes(counts: np.ndarray, K: int, N: int, unit_rows: int, unit_cols: int,
+                       element_bytes: int = 2) -> int:
+    """What a tiled forward launch must ask L2 for: each unit (a block's tile, or a cluster's, whose blocks share
+    the common operand by multicast) reads its ``unit_rows`` rows of A and its ``unit_cols`` columns of B whole
+    along K once, the rows of its expert's last unit past the expert's end included (the box is the unit's); C is
+    written once. Above compulsory_bytes by the operands' re-reads across units, which L2 serves at best."""
+    counts = np.asarray(counts, dtype=np.int64)
+    units = int((-(-counts // unit_rows)).sum()) * -(-N // unit_cols)
+    return element_bytes * (units * (unit_rows + unit_cols) * K + int(counts.sum()) * N)
+
+
 @dataclass(frozen=True)
 class RooflineBasis:
     """The two ceilings a roofline is drawn from, and where they were measured."""

@@ -111,6 +111,7 @@ from moe_gemm.model.occupancy import residency as _residency
 from moe_gemm.model.problem import format_named
 from moe_gemm.model.roofline import DATASHEET_TBPS, RooflineBasis
 from moe_gemm.model.roofline import compulsory_bytes as _compulsory_bytes
+from moe_gemm.model.roofline import tile_request_bytes as _tile_request_bytes
 from moe_gemm.model.routing import expert_counts
 from moe_gemm.model.tiles import eta as _eta
 from moe_gemm.model.workloads import LAYERS, SEED, SONICMOE, Workload
@@ -349,6 +350,11 @@ class Pages:
         return Number(_compulsory_bytes(w.counts, w.K, w.N, ragged=w.ragged), ",.0f")
 
     @staticmethod
+    def tile_requests(unit_rows: int, unit_cols: int, **workload: Any) -> Number:
+        w = _workload(**workload)
+        return Number(_tile_request_bytes(w.counts, w.K, w.N, int(unit_rows), int(unit_cols)), ",.0f")
+
+    @staticmethod
     def eta(bm: int, **workload: Any) -> Number:
         w = _workload(**workload)
         return Number(_eta(expert_counts(w.experts, w.tokens, w.skew), bm), ".3f")
@@ -365,7 +371,8 @@ class Pages:
         names = ("record", "measured", "best", "value", "tflops", "ms", "spread", "ratio", "results_table", "section",
                  "has_section",
                  "entry", "ceiling", "gpu_ceiling", "roofline", "roofline_bound", "roofline_basis", "provenance",
-                 "compulsory_bytes", "eta", "residency", "accumulation_model", "measured_on", "chapter_table")
+                 "compulsory_bytes", "tile_requests", "eta", "residency", "accumulation_model", "measured_on",
+                 "chapter_table")
         return {**{name: getattr(self, name) for name in names}, "fmt": fmt, "pct": pct, "change": change,
                 "command": display_command, "layers": LAYERS, "datasheet_tbps": DATASHEET_TBPS,
                 "sonicmoe": SONICMOE}
