@@ -903,3 +903,6 @@ def test_quacks_launch_moves_about_what_its_tiles_ask_for_and_ours_half_as_much_
     prof = {r["variant"]: r for r in data["profile"] if (r["K"], r["N"]) == (10752, 6144)}
     assert 1.0 < prof["peer/quack"]["l2_bytes"] / asked < 1.1
     assert prof["k6/coop256-cluster-bn192-g8"]["l2_bytes"] / asked > 1.4
+    # the metric grows with misses: chapter 09's plain tile, the same requests on two walks, moves far less on one
+    tile = {r["variant"]: r["l2_bytes"] for r in (recorded("09", "h100") or {}).get("profile", []) if r["K"] == 4096}
+    assert tile["k6/pingpong-bn128-g8"] < 0.7 * tile["k6/pingpong-bn128"]
