@@ -906,3 +906,12 @@ def test_quacks_launch_moves_about_what_its_tiles_ask_for_and_ours_half_as_much_
     # the metric grows with misses: chapter 09's plain tile, the same requests on two walks, moves far less on one
     tile = {r["variant"]: r["l2_bytes"] for r in (recorded("09", "h100") or {}).get("profile", []) if r["K"] == 4096}
     assert tile["k6/pingpong-bn128-g8"] < 0.7 * tile["k6/pingpong-bn128"]
+
+
+def test_the_profile_table_names_a_cells_shape_where_it_is_not_the_seeds():
+    """The profile table holds launches at the seed shape and at DBRX's down projection: a cell says which."""
+    data = recorded("07", "h100")
+    if data is None:
+        pytest.skip("no H100 results")
+    cells = {row[1] for row in RUN.profile_table(data["profile"]).rows}
+    assert {"64k s=0", "32k s=0.4 E16 K10752 N6144"} <= cells

@@ -570,7 +570,7 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
         value = row.get(key)
         return "-" if value is None else f"{value:.1f}"
 
-    body = tuple((r["variant"], Workload.of(r).short_label, pct(r, "gmma_pipe_pct"), pct(r, "l2_throughput_pct"),
+    body = tuple((r["variant"], Workload.of(r).cell_label, pct(r, "gmma_pipe_pct"), pct(r, "l2_throughput_pct"),
                   "-" if r.get("l2_bytes") is None else f"{r['l2_bytes'] / 1e9:.2f}",
                   "-" if r.get("dram_bytes_read") is None else f"{r['dram_bytes_read'] / 1e9:.2f}",
                   pct(r, "stall_barrier"), pct(r, "stall_long_scoreboard"),

@@ -69,6 +69,12 @@ class Workload:
         return f"{short_count(self.tokens)} s={self.skew:g}"
 
     @property
+    def cell_label(self) -> str:
+        """As a table cell beside others of other shapes: the short label, then the shape where it is not the
+        seed's ('32k s=0.4 E16 K10752 N6144')."""
+        return self.short_label if self.seed_shape else f"{self.short_label} E{self.experts} K{self.K} N{self.N}"
+
+    @property
     def counts(self) -> np.ndarray:
         """Rows per expert under this routing (no inputs drawn)."""
         return expert_counts(self.experts, self.tokens, self.skew)

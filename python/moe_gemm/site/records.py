@@ -28,7 +28,7 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
         value = row.get(key)
         return "-" if value is None else f"{value / scale:{fmt}}"
 
-    body = tuple((r["variant"], Workload.of(r).short_label, number(r, "duration_ns", 1e3), number(r, "gmma_pipe_pct"),
+    body = tuple((r["variant"], Workload.of(r).cell_label, number(r, "duration_ns", 1e3), number(r, "gmma_pipe_pct"),
                   number(r, "dram_bytes_read", 1e9, ".2f"), number(r, "dram_bytes_write", 1e9, ".2f"),
                   number(r, "dram_throughput_pct"), number(r, "l2_bytes", 1e9, ".2f"), number(r, "stall_barrier"),
                   number(r, "stall_long_scoreboard")) for r in rows)
