@@ -61,6 +61,6 @@ FP8_SWIGLU_PENDING = "k8/gemm-swiglu"
 # backward and the FP8 layer's GEMM 1 with the SwiGLU epilogue (its e4m3 output held to one e4m3 step plus the
 # FP8 sums' own error) passed on an H100 (2026-12-06), and so did the raster-walked fused backward (the first
 # one's kernel with another launch argument); the raster-walked one with L2 eviction priorities and SwiGLU's
-# backward as one pass passed theirs on an H100 (2026-12-07). The fused backward in a cluster of two along M
-# (W_down multicast to an M pair) is built and has not run.
+# backward as one pass passed theirs on an H100 (2026-12-07), and so did the fused backward in a cluster of two
+# along M (W_down multicast to an M pair) the same day. Empty.
 NOT_YET_RUN: frozenset[str] = frozenset()
