@@ -369,36 +369,42 @@ __device__ __forceinline__ void multiply_overlapped(float (&acc)[1][Cfg::BN / 2]
 // --8<-- [end:overlapped]
 
 // --8<-- [start:rowwise]
-// The rowwise scales, applied once in the epilogue, one m64 slice at a time: element (r, c) of the slice
-// times scale_a[r] x scale_b[e][c], into a copy that the store then takes. In place, the rewritten
-// accumulators would make ptxas serialize the wgmmas that write them (its C7515); a copy of the whole
-// tile would spill at BM = 256 (128 + 128 floats a thread). A thread holds rows 16 warp + 8h + g of the
-// slice and the column pairs 8j + 2t, + 1; a pair's two scales are one 8-byte load (N % 8 == 0 and the
-// column is even). Rows past M_tot read no scale.
+// The rowwise scales, applied once in the epilogue: element (r, c) times scale_a[r] x scale_b[e][c]. Each m64
+// slice is scaled into a copy that the store then takes: where the wgmmas write the accumulators (not
+// promoted), rewriting them would make ptxas serialize those wgmmas (its C7515). On 256-row tiles a copy of a
+// slice beside the 128 sums spills (and the whole tile's copy more so); there the sums are promoted, the
+// kernel's own registers (the wgmmas write the scratch), so the tile is scaled in place, each column pair's
+// scales loaded once for both slices, and stored whole. A thread holds rows 16 warp + 8h + g of a slice and
+// the column pairs 8j + 2t, + 1; a pair's two scales are one 8-byte load (N % 8 == 0 and the column is
+// even). Rows past M_tot read no scale.
 struct OneSlice {  // what sm90::store_slices reads of a configuration: the slices it stores
     static constexpr int M_ITERS = 1;
 };
 
-template <int BN>
-__device__ __forceinline__ void scale_slice(const float (&acc)[BN / 2], float (&scaled)[1][BN / 2], int row0,
-                                            int col0, const float* __restrict__ scale_a,
-                                            const float* __restrict__ expert_scales, int tokens, int N) {
+template <int BN, int SLICES>
+__device__ __forceinline__ void scale_rows(const float (&acc)[SLICES][BN / 2], float (&scaled)[SLICES][BN / 2],
+                                           int row0, int col0, const float* __restrict__ scale_a,
+                                           const float* __restrict__ expert_scales, int tokens, int N) {
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % sm90::WARPGROUP) / 32, g = lane / 4, t = lane % 4;
-    float row_scale[2];
+    float row_scale[SLICES][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = row0 + 16 * warp + 8 * h + g;
-        row_scale[h] = row < tokens ? __ldg(scale_a + row) : 0.0f;
-    }
+    for (int i = 0; i < SLICES; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 64 * i + 16 * warp + 8 * h + g;
+            row_scale[i][h] = row < tokens ? __ldg(scale_a + row) : 0.0f;
+        }
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
         const int col = col0 + 8 * j + 2 * t;
         const float2 column = col < N ? __ldg(reinterpret_cast<const float2*>(expert_scales + col)) : make_float2(0, 0);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            scaled[0][4 * j + 2 * h] = acc[4 * j + 2 * h] * (row_scale[h] * column.x);
-            scaled[0][4 * j + 2 * h + 1] = acc[4 * j + 2 * h + 1] * (row_scale[h] * column.y);
-        }
+        for (int i = 0; i < SLICES; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                scaled[i][4 * j + 2 * h] = acc[i][4 * j + 2 * h] * (row_scale[i][h] * column.x);
+                scaled[i][4 * j + 2 * h + 1] = acc[i][4 * j + 2 * h + 1] * (row_scale[i][h] * column.y);
+            }
     }
 }
 // --8<-- [end:rowwise]
@@ -537,13 +543,19 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
                     else
                         sm90::store_slices<OneSlice, STAGING_BOXES, Cfg::BN, OUT>(act, row0, rows, tile.w, warpgroup,
                                                                                   my_staging, stored, tmap_c, C, width);
+                } else if constexpr (SCALING == ROWWISE && PROMOTE && Cfg::M_ITERS == 2) {
+                    scale_rows<Cfg::BN, Cfg::M_ITERS>(acc, acc, row0, tile.w, scale_a,
+                                                      scale_b + static_cast<long long>(tile.x) * N, tokens, N);
+                    sm90::store_slices<Cfg, STAGING_BOXES, Cfg::BN, OUT>(acc, row0, rows, tile.w, warpgroup, my_staging,
+                                                                         stored, tmap_c, C, N);
                 } else if constexpr (SCALING == ROWWISE) {
 #pragma unroll
                     for (int i = 0; i < Cfg::M_ITERS; ++i) {
                         if (i >= slices) break;
                         float scaled[1][Cfg::BN / 2];
-                        scale_slice<Cfg::BN>(acc[i], scaled, row0 + 64 * i, tile.w, scale_a,
-                                             scale_b + static_cast<long long>(tile.x) * N, tokens, N);
+                        scale_rows<Cfg::BN, 1>(reinterpret_cast<const float(&)[1][Cfg::BN / 2]>(acc[i]), scaled,
+                                               row0 + 64 * i, tile.w, scale_a,
+                                               scale_b + static_cast<long long>(tile.x) * N, tokens, N);
                         sm90::store_slices<OneSlice, STAGING_BOXES, Cfg::BN, OUT>(scaled, row0 + 64 * i, rows - 64 * i,
                                                                                   tile.w, warpgroup, my_staging, stored,
                                                                                   tmap_c, C, N);

@@ -201,3 +201,13 @@ def test_the_prefetching_loop_multiplies_scales_loaded_a_k_block_before():
     assert waits_before_first_wgmma("k8/blockwise-bm256")
     assert not waits_before_first_wgmma("k8/blockwise-bm128-prefetch")
     assert not waits_before_first_wgmma("k8/blockwise-bm256-prefetch")
+
+
+@pytest.mark.parametrize("name", [n for n, c in LADDER.items() if c.scaling == "rowwise"])
+def test_the_rowwise_epilogue_loads_each_column_pairs_scales_once_per_tile(name):
+    """The rowwise scales of B: one 8-byte load per column pair a thread holds (BN / 8 = 16), whatever the tile's
+    rows. The promoted 256-row rung scales its own sums in place, both m64 slices at once, so it loads no more
+    than the 128-row ones; a slice at a time would load them twice. Counted on the converged path (up to the
+    first EXIT: BRA.DIV's slow paths after it repeat code beside the shuffles)."""
+    sass = K8Fp8(name).compile("sm_90a").sass()
+    assert len(re.findall(r"LDG\.E\.64\b", sass.split("EXIT")[0])) == 128 // 8
