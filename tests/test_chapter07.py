@@ -856,16 +856,20 @@ def test_quacks_tile_on_the_raster_walk_reads_as_the_page_says():
 
 def test_our_tile_is_held_back_by_l2_where_quacks_is_not():
     """The DBRX down-projection profile as the page reads it: our L2 near its peak throughput (above 85%), quack's
-    well below (under 65%), and the walk in quack's order built and waiting for its GPU run."""
-    from moe_gemm.variants.k6.config import NOT_YET_RUN
+    well below (under 65%); and, as the page concludes, the order of the walk is not the cause: in quack's order the
+    same tile reads within 5% of the M-grouped walk's DRAM bytes, still over 1.5 times quack's, with L2 as busy."""
+    from moe_gemm.variants.k6.config import AUTO_CANDIDATES, NOT_YET_RUN
 
     data = recorded("07", "h100")
     if data is None:
         pytest.skip("no H100 results")
     prof = {r["variant"]: r for r in data["profile"] if (r["K"], r["N"]) == (10752, 6144)}
-    assert prof["k6/coop256-cluster-bn192-g8"]["l2_throughput_pct"] > 85 > 65 > prof["peer/quack"]["l2_throughput_pct"]
-    assert "k6/coop256-cluster-bn192-n8" in NOT_YET_RUN and "k6/coop256-cluster-bn192-n8" in RUN.PROFILED[
-        RUN.MODELS["DBRX w2 (8k tokens, top-4)"]]
+    ours, quack = prof["k6/coop256-cluster-bn192-g8"], prof["peer/quack"]
+    assert ours["l2_throughput_pct"] > 85 > 65 > quack["l2_throughput_pct"]
+    n8 = prof["k6/coop256-cluster-bn192-n8"]
+    assert "k6/coop256-cluster-bn192-n8" not in NOT_YET_RUN and "k6/coop256-cluster-bn192-n8" in AUTO_CANDIDATES
+    assert abs(n8["dram_bytes_read"] / ours["dram_bytes_read"] - 1) < 0.05
+    assert n8["dram_bytes_read"] > 1.5 * quack["dram_bytes_read"] and n8["l2_throughput_pct"] > 85
 
 
 def test_the_h100s_model_shapes_have_a_chart_of_their_own(tmp_path):

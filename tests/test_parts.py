@@ -9,7 +9,7 @@ import pytest
 
 from moe_gemm.cuda.gpu import GpuInfo
 from moe_gemm.measure import results
-from moe_gemm.measure.parts import PartsFile, part_runs
+from moe_gemm.measure.parts import PartsFile, part_runs, profile_piece
 
 GPU = GpuInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132, driver_version=13000)
 SECTIONS = frozenset({"provenance", "records", "checks", "targets", "part_runs"})
@@ -27,6 +27,20 @@ def test_the_runs_section_names_each_part_once():
     assert runs["scoreboard-models"]["commit"] == "c" and runs["layer-qwen3"]["commit"] == "a"
     runs = part_runs(runs, {"layer": "every layer"}, NOW)
     assert set(runs) == {"layer", "scoreboard-grid", "scoreboard-models"} and runs["layer"]["commit"] == "d"
+
+
+def test_a_profile_of_some_variants_keeps_the_entries_of_the_others():
+    """Two runs profiling different variants each keep their own entry (each replaced only its variants' rows);
+    the same variants profiled again replace theirs; the whole profile replaces them all."""
+    runs = part_runs({}, dict([profile_piece(["k6/a-g8", "peer/quack"], "all")]), {**NOW, "git_commit": "a"})
+    runs = part_runs(runs, dict([profile_piece(["k6/a-n8"], "all")]), NOW)
+    assert runs == {"profile-k6/a-g8,peer/quack": {"commit": "a", "date": NOW["date"], "command": "run.py",
+                                                  "measured": "Nsight Compute on k6/a-g8, peer/quack"},
+                    "profile-k6/a-n8": {"commit": "d", "date": NOW["date"], "command": "run.py",
+                                        "measured": "Nsight Compute on k6/a-n8"}}
+    assert part_runs(runs, dict([profile_piece(["k6/a-n8"], "all")]), NOW).keys() == runs.keys()
+    assert part_runs(runs, dict([profile_piece([], "every rung")]), NOW) == {
+        "profile": {"commit": "d", "date": NOW["date"], "command": "run.py", "measured": "every rung"}}
 
 
 @pytest.fixture

@@ -583,6 +583,7 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 def run_on_gpu(args, gpu) -> int:
     from moe_gemm.measure.ceilings import basis_for
+    from moe_gemm.measure.parts import profile_piece
     from moe_gemm.variants.k6.config import NOT_YET_RUN
     from moe_gemm.variants.registry import get
 
@@ -620,9 +621,9 @@ def run_on_gpu(args, gpu) -> int:
     show_tables(results.rows("records"), basis_for(gpu))
     if args.profile is not None:  # a profile of some variants replaces only theirs
         results.replace("profile", profile_rows(args.profile), key=lambda r: (r["variant"], r["tokens"], r["skew"]))
-        results.ran("profile", f"Nsight Compute on {', '.join(args.profile)}" if args.profile else
-                    "Nsight Compute on k6/auto (device walk and host list), a rung per ladder step, k3 and quack at "
-                    "65,536 rows, s=0, and on k6/auto, the M-paired rung and quack at 16,384 rows")
+        results.ran(*profile_piece(args.profile, "Nsight Compute on k6/auto (device walk and host list), a rung per "
+                                   "ladder step, k3 and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung "
+                                   "and quack at 16,384 rows"))
         show(profile_table(results.rows("profile")))
         path = save()
     show(targets_table(targets(), TARGETS_LEGEND))

@@ -317,7 +317,7 @@ def measure_workload(part: str, workload: Workload, variants: Sequence[Any], arg
 
 
 def run_on_gpu(args, gpu) -> int:
-    from moe_gemm.measure.parts import workload_piece
+    from moe_gemm.measure.parts import profile_piece, workload_piece
     from moe_gemm.variants.k7 import ladder
     from moe_gemm.variants.peer.torch import torch_available
 
@@ -374,9 +374,9 @@ def run_on_gpu(args, gpu) -> int:
     if args.profile is not None:  # a profile of some variants replaces only theirs; a later run of parts keeps it
         results.replace("profile", profile_rows(args.profile),
                         key=lambda r: (r["variant"], Workload.of(r).label))
-        results.ran("profile", f"Nsight Compute on {', '.join(args.profile)}" if args.profile else
-                    "Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 balanced rows, and on "
-                    "k6/pingpong-bn128, k6/auto and the fused backward on both walks at the Mixtral-like dA GEMM")
+        results.ran(*profile_piece(args.profile, "Nsight Compute on k7/bn192 and quack's pick at 2,048 and 65,536 "
+                                   "balanced rows, and on k6/pingpong-bn128, k6/auto and the fused backward on both "
+                                   "walks at the Mixtral-like dA GEMM"))
         show(profile_table(results.rows("profile")))
         path = save()
     records = results.rows("records")

@@ -48,6 +48,15 @@ def workload_piece(part: str, workload: Workload, done: Sequence[Workload],
             + ("" if every else f", skews {', '.join(f'{s:g}' for s in skews)}"))
 
 
+def profile_piece(names: Sequence[str], everything: str) -> tuple[str, str]:
+    """The part_runs entry of a profile: of the variants ``names`` only (each such run keeps its own entry, as
+    the rows it replaces are only theirs), or of the chapter's whole profile (``everything`` says what), which
+    replaces every earlier entry."""
+    if not names:
+        return "profile", everything
+    return f"profile-{','.join(names)}", f"Nsight Compute on {', '.join(names)}"
+
+
 class PartsFile:
     """``chapters/<chapter>/results/<gpu>.json`` as a run measuring some of its parts sees it: the
     earlier file's ``sections`` (a chapter's SECTIONS; any other section is dropped), this run's rows

@@ -11,8 +11,8 @@
                                 while the next one's wgmmas run
 ``k8/blockwise-bm*-prefetch``   blockwise-bm128 and -bm256 loading each k-block's scales during the one
                                 before
-``k8/rowwise-bm256``            rowwise-bm128 on 256 x 128 tiles, 4 stages (built; not yet run on a GPU)
-``k8/rowwise-bm128-overlap``    rowwise-bm128 with the overlapped promotion (built; not yet run)
+``k8/rowwise-bm256``            rowwise-bm128 on 256 x 128 tiles, 4 stages
+``k8/rowwise-bm128-overlap``    rowwise-bm128 with the overlapped promotion
 ==============================  =======================================================================
 
 A ragged-M problem with e4m3 operands (``Problem(fmt=FP8_BLOCKWISE)`` or ``FP8_ROWWISE``): A [M_tot, K] and
