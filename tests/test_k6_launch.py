@@ -95,3 +95,16 @@ def test_a_pdl_rung_launches_programmatically_and_its_twin_does_not(stand_in_map
     run()
     assert run.programmatic == LADDER[name].pdl and len(run.args.pointers) == 12
     assert taken == [{"stream": 1234, "device": None, "programmatic": LADDER[name].pdl}]
+
+
+def test_the_l2_promotion_rung_differs_from_its_twin_only_in_the_operands_maps():
+    """k6/coop256-cluster-bn192-g8-p128: the g8 rung's kernel and arguments, A's and B's maps promoting each L2
+    miss to 128 bytes instead of 256 (C's map as before); other promotions refused."""
+    twin, rung = LADDER["k6/coop256-cluster-bn192-g8"], LADDER["k6/coop256-cluster-bn192-g8-p128"]
+    assert rung.kernel_name == twin.kernel_name and rung == twin.replace(l2_promotion=128)
+    ours, theirs = (arguments(c, A, B, C, ENDS, TOKENS, E, K, N) for c in (rung, twin))
+    assert [m.l2_promotion_bytes for m in ours[:3]] == [128, 128, 256]
+    assert [m.l2_promotion_bytes for m in theirs[:3]] == [256, 256, 256]
+    assert [m.box for m in ours[:3]] == [m.box for m in theirs[:3]] and ours[3:] == theirs[3:]
+    with pytest.raises(ValueError, match="128 or 256 bytes"):
+        twin.replace(l2_promotion=64)

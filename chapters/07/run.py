@@ -124,11 +124,12 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 # At 65,536 rows s=1.2 the M pair's three walks and k6/auto-host (its host-list twin there): the one cell where the
 # walk part timed both remedies slower than the plain device walk.
 # At DBRX's down projection (B[e] 132 MB, far past L2) quack's pick and our same tile and cluster on the row-major
-# walk, in raster groups of 8 M tiles and in quack's order (groups of 8 columns): how much each reads again.
+# walk, in raster groups of 8 M tiles and in quack's order (groups of 8 columns): how much each reads again; and the
+# raster-walked tile with its L2 misses promoted to 128 bytes, as quack's descriptors ask.
 PROFILED = {
     MODELS["DBRX w2 (8k tokens, top-4)"]: ("k6/coop256-cluster-bn192", "k6/coop256-cluster-bn192-g8",
                                            "k6/coop256-cluster-bn192-n8", "k6/pingpong-mcluster-bn192-n8",
-                                           "peer/quack"),
+                                           "k6/coop256-cluster-bn192-g8-p128", "peer/quack"),
     Workload(65536, 0.0): ("k6/auto", "k6/auto-host", "k6/pingpong-bn192", "k6/pingpong-cluster-bn192",
                            "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-cursor",
                            "k6/pingpong-mcluster-bn192-listed",

@@ -45,6 +45,7 @@ def tensor_maps(config: K6Config, a_address: int, b_address: int, c_address: int
     b_map = strided_weight_map(config.b_layout, b_address, experts, K, N, b_strides, config.element)
     if config.cluster_along == "m":  # each block of the pair loads half of every box's rows for both
         b_map = dataclasses.replace(b_map, box=(b_map.box[0], b_map.box[1] // config.cluster, 1))
+    a_map, b_map = (dataclasses.replace(m, l2_promotion_bytes=config.l2_promotion) for m in (a_map, b_map))
     return a_map, b_map, output_map(c_address, tokens, config.out_columns(N), config.out)
 
 
