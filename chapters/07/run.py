@@ -620,8 +620,8 @@ def run_on_gpu(args, gpu) -> int:
             results.ran(*piece(part, args))
             path = save()
     show_tables(results.rows("records"), basis_for(gpu))
-    if args.profile is not None:  # a profile of some variants replaces only theirs
-        results.replace("profile", profile_rows(args.profile), key=lambda r: (r["variant"], r["tokens"], r["skew"]))
+    if args.profile is not None:  # a profile of some variants replaces only theirs, at the cells (shapes) it ran
+        results.replace("profile", profile_rows(args.profile), key=lambda r: (r["variant"], Workload.of(r)))
         results.ran(*profile_piece(args.profile, "Nsight Compute on k6/auto (device walk and host list), a rung per "
                                    "ladder step, k3 and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung "
                                    "and quack at 16,384 rows"))
