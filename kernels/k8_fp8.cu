@@ -423,15 +423,43 @@ __device__ __forceinline__ void swiglu(const float (&acc)[2][BN / 2], float (&ac
     }
 }
 
+// --8<-- [start:quad]
+// Two 32-bit words of 16-bit halves, from this lane's word and its partner's: (lo, lo) and (hi, hi), this lane's
+// half first unless ``partner_first``. PRMT's selector picks the bytes (0-3 this word's, 4-7 the partner's).
+__device__ __forceinline__ uint2 pair_halves(unsigned mine, unsigned partner, bool partner_first) {
+    return {__byte_perm(mine, partner, partner_first ? 0x1054 : 0x5410),
+            __byte_perm(mine, partner, partner_first ? 0x3276 : 0x7632)};
+}
+
+// A quad's 4 x 4 two-byte e4m3 pairs transposed: lane t holds the pairs of columns 8j + 2t (j = 0..3 of 32
+// columns) and ends with the 8 consecutive bytes of columns 8t .. 8t + 7, the pairs of lanes 0..3 in order. Two
+// exchanges of one word each: across lanes t ^ 2 the half of the j's this lane does not keep, then across t ^ 1.
+__device__ __forceinline__ uint2 quad_transpose(unsigned short p0, unsigned short p1, unsigned short p2,
+                                                unsigned short p3, int t) {
+    const unsigned a = p0 | static_cast<unsigned>(p1) << 16, b = p2 | static_cast<unsigned>(p3) << 16;
+    const bool upper = t & 2, odd = t & 1;
+    // lanes 0, 1 keep j = 0, 1 and lanes 2, 3 keep j = 2, 3, each taking its partner's pairs of those j
+    const unsigned kept = upper ? b : a, got = __shfl_xor_sync(0xffffffffu, upper ? a : b, 2);
+    const uint2 by_j = pair_halves(kept, got, upper);  // this lane's two j, each from lanes t & 1 and (t & 1) + 2
+    // lane t keeps its own j = t and hands the other to lane t ^ 1
+    const unsigned mine = odd ? by_j.y : by_j.x, theirs = __shfl_xor_sync(0xffffffffu, odd ? by_j.x : by_j.y, 1);
+    return pair_halves(mine, theirs, odd);  // lanes (0, 1) and (2, 3) of column block j = t
+}
+// --8<-- [end:quad]
+
 // The activation's rows quantized in 1 x 128 groups, as quantize_1x128 quantizes (kernels/k8_quantize.cu,
 // e4m3_scale), and stored: e4m3 to q [M_tot, width] and one scale per row to scale [width / 128, M_pad],
 // MN-major, GEMM 2's layout. The tile's 128 columns are one group. A thread holds 32 of a row's 128 values
 // (row 16 warp + 8h + g, columns 8j + 2t and the next), so the row's amax is the maximum over the quad's
 // four lanes: two shuffles. The values are multiplied by the scale's reciprocal, where the separate pass
 // divides: one multiply for ten instructions, and the product is within one fp32 ulp of the quotient, which
-// moves an e4m3 rounding only at a tie. Each pair leaves as one 2-byte store (a quad writes 8 consecutive
-// bytes of a row): a tile writes 16 KB of q against the 384 x K bytes its main loop loads.
-template <int BN>
+// moves an e4m3 rounding only at a tie. A thread's pairs are two bytes apart from its quad's (the quad holds
+// 8 consecutive bytes of a row per j); stored as they are (QUAD false, the first version), that is 16 two-byte
+// stores per row and thread, a warp's store touching 8 bytes of each of 8 sectors. Transposed within the quad
+// first (QUAD: two shuffles, four byte permutations per 32 columns), each thread stores 8 consecutive bytes and
+// the quad a whole 32-byte sector: 4 stores per row and thread. A tile writes 16 KB of q against the 384 x K
+// bytes its main loop loads.
+template <int BN, bool QUAD>
 __device__ __forceinline__ void store_e4m3(const float (&act)[BN / 2], int row0, int rows, int col0,
                                            unsigned char* __restrict__ q, float* __restrict__ scale, int width,
                                            int m_pad) {
@@ -446,13 +474,26 @@ __device__ __forceinline__ void store_e4m3(const float (&act)[BN / 2], int row0,
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // every lane takes part: the quad's row
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
         const float s = e4m3::scale_of(amax), inverse = __frcp_rn(s);
+        unsigned short pairs[BN / 8];
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+            pairs[j] = pack_e4m3x2(act[4 * j + 2 * h] * inverse, act[4 * j + 2 * h + 1] * inverse);
+        uint2 bytes[BN / 32];  // transposed by every lane (the shuffles need the quad), stored by the rows in range
+        if constexpr (QUAD) {
+#pragma unroll
+            for (int m = 0; m < BN / 32; ++m)
+                bytes[m] = quad_transpose(pairs[4 * m], pairs[4 * m + 1], pairs[4 * m + 2], pairs[4 * m + 3], t);
+        }
         const int r = 16 * warp + 8 * h + g;
         if (r >= rows) continue;  // the next expert's row (or past M_tot): computed, never stored
         unsigned char* q_row = q + static_cast<long long>(row0 + r) * width + col0;
+        if constexpr (QUAD) {
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-            *reinterpret_cast<unsigned short*>(q_row + 8 * j + 2 * t) =
-                pack_e4m3x2(act[4 * j + 2 * h] * inverse, act[4 * j + 2 * h + 1] * inverse);
+            for (int m = 0; m < BN / 32; ++m) *reinterpret_cast<uint2*>(q_row + 32 * m + 8 * t) = bytes[m];
+        } else {
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) *reinterpret_cast<unsigned short*>(q_row + 8 * j + 2 * t) = pairs[j];
+        }
         if (t == 0) scale[static_cast<long long>(col0 / BN) * m_pad + row0 + r] = s;
     }
 }
@@ -462,7 +503,7 @@ __device__ __forceinline__ void store_e4m3(const float (&act)[BN / 2], int row0,
 // N is B^T's rows: C's columns, or SWIGLU's 2I (C = act [M_tot, I], `width` = I, and scale_c its scales for
 // OUT = E4M3).
 template <int SCALING, bool PROMOTE, int BM, int STAGES, int STAGING_BOXES, int OUT, int EPILOGUE = STORE_C,
-          bool OVERLAP = false, bool PREFETCH = false>
+          bool OVERLAP = false, bool PREFETCH = false, bool QUAD_STORE = true>
 __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b,
                                         const CUtensorMap* tmap_c, void* C,
                                         const float* scale_a, const float* scale_b, const int* ends, int tokens,
@@ -538,7 +579,7 @@ __device__ __forceinline__ void k8_body(const CUtensorMap* tmap_a, const CUtenso
                     float act[1][Cfg::BN / 2];
                     swiglu<Cfg::BN>(acc, act);
                     if constexpr (OUT == E4M3)
-                        store_e4m3<Cfg::BN>(act[0], row0, rows, tile.w, static_cast<unsigned char*>(C), scale_c,
+                        store_e4m3<Cfg::BN, QUAD_STORE>(act[0], row0, rows, tile.w, static_cast<unsigned char*>(C), scale_c,
                                             width, m_pad);
                     else
                         sm90::store_slices<OneSlice, STAGING_BOXES, Cfg::BN, OUT>(act, row0, rows, tile.w, warpgroup,
@@ -596,10 +637,11 @@ __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k8_fp8(K8_PARAMS) {
 // The FP8 layer's GEMM 1 with the SwiGLU epilogue: blockwise, 128 x 128 tiles of the activation, B^T =
 // [W_gate | W_up]^T [E, N = 2I, K]. OUT = BF16: C = act [M_tot, I] (tmap_c its map, STAGING_BOXES a
 // warpgroup's boxes); OUT = E4M3: C = q [M_tot, I] and scale_c [I / 128, M_pad] (stored from registers:
-// tmap_c unused, STAGING_BOXES 0).
-template <int STAGES, int STAGING_BOXES, int OUT>
+// tmap_c unused, STAGING_BOXES 0), each quad's bytes transposed before the stores unless QUAD_STORE is false
+// (the first version, kept to measure what the transpose saves: store_e4m3).
+template <int STAGES, int STAGING_BOXES, int OUT, bool QUAD_STORE = true>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k8_fp8_swiglu(K8_PARAMS, float* __restrict__ scale_c) {
-    k8::k8_body<k8::BLOCKWISE, true, 128, STAGES, STAGING_BOXES, OUT, k8::SWIGLU>(
+    k8::k8_body<k8::BLOCKWISE, true, 128, STAGES, STAGING_BOXES, OUT, k8::SWIGLU, false, false, QUAD_STORE>(
         &tmap_a, &tmap_b, &tmap_c, C, scale_a, scale_b, ends, tokens, experts, group, K, N, scale_c);
 }
 // --8<-- [end:kernel]

@@ -614,10 +614,10 @@ def test_a_profile_of_some_variants_replaces_only_theirs(monkeypatch):
 
 
 def test_the_two_new_models_read_as_the_page_says():
-    """The H100 run of gpt-oss-20b's and DBRX's projections: one prediction of eight held (gpt-oss's down projection
-    over torch, above 1.10), that projection ahead of both peers (above its quack range, 0.95-1.00); gpt-oss's up
-    projection just below its quack range and level with torch; DBRX below both predicted ranges, with the lowest
-    ratios of the four."""
+    """The H100 runs of gpt-oss-20b's and DBRX's projections: gpt-oss's down projection over torch above 1.10 (its
+    prediction held) and ahead of both peers; gpt-oss's up projection just below its quack range (0.95-1.00) and
+    level with torch; DBRX at the bottom of its predicted ranges (quack 0.92-0.97, torch 0.95-1.02) or below them,
+    with the lowest ratios of the four against both peers."""
     data = recorded("07", "h100")
     if data is None:
         pytest.skip("no recorded H100 results")
@@ -632,9 +632,9 @@ def test_the_two_new_models_read_as_the_page_says():
     assert ratio(32, 2880, 2880, RUN.QUACK) > 1.0 and ratio(32, 2880, 2880, RUN.TORCH) > 1.10
     dbrx = [ratio(16, 6144, 21504, p) for p in (RUN.QUACK, RUN.TORCH)] + [ratio(16, 10752, 6144, p)
                                                                            for p in (RUN.QUACK, RUN.TORCH)]
-    assert dbrx[0] < 0.92 and dbrx[2] < 0.92 and dbrx[1] < 0.95 and dbrx[3] < 0.95
-    shapes = {(r["experts"], r["K"], r["N"]) for r in records}
-    assert min(ratio(*s, RUN.QUACK) for s in shapes) == min(dbrx[0], dbrx[2])
+    assert max(dbrx[0], dbrx[2]) < 0.93 and max(dbrx[1], dbrx[3]) < 0.98
+    oss = [ratio(32, 2880, n, p) for n in (5760, 2880) for p in (RUN.QUACK, RUN.TORCH)]
+    assert max(dbrx[0], dbrx[2]) < min(oss[0], oss[2]) and max(dbrx[1], dbrx[3]) < min(oss[1], oss[3])
 
 
 def test_the_walk_profile_reads_as_the_page_says():
@@ -821,13 +821,11 @@ def test_at_dbrx_the_rungs_that_cover_256_rows_beat_every_one_tile_rung_in_k6_au
 
 
 def test_quacks_tile_on_the_raster_walk_reads_as_the_page_says():
-    """The H100's model part with the two raster-walked candidates (2026-12-07): at DBRX's up projection quack's tile
-    on the raster walk is the fastest candidate and k6/auto's choice, ahead of the same tile on the row-major walk; at
-    the Mixtral-sized projection the M pair on the raster walk is, well ahead of its row-major twin; at DBRX's down
-    projection the row-major M pair is the fastest, the two new ones level, and k6/auto keeps the M pair's raster
-    twin. k6/auto stays behind quack at all three. Profiled at DBRX's down projection, quack's pick has our tile,
-    cluster and group size, reads under 0.65 of our DRAM bytes and keeps its tensor pipe busier (above 95% against
-    our under 90%)."""
+    """The H100's model part with the raster-walked candidates and those in quack's order: at DBRX's up and down
+    projections and the Mixtral-sized one a walk in groups (-g8 or -n8) is the fastest candidate, 2-15% ahead of
+    the fastest on the row-major walk, and k6/auto stays behind quack at all three. Profiled at DBRX's down
+    projection, quack's pick has our tile, cluster and group size, reads under 0.65 of our DRAM bytes and keeps
+    its tensor pipe busier (above 95% against our under 90%)."""
     from moe_gemm.model.workloads import Workload
 
     data = recorded("07", "h100")
@@ -836,22 +834,41 @@ def test_quacks_tile_on_the_raster_walk_reads_as_the_page_says():
     models = RUN.of_part(data["records"], "models")
     shapes = {"up": Workload(32768, 0.4, 16, 6144, 21504), "down": Workload(32768, 0.4, 16, 10752, 6144),
               "mixtral": Workload(32768, 0.4, 8, 4096, 14336)}
-    auto = {key: RUN.find(models, RUN.AUTO, w) for key, w in shapes.items()}
-    coop, mpair = "k6/coop256-cluster-bn192", "k6/pingpong-mcluster-bn192"
-    up, down, mix = (auto[k]["candidate_ms"] for k in ("up", "down", "mixtral"))
-    assert min(up, key=up.get) == auto["up"]["choice"] == f"{coop}-g8" and up[f"{coop}-g8"] < up[coop]
-    assert min(mix, key=mix.get) == auto["mixtral"]["choice"] == f"{mpair}-g8" and mix[f"{mpair}-g8"] < 0.8 * mix[mpair]
-    assert min(down, key=down.get) == mpair and auto["down"]["choice"] == f"{mpair}-g8"
-    assert abs(down[f"{coop}-g8"] / down[f"{mpair}-g8"] - 1) < 0.01
     for w in shapes.values():
+        candidates = RUN.find(models, RUN.AUTO, w)["candidate_ms"]
+        grouped = min(v for k, v in candidates.items() if k.endswith(("-g8", "-n8")))
+        plain = min(v for k, v in candidates.items() if not k.endswith(("-g8", "-n8")))
+        assert grouped == min(candidates.values()) and 1.02 < plain / grouped < 1.15
         assert RUN.ratio(models, RUN.AUTO, RUN.QUACK, w, "models") < 1.0
         quack = RUN.find(models, "peer/quack", w)["config"]
         assert (quack["tile_m"], quack["tile_n"], quack["pingpong"], quack["cluster_n"],
                 quack["max_swizzle_size"]) == (256, 192, False, 2, 8)
+    coop = "k6/coop256-cluster-bn192"
     prof = {r["variant"]: r for r in data["profile"] if (r["K"], r["N"]) == (10752, 6144)}
     ours, quack = prof[f"{coop}-g8"], prof["peer/quack"]
     assert quack["dram_bytes_read"] < 0.65 * ours["dram_bytes_read"] and quack["l2_bytes"] < ours["l2_bytes"]
     assert quack["gmma_pipe_pct"] > 95 > 90 > ours["gmma_pipe_pct"] and quack["duration_ns"] < ours["duration_ns"]
+
+
+def test_the_l2_promotion_is_not_the_cause_either():
+    """The raster rung with 128-byte L2 promotion, profiled beside its 256-byte twin at DBRX's down projection: DRAM
+    bytes within 5% of the twin's (still over 1.5 times quack's), launch within 3%, less traffic through L2; and
+    k6/auto reads under 0.97 of quack at the three projections (the prediction's second half, missed)."""
+    from moe_gemm.model.workloads import Workload
+
+    data = recorded("07", "h100")
+    if data is None:
+        pytest.skip("no H100 results")
+    prof = {r["variant"]: r for r in data["profile"] if (r["K"], r["N"]) == (10752, 6144)}
+    twin, p128, quack = (prof[v] for v in ("k6/coop256-cluster-bn192-g8", "k6/coop256-cluster-bn192-g8-p128",
+                                           "peer/quack"))
+    assert abs(p128["dram_bytes_read"] / twin["dram_bytes_read"] - 1) < 0.05
+    assert p128["dram_bytes_read"] > 1.5 * quack["dram_bytes_read"]
+    assert abs(p128["duration_ns"] / twin["duration_ns"] - 1) < 0.03 and p128["l2_bytes"] < twin["l2_bytes"]
+    models = RUN.of_part(data["records"], "models")
+    for w in (Workload(32768, 0.4, 16, 6144, 21504), Workload(32768, 0.4, 16, 10752, 6144),
+              Workload(32768, 0.4, 8, 4096, 14336)):
+        assert RUN.ratio(models, RUN.AUTO, RUN.QUACK, w, "models") < 0.97
 
 
 def test_our_tile_is_held_back_by_l2_where_quacks_is_not():

@@ -318,21 +318,51 @@ def h100(section: str) -> list[dict]:
 
 
 def test_the_swiglu_epilogue_on_the_h100_reads_as_the_page_says():
-    """GEMM 1 with the SwiGLU and quantization fused is faster than GEMM 1 then the pass at every point, by 1.0
-    to 1.4; its quantization costs more than the predicted 0.1 of a pass everywhere and meets the 0.5 target only
-    at the Mixtral-like size and 32,768 tokens; at the Qwen3-like size and 32,768 tokens it costs over 100 us
-    (the prediction: 18); the e4m3 activation is within 2% of the one-pass quantizer's."""
+    """Both e4m3 stores timed in the same rounds, with each kernel's round spread recorded: the first version (pairs)
+    costs more than the predicted 0.1 of a pass at most sizes and over 100 us at the Qwen3-like size and 32,768
+    tokens; the two stores differ by more than both their spreads only at the Qwen3-like size and 4,096 tokens,
+    where the transposed store keeps under a quarter of the first version's extra time; by the medians it meets
+    the 0.5 target at 4 of 6 sizes, and one miss (the Mixtral-like size, 32,768 tokens) lies outside the rounds'
+    spread of the two epilogues; the fused kernel as first written is faster than GEMM 1 then the pass at 5 of 6
+    sizes; the e4m3 activation is within 2% of the one-pass quantizer's."""
     from moe_gemm.measure.fp8 import swiglu_epilogue_extra
 
     rows = h100("swiglu")
-    assert len(rows) == 6
-    for r in rows:
-        assert 1.0 <= (r["gemm_ms"] + r["pass_ms"]) / r["fused_ms"] < 1.4
-        assert swiglu_epilogue_extra(r) > 0.2 and r["e4m3_error_vs_pass"] < 0.02
-    met = [(r["hidden"], r["tokens"]) for r in rows if swiglu_epilogue_extra(r) <= 0.5]
-    assert met == [(4096, 32768)]
+    assert len(rows) == 6 and all("pairs_ms" in r and "pairs_round_spread" in r for r in rows)
+    assert sum(swiglu_epilogue_extra(r, "pairs") > 0.1 for r in rows) >= 4
     qwen = next(r for r in rows if r["hidden"] == 2048 and r["tokens"] == 32768)
-    assert qwen["fused_ms"] - qwen["swiglu_ms"] > 0.1
+    assert qwen["pairs_ms"] - qwen["swiglu_ms"] > 0.1
+    read = [r for r in rows if abs(r["fused_ms"] / r["pairs_ms"] - 1) > max(r["fused_round_spread"],
+                                                                         r["pairs_round_spread"])]
+    assert [(r["hidden"], r["tokens"]) for r in read] == [(2048, 4096)]
+    assert (read[0]["fused_ms"] - read[0]["swiglu_ms"]) / (read[0]["pairs_ms"] - read[0]["swiglu_ms"]) < 0.25
+    assert sum(swiglu_epilogue_extra(r) <= 0.5 for r in rows) == 4
+    real = [(r["hidden"], r["tokens"]) for r in rows if swiglu_epilogue_extra(r) > 0.5
+            and r["fused_ms"] / r["swiglu_ms"] - 1 > max(r["fused_round_spread"], r["swiglu_round_spread"])]
+    assert real == [(4096, 32768)]
+    assert sum((r["gemm_ms"] + r["pass_ms"]) / r["pairs_ms"] > 1 for r in rows) == 5
+    assert all(r["e4m3_error_vs_pass"] < 0.02 for r in rows)
+
+
+def test_the_rowwise_rungs_on_the_h100_read_as_the_page_says():
+    """At the Mixtral-like projections (65,536 balanced rows, H100): the 256-row rowwise rung gains 10-15% over the
+    128-row one where its blockwise twin gained over 25% in the same run, and reads 1.0-1.05 of torch's fast
+    mode, inside the 5% by which its or torch's round medians differed; the overlapped rung's rounds lie over 10%
+    apart."""
+    records = [r for r in h100("records") if r.get("part") == "models" and r["experts"] == 8]
+
+    def at(variant, K):
+        return next(r for r in records if r["variant"] == variant and r["K"] == K)
+
+    def rounds(r):
+        return max(r["round_medians_ms"]) / min(r["round_medians_ms"]) - 1
+
+    for K in (4096, 14336):
+        r256, fast = at("k8/rowwise-bm256", K), at("peer/torch_scaled_grouped_mm-fast", K)
+        assert 1.10 <= r256["useful_tflops"] / at("k8/rowwise-bm128", K)["useful_tflops"] <= 1.15
+        assert at("k8/blockwise-bm256", K)["useful_tflops"] / at("k8/blockwise-bm128", K)["useful_tflops"] > 1.25
+        assert 1.0 <= r256["useful_tflops"] / fast["useful_tflops"] <= 1.05 and max(rounds(r256), rounds(fast)) < 0.05
+    assert max(rounds(at("k8/rowwise-bm128-overlap", K)) for K in (4096, 14336)) > 0.10
 
 
 def test_the_fp8_layer_on_the_h100_reads_as_the_page_says():

@@ -15,6 +15,10 @@ pytestmark = pytest.mark.gpu
 from moe_gemm.measure.layer import relative_error as relative  # noqa: E402
 from moe_gemm.measure.validation import admitting  # noqa: E402
 from moe_gemm.torch.scaled import fused_swiglu, swiglu_has_run  # noqa: E402
+from moe_gemm.variants.k8.config import SWIGLU  # noqa: E402
+
+# The e4m3 outputs: the op's (the quad's bytes transposed, then stored 8 at a time) and the first version's (pairs)
+E4M3_CONFIGS = [name for name, config in SWIGLU.items() if config.out == "e4m3"]
 
 
 @pytest.fixture(scope="module")
@@ -95,11 +99,12 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("config", E4M3_CONFIGS)
 @pytest.mark.parametrize("case", CASES)
-def test_the_quantized_activation_matches_the_reference(gpu, case):
+def test_the_quantized_activation_matches_the_reference(gpu, case, config):
     ends, K, inter = CASES[case]
     a, b, sa, sb, offs = operands(ends, len(ends), K, inter, gpu)
-    q, scale = fused_swiglu(a, b, sa, sb, offs)
+    q, scale = fused_swiglu(a, b, sa, sb, offs, config=config)
     assert q.dtype == torch.float8_e4m3fn and q.shape == (ends[-1], inter)
     assert_quantized_alike(q, scale, a, b, sa, sb, offs)
 
@@ -132,6 +137,18 @@ def test_many_tiles_per_block_at_a_real_models_width(gpu):
     assert relative(act, reference(a, b, sa, sb, offs)[2]) < 5e-3
 
 
+@pytest.mark.parametrize("case", ["ragged, empty experts", "E = 1", "K ends inside a k-block"])
+def test_the_quads_transposed_bytes_are_the_pairs_bytes(gpu, case):
+    """The two e4m3 stores compute the same values and differ only in which thread stores which bytes: the
+    activation and its scales bit for bit alike (every byte of q, so a pair put in the wrong place shows)."""
+    ends, K, inter = CASES[case]
+    a, b, sa, sb, offs = operands(ends, len(ends), K, inter, gpu)
+    (q, scale), (q_pairs, scale_pairs) = (fused_swiglu(a, b, sa, sb, offs, config=c) for c in E4M3_CONFIGS)
+    rows = ends[-1]
+    assert torch.equal(q[:rows].view(torch.uint8), q_pairs[:rows].view(torch.uint8))
+    assert torch.equal(scale[:, :rows], scale_pairs[:, :rows])
+
+
 def test_one_graph_replayed_with_changing_routings(gpu, graph_replays):
     a, b, sa, sb, offs = operands((0, 500, 501, 900), 4, 256, 256, gpu)
     for _, (q, scale) in graph_replays(lambda: fused_swiglu(a, b, sa, sb, offs), offs):
@@ -158,8 +175,8 @@ def test_the_fp8_layer_on_the_fused_epilogue_stays_close_to_the_bf16_layer(gpu, 
 
 
 def test_the_fused_epilogue_is_clean_under_memcheck(gpu, sanitize):
-    """compute-sanitizer memcheck on the kernel alone, in both outputs, with ragged experts and rows past the last
-    end: no access may leave a, B^T, the scales, the activation or its scales."""
+    """compute-sanitizer memcheck on the kernel alone, in each output and e4m3 store, with ragged experts and rows
+    past the last end: no access may leave a, B^T, the scales, the activation or its scales."""
     script = ("import torch\nfrom moe_gemm.torch.quantize import quantize_1x128, quantize_128x128_t\n"
               "from moe_gemm.torch.scaled import fused_swiglu\n"
               "x = torch.randn(700, 256, device='cuda').to(torch.bfloat16)\n"
@@ -167,6 +184,7 @@ def test_the_fused_epilogue_is_clean_under_memcheck(gpu, sanitize):
               "(a, sa), (b, sb) = quantize_1x128(x), quantize_128x128_t(w)\n"
               "offs = torch.tensor([0, 70, 71, 200, 650], dtype=torch.int32, device='cuda')\n"
               "fused_swiglu(a, b.transpose(1, 2), sa, sb, offs)\n"
+              "fused_swiglu(a, b.transpose(1, 2), sa, sb, offs, config='k8/swiglu-e4m3-pairs-bm128')\n"
               "fused_swiglu(a, b.transpose(1, 2), sa, sb, offs, quantize=False)\n"
               "torch.cuda.synchronize(); print('fused')\n")
     sanitize(script, "k8_fp8_swiglu", "fused")

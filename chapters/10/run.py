@@ -295,16 +295,27 @@ def quantize_table(rows: Sequence[dict[str, Any]]) -> Table:
 def swiglu_table(rows: Sequence[dict[str, Any]]) -> Table:
     from moe_gemm.measure.fp8 import swiglu_epilogue_extra
 
+    def pairs(r: dict[str, Any], text: str) -> str:  # rows measured before the transposed store have no pairs
+        return text if "pairs_ms" in r else "-"
+
     body = tuple((_layer_label(r), f"{r['tokens']:,}", f"{r['gemm_ms']:.3f}", f"{r['pass_ms']:.3f}",
-                  f"{r['swiglu_ms']:.3f}", f"{r['fused_ms']:.3f}", f"{r['quantize_ms']:.3f}",
-                  f"{(r['gemm_ms'] + r['pass_ms']) / r['fused_ms']:.2f}", f"{swiglu_epilogue_extra(r):.2f}")
+                  f"{r['swiglu_ms']:.3f}", f"{r['fused_ms']:.3f}", pairs(r, f"{r.get('pairs_ms', 0):.3f}"),
+                  f"{r['quantize_ms']:.3f}", f"{(r['gemm_ms'] + r['pass_ms']) / r['fused_ms']:.2f}",
+                  f"{swiglu_epilogue_extra(r):.2f}", pairs(r, f"{swiglu_epilogue_extra(r, 'pairs'):.2f}"
+                                                       if "pairs_ms" in r else ""),
+                  f"{100 * r['fused_round_spread']:.0f}%, {100 * r['pairs_round_spread']:.0f}%"
+                  if "pairs_round_spread" in r else "-")
                  for r in rows)
-    return Table(("layer", "tokens", "GEMM ms", "pass ms", "bf16 epi ms", "e4m3 epi ms", "quantize ms",
-                  "(GEMM+pass)/e4m3", "extra (passes)"), body, title="GEMM 1 with SwiGLU and the quantization fused",
+    return Table(("layer", "tokens", "GEMM ms", "pass ms", "bf16 epi ms", "e4m3 epi ms", "pairs ms",
+                  "quantize ms", "(GEMM+pass)/e4m3", "extra (passes)", "pairs extra", "rounds"), body,
+                 title="GEMM 1 with SwiGLU and the quantization fused",
                  legend="CUDA-graph replays in interleaved rounds, the layer's own routing, same run: k8 blockwise "
                         "writing [gate | up] in bf16, then the separate SwiGLU-and-quantize pass; the SwiGLU epilogue "
-                        "writing the activation in bf16, and in e4m3 with its scales; quantize_1x128 over the bf16 "
-                        "activation; extra: (e4m3 epi - bf16 epi) / quantize, the target's measure")
+                        "writing the activation in bf16, and in e4m3 with its scales (e4m3 epi: each quad of threads "
+                        "transposes its bytes and stores 8 at a time; pairs: the first version, 2 bytes at a time); "
+                        "quantize_1x128 over the bf16 activation; extra: (e4m3 epi - bf16 epi) / quantize, the "
+                        "target's measure, and the same for pairs; rounds: how far the slowest round's median lies "
+                        "above the fastest's, e4m3 epi and pairs")
 
 
 # The roofline at twice the compute (the page's table): the seed shape, balanced, from decode-sized batches up.

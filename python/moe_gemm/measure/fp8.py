@@ -211,18 +211,21 @@ def layer_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[str, Any]]:
     return rows
 
 
+PAIRS_STORE = "k8/swiglu-e4m3-pairs-bm128"  # the e4m3 epilogue's first version, stored two bytes at a time
 SWIGLU_EPILOGUE_CHECK = 0.03  # the fused activation against the separate pass's, both dequantized (see below)
 
 
 def swiglu_epilogue_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[str, Any]]:
-    """GEMM 1 of the FP8 layer built from chapter 08's seeded layer, on its own routing of random tokens, five
+    """GEMM 1 of the FP8 layer built from chapter 08's seeded layer, on its own routing of random tokens, six
     ways, in interleaved rounds of graph replays: the blockwise GEMM writing h = [gate | up] in bf16 (``gemm``),
     the separate SwiGLU-and-quantize pass over that h (``pass``), the SwiGLU epilogue writing the activation in
-    bf16 (``swiglu``) and in e4m3 with its scales (``fused``), and quantize_1x128 over the bf16 activation
-    (``quantize``: the pass the e4m3 epilogue replaces). First the fused outputs are checked: dequantized, the
-    e4m3 activation against the separate pass's (the two differ where h's bf16 rounding moves a value across an
-    e4m3 rounding boundary: about 1.5% of values by one step, a relative difference near 1.5%; a RuntimeError,
-    and nothing timed, beyond SWIGLU_EPILOGUE_CHECK), and the bf16 one against torch's SwiGLU of h."""
+    bf16 (``swiglu``) and in e4m3 with its scales (``fused``: the op's, each quad's bytes transposed then stored 8
+    at a time; ``pairs``: the first version, stored 2 bytes at a time), and quantize_1x128 over the bf16
+    activation (``quantize``: the pass the e4m3 epilogue replaces). First the fused outputs are checked:
+    dequantized, the e4m3 activation against the separate pass's (the two differ where h's bf16 rounding moves a
+    value across an e4m3 rounding boundary: about 1.5% of values by one step, a relative difference near 1.5%; a
+    RuntimeError, and nothing timed, beyond SWIGLU_EPILOGUE_CHECK), the two e4m3 stores' bytes against each other
+    (identical, or a RuntimeError), and the bf16 one against torch's SwiGLU of h."""
     import torch
 
     from moe_gemm.measure.layer import relative_error as layer_error
@@ -257,19 +260,26 @@ def swiglu_epilogue_rows(shape: Any, tokens_list: Sequence[int]) -> list[dict[st
             if max(error, bf16_error) > SWIGLU_EPILOGUE_CHECK:
                 raise RuntimeError(f"k8's SwiGLU epilogue is {error:.2e} (e4m3) and {bf16_error:.2e} (bf16) from the "
                                    f"separate pass (allowed {SWIGLU_EPILOGUE_CHECK}): not timed")
+            pairs_q, pairs_scale = fused_swiglu(a, b, sa, sb, offs, config=PAIRS_STORE)
+            if not (torch.equal(q[:m].view(torch.uint8), pairs_q[:m].view(torch.uint8))
+                    and torch.equal(scale, pairs_scale)):
+                raise RuntimeError("k8's two e4m3 SwiGLU stores wrote different activations: not timed")
             timed = time_interleaved({
                 "gemm": lambda: scaled_grouped_mm(a, b, sa, sb, offs),
                 "pass": lambda: swiglu_quantize_1x128(h),
                 "swiglu": lambda: fused_swiglu(a, b, sa, sb, offs, quantize=False),
                 "fused": lambda: fused_swiglu(a, b, sa, sb, offs),
+                "pairs": lambda: fused_swiglu(a, b, sa, sb, offs, config=PAIRS_STORE),
                 "quantize": lambda: quantize_1x128(act)})
         rows.append({**shape.fields(tokens), "rows": m, **{f"{name}_ms": t.median_ms for name, t in timed.items()},
+                     **{f"{name}_round_spread": t.round_spread for name, t in timed.items()},
                      "e4m3_error_vs_pass": error, "bf16_error_vs_torch": bf16_error})
     del fp8
     torch.cuda.empty_cache()
     return rows
 
 
-def swiglu_epilogue_extra(row: dict[str, Any]) -> float:
-    """What the e4m3 epilogue costs over the bf16 one, in separate quantize passes: the chapter's target."""
-    return (row["fused_ms"] - row["swiglu_ms"]) / row["quantize_ms"]
+def swiglu_epilogue_extra(row: dict[str, Any], store: str = "fused") -> float:
+    """What the e4m3 epilogue costs over the bf16 one, in separate quantize passes: the chapter's target (the op's
+    store; ``store="pairs"``: the first version's)."""
+    return (row[f"{store}_ms"] - row["swiglu_ms"]) / row["quantize_ms"]

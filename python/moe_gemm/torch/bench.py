@@ -21,11 +21,17 @@ class Timed:
     min_ms: float
     max_ms: float
     graph: bool  # timed as CUDA-graph replays
+    round_medians_ms: tuple[float, ...] = ()  # time_interleaved's: the median of each round's samples
 
     @classmethod
-    def of(cls, samples: list[float], graph: bool) -> Timed:
-        """The median, min and max of ``samples`` (milliseconds)."""
-        return cls(statistics.median(samples), min(samples), max(samples), graph)
+    def of(cls, samples: list[float], graph: bool, rounds: tuple[float, ...] = ()) -> Timed:
+        """The median, min and max of ``samples`` (milliseconds), and ``rounds``' medians if given."""
+        return cls(statistics.median(samples), min(samples), max(samples), graph, rounds)
+
+    @property
+    def round_spread(self) -> float:
+        """How far the slowest round's median lies above the fastest's (0 with one round or none)."""
+        return max(self.round_medians_ms) / min(self.round_medians_ms) - 1 if self.round_medians_ms else 0.0
 
 
 def _events(run: Callable[[], Any], iterations: int) -> list[float]:
@@ -74,7 +80,10 @@ def time_interleaved(calls: dict[str, Callable[[], Any]], rounds: int = 3, warmu
     alike, not on whichever was timed first."""
     graphs = {name: capture(fn, warmup)[0] for name, fn in calls.items()}
     samples: dict[str, list[float]] = {name: [] for name in calls}
+    medians: dict[str, list[float]] = {name: [] for name in calls}
     for round_ in range(rounds):
         for name in (list(graphs) if round_ % 2 == 0 else list(reversed(graphs))):
-            samples[name] += _events(graphs[name].replay, iterations)
-    return {name: Timed.of(s, graph=True) for name, s in samples.items()}
+            times = _events(graphs[name].replay, iterations)
+            samples[name] += times
+            medians[name].append(statistics.median(times))
+    return {name: Timed.of(s, graph=True, rounds=tuple(medians[name])) for name, s in samples.items()}

@@ -50,8 +50,9 @@ SWIGLU_BACKWARD_PENDING = "torch/dswiglu-pass"
 
 # The FP8 layer's GEMM 1 with the SwiGLU epilogue (k8_fp8_swiglu): each configuration of
 # moe_gemm.variants.k8.config.SWIGLU and its name in the validation record; "k8/gemm-swiglu" in NOT_YET_RUN
-# covers both.
-FP8_SWIGLU_RECORDS = {"k8/swiglu-bm128": "k8/gemm-swiglu-bf16", "k8/swiglu-e4m3-bm128": "k8/gemm-swiglu-e4m3"}
+# covers them all.
+FP8_SWIGLU_RECORDS = {"k8/swiglu-bm128": "k8/gemm-swiglu-bf16", "k8/swiglu-e4m3-bm128": "k8/gemm-swiglu-e4m3",
+                      "k8/swiglu-e4m3-pairs-bm128": "k8/gemm-swiglu-e4m3-pairs"}
 FP8_SWIGLU_PENDING = "k8/gemm-swiglu"
 
 # Kernels the op would launch that are built, compiled and inspected on every machine but have not yet passed

@@ -331,8 +331,9 @@ LADDER.update(LISTED_TWINS)
 # compute-sanitizer with the family's and records those that pass; then take their names out of here.
 # Passed on an H100 so far: the PDL, private-ring, producer-tail, cursor and unit-list rungs (2026-12-06), the unit
 # list's twins, the fused backward's tile on the raster walk and the two raster-walked candidates for the model
-# projections with their unit-list twins, then quack's tile and the M pair in quack's order (2026-12-07).
-NOT_YET_RUN: frozenset[str] = frozenset({"k6/coop256-cluster-bn192-g8-p128"})
+# projections with their unit-list twins, then quack's tile and the M pair in quack's order, and the raster rung with
+# 128-byte L2 promotion (2026-12-07).
+NOT_YET_RUN: frozenset[str] = frozenset()
 
 AUTO_CANDIDATES: tuple[str, ...] = tuple(name for name in CANDIDATES if name not in NOT_YET_RUN)
 

@@ -48,6 +48,9 @@ class K8Config:
     overlap: bool = False
     # each k-block's scales loaded during the k-block before (blockwise, not overlapped, one block of B)
     prefetch: bool = False
+    # the e4m3 activation's bytes transposed within each quad of threads, then stored 8 at a time (False: two at a
+    # time, as each thread holds them: the first version, kept for comparison)
+    quad_store: bool = True
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALING_CODES:
@@ -69,6 +72,8 @@ class K8Config:
             raise ValueError("k8 prefetches the scales in the blockwise promoted loop of one block of B")
         if self.out == "e4m3" and self.staging_boxes:
             raise ValueError("k8's e4m3 activation is stored from registers: staging_boxes=0")
+        if not self.quad_store and self.out != "e4m3":
+            raise ValueError("k8's quad_store chooses how the e4m3 activation is stored: out='e4m3'")
 
     @property
     def b_blocks(self) -> int:
@@ -87,7 +92,8 @@ class K8Config:
     @property
     def kernel_name(self) -> str:
         if self.epilogue == "swiglu":
-            return f"{SWIGLU_FUNCTION}<{self.stages}, {self.staging_boxes}, {OUT_CODES[self.out]}>"
+            store = "" if self.quad_store else ", false"  # trailing, true by default
+            return f"{SWIGLU_FUNCTION}<{self.stages}, {self.staging_boxes}, {OUT_CODES[self.out]}{store}>"
         # trailing template parameters, false by default (the other instances keep their names)
         loop = ", false, true" if self.prefetch else ", true" if self.overlap else ""
         return (f"{KERNEL_FUNCTION}<{SCALING_CODES[self.scaling]}, {str(self.promote).lower()}, {self.bm}, "
@@ -99,8 +105,9 @@ class K8Config:
         accumulation = "promoted" if self.promote else "fast accumulation"
         epilogue = " swiglu" if self.epilogue == "swiglu" else ""
         loop = " overlapped" if self.overlap else " prefetched scales" if self.prefetch else ""
+        store = "" if self.quad_store else " stored in pairs"
         return (f"{self.bm}x{BN} {self.scaling} {accumulation}{loop}{epilogue} g{self.group} s{self.stages} "
-                f"{self.out}")
+                f"{self.out}{store}")
 
     def replace(self, **changes) -> K8Config:
         return dataclasses.replace(self, **changes)
@@ -138,11 +145,14 @@ NOT_YET_RUN: frozenset[str] = frozenset()
 # The FP8 layer's GEMM 1 with the SwiGLU epilogue: 128 x 128 tiles of the activation, each stage 16 KB of A and
 # the two 16 KB boxes of B^T (gate and up), 4 stages of 48 KB as k8/blockwise-bm256 (whose accumulators, two
 # sets of 64 floats a thread, these match). "bf16" writes the activation as chapter 08's fused GEMM 1 does;
-# "e4m3" writes it quantized for GEMM 2, the [M, I] activation never in bf16.
+# "e4m3" writes it quantized for GEMM 2, the [M, I] activation never in bf16; "-pairs" stores it as the first
+# version did, two bytes at a time (chapter 10 measures what the quad's transpose saves).
 SWIGLU: dict[str, K8Config] = {
     "k8/swiglu-bm128": K8Config("blockwise", True, 128, stages=4, epilogue="swiglu"),
     "k8/swiglu-e4m3-bm128": K8Config("blockwise", True, 128, stages=4, staging_boxes=0, epilogue="swiglu",
                                      out="e4m3"),
+    "k8/swiglu-e4m3-pairs-bm128": K8Config("blockwise", True, 128, stages=4, staging_boxes=0, epilogue="swiglu",
+                                           out="e4m3", quad_store=False),
 }
 # --8<-- [end:swiglu]
 
