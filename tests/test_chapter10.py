@@ -464,3 +464,13 @@ def test_a_quantizers_rows_time_the_copy_then_each_earlier_step_then_the_ops_ker
     assert [r.get("step") for r in rows] == ["first", "pieces", None]
     assert all(r["copy_us"] == 10.0 and r["median_us"] == 20.0 and r["of_copy"] == pytest.approx(0.1875)
                for r in rows)
+
+
+def test_a_timing_says_how_far_its_rounds_lie_apart():
+    """The swiglu part's rounds column: the slowest round's median over the fastest's, 0 without rounds."""
+    pytest.importorskip("torch")
+    from moe_gemm.torch.bench import Timed
+
+    timed = Timed.of([1.0, 1.2, 1.1], graph=True, rounds=(1.0, 1.25, 1.1))
+    assert timed.median_ms == 1.1 and abs(timed.round_spread - 0.25) < 1e-12
+    assert Timed.of([1.0], graph=False).round_spread == 0.0

@@ -186,6 +186,21 @@ def test_the_rules_refuse_what_no_path_takes_and_say_why_the_kernel_cannot():
 
 
 @torch_needed
+def test_a_configuration_that_writes_the_other_output_is_refused_before_any_launch():
+    """fused_swiglu(quantize=...) takes only the SwiGLU configurations that write what it returns: a ValueError
+    naming them, before any tensor is touched (so on the CPU too)."""
+    from moe_gemm.torch.scaled import fused_swiglu
+
+    a = b = scale = offs = None  # never read: the refusal comes first
+    with pytest.raises(ValueError, match="k8/swiglu-e4m3-bm128, k8/swiglu-e4m3-pairs-bm128"):
+        fused_swiglu(a, b, scale, scale, offs, quantize=True, config="k8/swiglu-bm128")
+    with pytest.raises(ValueError, match="k8/swiglu-bm128, got 'k8/swiglu-e4m3-bm128'"):
+        fused_swiglu(a, b, scale, scale, offs, quantize=False, config="k8/swiglu-e4m3-bm128")
+    with pytest.raises(ValueError, match="got 'k8/blockwise-bm128'"):
+        fused_swiglu(a, b, scale, scale, offs, config="k8/blockwise-bm128")
+
+
+@torch_needed
 def test_the_op_launches_the_kernel_only_once_it_has_run():
     from moe_gemm.torch import kernels
     from moe_gemm.torch.scaled import swiglu_has_run
