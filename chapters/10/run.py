@@ -18,7 +18,8 @@ random data, then measures, each part saved as it finishes:
   grid      M_tot 512 .. 65,536 rows x skew 0 .. 1.6 at the seed's E = 64, K = 1024, N = 2688 (at 2,048
             rows and fewer every contender timed as CUDA-graph replays);
   models    the up and down projections of two real MoE models at 65,536 balanced rows;
-  swiglu    the FP8 layer's GEMM 1 with SwiGLU and the quantization in its epilogue, against the GEMM writing
+  swiglu    the FP8 layer's GEMM 1 with SwiGLU and the quantization in its epilogue (its e4m3 bytes transposed
+            within each quad, and the first version's two-byte stores beside it), against the GEMM writing
             [gate | up] in bf16 then the separate pass, and against the epilogue writing the activation in bf16
             (Mixtral-, Qwen3- and DeepSeek-V3-like layers, 4,096 and 32,768 tokens, the layer's own routing);
   layer     chapter 08's bf16 MoE layer against the FP8 layer built from its weights (Mixtral- and DeepSeek-V3-
