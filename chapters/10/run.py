@@ -35,7 +35,7 @@ exits 0.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from moe_gemm.chapter import (
@@ -296,16 +296,16 @@ def quantize_table(rows: Sequence[dict[str, Any]]) -> Table:
 def swiglu_table(rows: Sequence[dict[str, Any]]) -> Table:
     from moe_gemm.measure.fp8 import swiglu_epilogue_extra
 
-    def pairs(r: dict[str, Any], text: str) -> str:  # rows measured before the transposed store have no pairs
-        return text if "pairs_ms" in r else "-"
+    def given(r: dict[str, Any], key: str, cell: Callable[[], str]) -> str:  # older rows lack the later columns
+        return cell() if key in r else "-"
 
     body = tuple((_layer_label(r), f"{r['tokens']:,}", f"{r['gemm_ms']:.3f}", f"{r['pass_ms']:.3f}",
-                  f"{r['swiglu_ms']:.3f}", f"{r['fused_ms']:.3f}", pairs(r, f"{r.get('pairs_ms', 0):.3f}"),
+                  f"{r['swiglu_ms']:.3f}", f"{r['fused_ms']:.3f}", given(r, "pairs_ms", lambda: f"{r['pairs_ms']:.3f}"),
                   f"{r['quantize_ms']:.3f}", f"{(r['gemm_ms'] + r['pass_ms']) / r['fused_ms']:.2f}",
-                  f"{swiglu_epilogue_extra(r):.2f}", pairs(r, f"{swiglu_epilogue_extra(r, 'pairs'):.2f}"
-                                                       if "pairs_ms" in r else ""),
-                  f"{100 * r['fused_round_spread']:.0f}%, {100 * r['pairs_round_spread']:.0f}%"
-                  if "pairs_round_spread" in r else "-")
+                  f"{swiglu_epilogue_extra(r):.2f}",
+                  given(r, "pairs_ms", lambda: f"{swiglu_epilogue_extra(r, 'pairs'):.2f}"),
+                  given(r, "pairs_round_spread",
+                        lambda: f"{100 * r['fused_round_spread']:.0f}%, {100 * r['pairs_round_spread']:.0f}%"))
                  for r in rows)
     return Table(("layer", "tokens", "GEMM ms", "pass ms", "bf16 epi ms", "e4m3 epi ms", "pairs ms",
                   "quantize ms", "(GEMM+pass)/e4m3", "extra (passes)", "pairs extra", "rounds"), body,

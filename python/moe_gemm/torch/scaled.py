@@ -217,12 +217,14 @@ def fused_swiglu(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_
     """The one launch of k8's SwiGLU kernel, for operands it takes (swiglu_refusal is None): the op calls it once
     the kernel has run; its GPU tests and chapter 10 call it directly. ``config``: a configuration of
     moe_gemm.variants.k8.config.SWIGLU writing what ``quantize`` asks for (default: the op's, SWIGLU_CONFIGS)."""
-    from moe_gemm.variants.k8.config import SWIGLU
+    if config is None:  # the op's call: its configuration writes what quantize asks for
+        config = SWIGLU_CONFIGS[quantize]
+    else:
+        from moe_gemm.variants.k8.config import SWIGLU
 
-    config = SWIGLU_CONFIGS[quantize] if config is None else config
-    if config not in SWIGLU or (SWIGLU[config].out == "e4m3") != quantize:
-        outputs = [name for name, c in SWIGLU.items() if (c.out == "e4m3") == quantize]
-        raise ValueError(f"fused_swiglu(quantize={quantize}) runs one of {', '.join(outputs)}, got {config!r}")
+        if config not in SWIGLU or (SWIGLU[config].out == "e4m3") != quantize:
+            outputs = [name for name, c in SWIGLU.items() if (c.out == "e4m3") == quantize]
+            raise ValueError(f"fused_swiglu(quantize={quantize}) runs one of {', '.join(outputs)}, got {config!r}")
     tokens, (experts, K, N) = a.shape[0], b.shape
     act = torch.empty((tokens, N // 2), dtype=torch.float8_e4m3fn if quantize else torch.bfloat16, device=a.device)
     scale = (torch.ones((N // 2 // BLOCK, padded_rows(tokens)), dtype=torch.float32, device=a.device) if quantize
