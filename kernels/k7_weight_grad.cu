@@ -17,9 +17,10 @@
 // one's). An expert with no rows runs no step and stores zeros.
 //
 // Both operands arrive as the forward stored them, row-major with the rows as the reduction: A's 64 x
-// 64 boxes hold 64 rows x 64 of K, read by wgmma as A^T (M-major, "transposed"); dC's hold 64 rows x
+// 64 panels hold 64 rows x 64 of K, read by wgmma as A^T (M-major, "transposed"); dC's hold 64 rows x
 // 64 of N, read as the B operand N-major, exactly as k6 reads a row-major B [K, N]. bf16 and fp16
-// wgmma take both transposes, so neither operand is copied or transposed in memory.
+// wgmma take both transposes, so neither operand is copied or transposed in memory. One TMA copy brings
+// all of a stage's panels of an operand (the producer below says why that matters).
 //
 // The rest is k6's ping-pong kernel (chapter 07): a producer warp issues TMA into a ring of STAGES,
 // two consumer warpgroups each own a whole 128 x BN tile and take turns on the tensor cores, the
@@ -56,36 +57,59 @@ struct Config {
                   "the ring and the C staging fit the shared memory of one block");
 };
 
-// Tile `index` of the walk as (expert, first K row, first N column): E x K_TILES x N_TILES tiles,
+// The walk: tile `index` is (expert, first K row, first N column), E x K_TILES x N_TILES tiles,
 // expert by expert (both operands of an expert stay in L2 while its tiles run), and within an
 // expert in raster groups of `group` K tiles walked column by column, so that the blocks running at
 // once share dC's columns across the group and A's columns across the N tiles they span.
-__device__ __forceinline__ int3 tile_at(int index, int k_tiles, int n_tiles, int group, int bn) {
-    const int per_expert = k_tiles * n_tiles;
-    const int expert = index / per_expert, local = index - expert * per_expert;
-    const int span = group * n_tiles, g = local / span, within = local - g * span;
-    const int in_group = min(group, k_tiles - g * group);  // the last group may be short
-    return make_int3(expert, (g * group + within % in_group) * 128, within / in_group * bn);
+//
+// A block visits tiles first, first + stride, ... and every consumer warp visits them all (the other
+// warpgroup's too, to keep its place in the ring), so the expert is carried from one tile to the next
+// (a subtraction or two) instead of divided out: the profile at 2,048 rows found the four 32-bit
+// divisions of a whole-tile index, done for every tile by every warp, in an eighth of the samples.
+struct Cursor {
+    int expert, local;  // tile index = expert x per_expert + local, 0 <= local < per_expert
+    __device__ __forceinline__ Cursor(int index, int per_expert) : expert(index / per_expert),
+                                                                 local(index - expert * per_expert) {}
+    __device__ __forceinline__ void advance(int stride, int per_expert) {
+        for (local += stride; local >= per_expert; local -= per_expert) ++expert;
+    }
+};
+
+// The tile's (first K row, first N column) within its expert: two unsigned divisions, for own tiles only.
+__device__ __forceinline__ int2 tile_in_expert(int local, int k_tiles, int n_tiles, int group, int bn) {
+    const unsigned span = group * n_tiles, g = unsigned(local) / span, within = unsigned(local) - g * span;
+    const unsigned in_group = min(group, k_tiles - int(g) * group);  // the last group may be short
+    const unsigned n = within / in_group;
+    return make_int2(int(g * group + within - n * in_group) * 128, int(n) * bn);
 }
 // --8<-- [end:config]
 
 // --8<-- [start:producer]
-// One thread issues every copy: per tile, one stage per 64 rows of the expert, each carrying A's
-// two boxes (64 rows x 128 of K; one where K ends first) and dC's boxes that start before column N.
-template <class Cfg, int STAGES>
+// One thread issues every copy: per tile, one stage per 64 rows of the expert. PANELS: each stage is
+// one copy of A (64 rows x 128 of K, as two 64-column panels) and one of dC (64 rows x BN, as BN / 64
+// panels). The panels are a third dimension of each tensor map (moe_gemm.variants.k7.tensor_maps), so
+// one TMA instruction fills a whole operand of the stage; panels past K or N arrive as zeros and are
+// never read. The profile at 65,536 rows found this thread the limit when it issued a copy per
+// 64-column box (five per stage, about 110 instructions, the first version, kept as PANELS = false):
+// it never once waited for a free stage while the consumers waited for full ones. Where N is not a
+// multiple of 64 the last panel would reach past the row, so dC's map stays two-dimensional and the
+// stage takes a copy per box that starts before column N.
+template <class Cfg, int STAGES, bool PANELS>
 __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_dc, const int* offsets,
                                         int tiles, int first, int stride, int k_tiles, int n_tiles, int group,
-                                        int K, int N, unsigned ring, unsigned long long* full,
-                                        unsigned long long* empty) {
+                                        int K, int N, unsigned ring, unsigned long long* full, unsigned long long* empty) {
     tma_prefetch_descriptor(tmap_a);
     tma_prefetch_descriptor(tmap_dc);
+    const bool dc_panels = PANELS && N % sm90::BOX == 0;
+    const int per_expert = k_tiles * n_tiles;
     int stage = 0;
     unsigned phase = 0;
-    for (int index = first; index < tiles; index += stride) {
-        const int3 tile = tile_at(index, k_tiles, n_tiles, group, Cfg::TILE_N);
-        const int row0 = offsets[tile.x], steps = (offsets[tile.x + 1] - row0 + Cfg::ROWS - 1) / Cfg::ROWS;
-        const int a_boxes = min(Cfg::A_BOXES, (K - tile.y) / sm90::BOX);  // K % 64 == 0
-        const int b_boxes = min(Cfg::B_BOXES, (N - tile.z + sm90::BOX - 1) / sm90::BOX);
+    Cursor at(first, per_expert);
+    for (int index = first; index < tiles; index += stride, at.advance(stride, per_expert)) {
+        const int2 tile = tile_in_expert(at.local, k_tiles, n_tiles, group, Cfg::TILE_N);
+        const int row0 = offsets[at.expert], steps = (offsets[at.expert + 1] - row0 + Cfg::ROWS - 1) / Cfg::ROWS;
+        const int b_boxes = dc_panels ? Cfg::B_BOXES : min(Cfg::B_BOXES, (N - tile.y + sm90::BOX - 1) / sm90::BOX);
+        const int a_boxes = PANELS ? Cfg::A_BOXES : min(Cfg::A_BOXES, (K - tile.x) / sm90::BOX);  // K % 64 == 0
         const unsigned stage_tx = (a_boxes + b_boxes) * sm90::BOX_BYTES;
         for (int s = 0; s < steps; ++s) {
             mbarrier_wait_parity(smem_u32(&empty[stage]), phase ^ 1);
@@ -93,10 +117,19 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
             mbarrier_arrive_expect_tx(bar, stage_tx);
             const unsigned dst = ring + stage * Cfg::STAGE_BYTES;
             const int row = row0 + s * Cfg::ROWS;
-            for (int box = 0; box < a_boxes; ++box)  // A [M_tot, K]: (k, row)
-                tma_load_2d(dst + box * sm90::BOX_BYTES, tmap_a, tile.y + box * sm90::BOX, row, bar);
-            for (int box = 0; box < b_boxes; ++box)  // dC [M_tot, N]: (n, row)
-                tma_load_2d(dst + Cfg::A_BYTES + box * sm90::BOX_BYTES, tmap_dc, tile.z + box * sm90::BOX, row, bar);
+            if constexpr (PANELS) {
+                tma_load_3d(dst, tmap_a, 0, row, tile.x / sm90::BOX, bar);  // A: (k in panel, row, K panel)
+            } else {
+                for (int box = 0; box < a_boxes; ++box)  // A [M_tot, K]: (k, row)
+                    tma_load_2d(dst + box * sm90::BOX_BYTES, tmap_a, tile.x + box * sm90::BOX, row, bar);
+            }
+            if (dc_panels) {
+                tma_load_3d(dst + Cfg::A_BYTES, tmap_dc, 0, row, tile.y / sm90::BOX, bar);  // dC: (n, row, N panel)
+            } else {
+                for (int box = 0; box < b_boxes; ++box)  // dC [M_tot, N]: (n, row)
+                    tma_load_2d(dst + Cfg::A_BYTES + box * sm90::BOX_BYTES, tmap_dc, tile.y + box * sm90::BOX, row,
+                                bar);
+            }
             if (++stage == STAGES) {
                 stage = 0;
                 phase ^= 1;
@@ -114,12 +147,12 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
 // zeroed without unswizzling anything.
 template <class Cfg>
 __device__ __forceinline__ void zero_foreign_rows(unsigned stage_base, int own, int warpgroup) {
-    constexpr int BOXES = Cfg::A_BOXES + Cfg::B_BOXES, CHUNKS = 128 / 16;
-    const int per_box = (Cfg::ROWS - own) * CHUNKS;
-    for (int i = threadIdx.x % sm90::WARPGROUP; i < BOXES * per_box; i += sm90::WARPGROUP) {
-        const int box = i / per_box, rest = i - box * per_box;
-        store_shared_zero_16(stage_base + box * sm90::BOX_BYTES + (own + rest / CHUNKS) * 128 + rest % CHUNKS * 16);
-    }
+    constexpr int BOXES = Cfg::A_BOXES + Cfg::B_BOXES, CHUNKS = 128 / 16, ROWS_PER_PASS = sm90::WARPGROUP / CHUNKS;
+    const int chunk = threadIdx.x % CHUNKS;  // thread t: 16-byte chunk t % 8 of rows own + t / 8, + 16, ...
+    for (int row = own + threadIdx.x % sm90::WARPGROUP / CHUNKS; row < Cfg::ROWS; row += ROWS_PER_PASS)
+#pragma unroll
+        for (int box = 0; box < BOXES; ++box)
+            store_shared_zero_16(stage_base + box * sm90::BOX_BYTES + row * 128 + chunk * 16);
     fence_proxy_async_shared();
     named_barrier_sync(TAIL_BARRIER + warpgroup, sm90::WARPGROUP);
 }
@@ -184,7 +217,7 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N 
 // --8<-- [end:consumer]
 
 // --8<-- [start:body]
-template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS, bool ACCUMULATE>
+template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS, bool ACCUMULATE, bool PANELS>
 __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_dc,
                                         const CUtensorMap* tmap_db, void* dB, const int* ends, int tokens,
                                         int experts, int group, int K, int N) {
@@ -217,11 +250,11 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
     const int k_tiles = (K + Cfg::WG_ROWS - 1) / Cfg::WG_ROWS, n_tiles = (N + BN - 1) / BN;
     const int tiles = experts * k_tiles * n_tiles;
     const int first = blockIdx.x, stride = gridDim.x;
-    auto steps_of = [&](int3 tile) { return order.starts[tile.x + 1] - order.starts[tile.x]; };
     if (warpgroup == 2) {
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (threadIdx.x % sm90::WARPGROUP == 0)
-            produce<Cfg, STAGES>(tmap_a, tmap_dc, offsets, tiles, first, stride, k_tiles, n_tiles, group, K, N, ring,
+            produce<Cfg, STAGES, PANELS>(tmap_a, tmap_dc, offsets, tiles, first, stride, k_tiles, n_tiles, group, K, N,
+                                         ring,
                                  full, empty);
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
@@ -230,9 +263,10 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
         const int mine = first < tiles ? (tiles - first + stride - 1) / stride : 0;
         int stage = 0, stored = 0;
         unsigned phase = 0;
-        for (int ordinal = 0; ordinal < mine; ++ordinal) {
-            const int3 tile = tile_at(first + ordinal * stride, k_tiles, n_tiles, group, BN);
-            const int steps = steps_of(tile);
+        const int per_expert = k_tiles * n_tiles;
+        Cursor at(first, per_expert);
+        for (int ordinal = 0; ordinal < mine; ++ordinal, at.advance(stride, per_expert)) {
+            const int expert = at.expert, steps = order.starts[expert + 1] - order.starts[expert];
             if (ordinal % 2 != warpgroup) {  // the other warpgroup's tile
                 sm90::skip_stages<STAGES>(stage, phase, steps);
                 continue;
@@ -243,8 +277,9 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
             auto hand_over = [&] {
                 if (ordinal + 1 < mine) named_barrier_arrive(ORDER_BARRIER + (warpgroup ^ 1), 2 * sm90::WARPGROUP);
             };
-            const int rows = min(Cfg::WG_ROWS, K - tile.y);  // 64 where K ends half-way into the tile
-            const int own_last = (offsets[tile.x + 1] - offsets[tile.x]) - (steps - 1) * Cfg::ROWS;
+            const int2 tile = tile_in_expert(at.local, k_tiles, n_tiles, group, BN);  // (first K row, first column)
+            const int rows = min(Cfg::WG_ROWS, K - tile.x);  // 64 where K ends half-way into the tile
+            const int own_last = (offsets[expert + 1] - offsets[expert]) - (steps - 1) * Cfg::ROWS;
             if (steps == 0) {  // an expert with no rows: its gradient is exactly zero (accumulating: nothing to add)
 #pragma unroll
                 for (int i = 0; i < Cfg::M_ITERS; ++i)
@@ -264,7 +299,7 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
             // dB [E, K, N] as a matrix of E x K rows: this tile's rows start at expert x K + its first K row.
             // Accumulating, an expert with no rows leaves its dB as it was.
             if (!ACCUMULATE || steps > 0)
-                sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT, ACCUMULATE>(acc, tile.x * K + tile.y, rows, tile.z,
+                sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT, ACCUMULATE>(acc, expert * K + tile.x, rows, tile.y,
                                                                             warpgroup, my_staging, stored, tmap_db,
                                                                             dB, N);
             if (RINGS == 1) {
@@ -282,19 +317,21 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
 
 // --8<-- [start:kernel]
 #define K7_PARAMS                                                                                              \
-    const __grid_constant__ CUtensorMap tmap_a,   /* A [M_tot, K]: box {64, 64}                             */ \
-    const __grid_constant__ CUtensorMap tmap_dc,  /* dC [M_tot, N]: box {64, 64}                            */ \
+    const __grid_constant__ CUtensorMap tmap_a,   /* A [M_tot, K] as (64, M_tot, K / 64): box {64, 64, 2}   */ \
+    const __grid_constant__ CUtensorMap tmap_dc,  /* dC likewise, box {64, 64, BN / 64}; N % 64: {64, 64}   */ \
     const __grid_constant__ CUtensorMap tmap_db,  /* dB [E x K, N]: box {64, 64}                            */ \
     void* __restrict__ dB,                        /* [E, K, N] in OUT: bf16, fp16 or fp32 (ACCUMULATE: += ) */ \
     const int* __restrict__ ends,                 /* [E] cumulative row ends (torch's offs)                 */ \
     int tokens,                                   /* M_tot: the rows of A and dC; every end is clamped to it */ \
     int experts, int group, int K, int N
 
-// RINGS and ACCUMULATE last, with their defaults: the instances named before them keep their names.
-// ACCUMULATE: dB += A_e^T dC_e into an fp32 dB (gradient accumulation across micro-batches).
-template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1, bool ACCUMULATE = false>
+// RINGS, ACCUMULATE and PANELS last, with their defaults: the instances named before them keep their names.
+// ACCUMULATE: dB += A_e^T dC_e into an fp32 dB (gradient accumulation across micro-batches). PANELS = false:
+// the first version's producer, a copy per 64-column box (its maps are two-dimensional).
+template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1, bool ACCUMULATE = false,
+          bool PANELS = true>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k7_weight_grad(K7_PARAMS) {
-    k7::k7_body<BN, STAGES, STAGING_BOXES, IN, OUT, RINGS, ACCUMULATE>(&tmap_a, &tmap_dc, &tmap_db, dB, ends, tokens,
-                                                                       experts, group, K, N);
+    k7::k7_body<BN, STAGES, STAGING_BOXES, IN, OUT, RINGS, ACCUMULATE, PANELS>(&tmap_a, &tmap_dc, &tmap_db, dB, ends,
+                                                                               tokens, experts, group, K, N);
 }
 // --8<-- [end:kernel]

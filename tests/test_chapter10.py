@@ -155,15 +155,20 @@ def test_the_256_row_rung_wins_at_65536_rows_and_the_128_row_rung_at_4096():
 
 
 @recorded_only
-def test_torchs_promoted_mode_is_slow_on_the_grid_only_and_ours_trails_its_fast_mode_only_at_the_projections():
+def test_torchs_promoted_mode_is_slow_on_the_grid_only_and_ours_is_level_with_its_fast_mode_at_the_projections():
     for part in ("grid", "models"):
         for cell in cells(part):
             torch = best((RUN.TORCH,), FP8_ROWWISE, cell)
             ours = best(RUN.ROWWISE_PROMOTED, FP8_ROWWISE, cell)
-            assert torch < 300 if part == "grid" else 900 < torch < ours < 1.2 * torch
+            assert torch < 300 if part == "grid" else 900 < torch < ours < 1.3 * torch
             over_fast = RUN.ratio(DATA["records"], (RUN.ROWWISE_PROMOTED, FP8_ROWWISE),
                                   ((RUN.TORCH_FAST,), FP8_ROWWISE), cell)
-            assert (over_fast >= 1.0) == (part == "grid"), (cell, over_fast)
+            # the grid: ahead of the fast mode; the projections: level with it (the page reads which, and says
+            # "level" where one is ahead and the other behind, as in the recorded run)
+            assert over_fast >= 1.0 if part == "grid" else 0.97 < over_fast < 1.03, (cell, over_fast)
+    projections = [RUN.ratio(DATA["records"], (RUN.ROWWISE_PROMOTED, FP8_ROWWISE), ((RUN.TORCH_FAST,), FP8_ROWWISE),
+                             cell) for cell in cells("models")]
+    assert min(projections) < 1.0 <= max(projections)
 
 
 @recorded_only
@@ -205,7 +210,12 @@ def test_the_overlap_rung_gains_inside_its_predicted_range_at_the_mixtral_projec
     for cell in projections:
         gain = best(("k8/blockwise-bm128-overlap",), FP8_BLOCKWISE, cell) / best(("k8/blockwise-bm128",), FP8_BLOCKWISE,
                                                                                   cell) - 1
-        assert 0 < gain < 0.2, (cell, gain)
+        # the predicted range is 0 to 20%; the page says "near its top and at one projection just past it"
+        assert 0.1 < gain < 0.25, (cell, gain)
+    gains = sorted(best(("k8/blockwise-bm128-overlap",), FP8_BLOCKWISE, c) / best(("k8/blockwise-bm128",),
+                                                                                 FP8_BLOCKWISE, c) - 1
+                   for c in projections)
+    assert gains[0] < 0.2 <= gains[1]
     up = next(cell for cell in projections if cell.N > cell.K)
     assert best(("k8/blockwise-bm256",), FP8_BLOCKWISE, up) >= best(("k8/blockwise-bm128-overlap",), FP8_BLOCKWISE, up)
 

@@ -59,9 +59,11 @@ def test_each_configuration_names_its_template_instance():
     config = K7Config(192, stages=5, element="fp16", out="fp32")
     assert config.kernel_name == "k7_weight_grad<192, 5, 2, 1, 2>"
     assert re.search(r"template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1, "
-                     r"bool ACCUMULATE = false>\s*"
+                     r"bool ACCUMULATE = false,\s*bool PANELS = true>\s*"
                      r"__global__ void __launch_bounds__\(3 \* sm90::WARPGROUP, 1\) k7_weight_grad", SOURCE)
     assert K7Config(128, stages=5, rings=2).kernel_name == "k7_weight_grad<128, 5, 2, 0, 0, 2>"
+    assert LADDER["k7/bn192-boxes"].kernel_name == "k7_weight_grad<192, 5, 2, 0, 0, 1, false, false>"
+    assert LADDER["k7/bn192-boxes"].label == "128x192 pingpong g8 s5 box copies"
     assert THREADS == 384
     assert config.label == "128x192 pingpong g8 s5 fp16->fp32"
     assert [v.name for v in ladder()] == list(LADDER)
@@ -80,8 +82,28 @@ def test_the_arguments_are_k7_params_in_number_kind_and_order():
              else "int" if isinstance(arg, np.int32) else "pointer" if type(arg) is int else repr(arg) for arg in args]
     assert kinds == [kind(p) for p in parameters]
     a_map, dc_map, db_map = args[:3]
-    assert a_map.box == (64, 64) and dc_map.box == (64, 64)  # 64 rows of the reduction x 64 of K or N
+    # One copy per operand per stage: 64 rows of the reduction x two 64-column panels of K, x three of N
+    assert a_map.box == (64, 64, 2) and dc_map.box == (64, 64, 3)
+    assert a_map.dims == (64, 1000, 1024 // 64) and a_map.strides == (1024 * 2, 128)
     assert db_map.dims == (2688, 8 * 1024)  # dB as [E x K, N]
+    # N not a multiple of 64: the last panel would read the next row, so dC keeps a box per 64 columns
+    dc_plain = arguments(LADDER["k7/bn192"], 0x10000, 0x20000, 0x30000, 0x40004, 1000, 8, 1024, 2696)[1]
+    assert dc_plain.box == (64, 64) and dc_plain.dims == (2696, 1000)
+
+
+def test_a_panel_map_puts_the_panels_side_by_side_within_each_row():
+    from moe_gemm.cuda.tensormap import panel_map
+
+    with pytest.raises(ValueError, match="multiple of 64"):
+        panel_map("dC", 0, rows=10, cols=200, box_rows=64, box_panels=3)
+    # a panel stride other than the box's inner 128 bytes, or panels reaching past the row, is refused
+    with pytest.raises(ValueError, match="side by side"):
+        TiledMap("X", 0, (64, 10, 4), (512, 256), (64, 64, 2), panel_dim=2)
+    with pytest.raises(ValueError, match="side by side"):
+        TiledMap("X", 0, (64, 10, 5), (512, 128), (64, 64, 2), panel_dim=2)
+    # without the panel exemption the same strides break the covering rule
+    with pytest.raises(ValueError, match="must cover"):
+        TiledMap("X", 0, (64, 10, 4), (512, 128), (64, 64, 2))
 
 
 def test_the_refusals_name_their_rules():
@@ -144,5 +166,16 @@ def test_the_accumulate_mode_adds_by_reduction_in_l2(name):
 def test_the_rings_parameter_keeps_the_validated_instances_names():
     """RINGS comes last with a default, so the rungs validated before it existed keep their names (and, the
     validation record's carry-over checked, their machine code)."""
-    assert all(config.kernel_name.count(",") == 4 for config in LADDER.values() if config.rings == 1)
-    assert re.search(r"int IN, int OUT, int RINGS = 1, bool ACCUMULATE = false>\s*__global__", SOURCE)
+    assert all(config.kernel_name.count(",") == 4 for config in LADDER.values() if config.rings == 1 and config.panels)
+    assert re.search(r"int IN, int OUT, int RINGS = 1, bool ACCUMULATE = false,\s*bool PANELS = true>\s*__global__",
+                     SOURCE)
+
+
+@pytest.mark.parametrize("name", ["k7/bn192", "k7/bn192-boxes"])
+def test_a_stage_is_one_copy_per_operand_where_the_columns_come_in_whole_panels(name):
+    """The producer's copies: one 3-D copy of A and one of dC per stage (the panel maps), with the 2-D copies per
+    box kept for an N that is not a multiple of 64; the first version issues only 2-D ones."""
+    from moe_gemm.cuda.sass import opcode_counts
+
+    counts = opcode_counts(K7WeightGrad(name).compile("sm_90a").sass(), ("UTMALDG.3D", "UTMALDG.2D"))
+    assert (counts["UTMALDG.3D"] > 0) == LADDER[name].panels and counts["UTMALDG.2D"] > 0

@@ -58,6 +58,10 @@ class TiledMap:
     # same global row are wanted next (A: the following K step; B: the tile's second 64-column
     # panel in the same stage). Fetching 256 bytes per L2 miss brings both in one DRAM request.
     l2_promotion_bytes: int = 256
+    # A panel map (panel_map) views each row as 64-element panels in its own last dimension, whose stride
+    # (the box's inner extent) is smaller than the row stride before it: the one dimension exempt from the
+    # rule that a stride covers the dimensions below it.
+    panel_dim: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -98,6 +102,12 @@ class TiledMap:
             if stride % GLOBAL_ALIGN:
                 raise ValueError(f"tensor map {name}: stride {i} must be a multiple of {GLOBAL_ALIGN} bytes for TMA, "
                                  f"got {stride} bytes")
+            if i + 1 == self.panel_dim:  # the panels of a row: side by side within the row stride
+                if not (stride == self.box[0] * self.element_bytes and self.dims[i + 1] * stride <= self.strides[0]):
+                    raise ValueError(f"tensor map {name}: the panels of dimension {i + 1} must lie side by side "
+                                     f"(stride = the box's inner {self.box[0] * self.element_bytes} bytes) within "
+                                     f"the {self.strides[0]}-byte rows, got stride {stride} x {self.dims[i + 1]}")
+                continue
             if not extent <= stride < MAX_STRIDE:
                 raise ValueError(f"tensor map {name}: stride {i} must cover the {extent} bytes below it and be "
                                  f"< 2^40, got {stride}")
@@ -181,6 +191,22 @@ def matrix_map(name: str, address: int, rows: int, cols: int, box_rows: int, box
     """A row-major [rows, cols] matrix of ``element`` (bf16 unless said), boxes of box_rows x box_cols."""
     size = element_bytes(element, name)
     return TiledMap(name, address, (cols, rows), (cols * size,), (box_cols, box_rows), element=element, **options)
+
+
+# --8<-- [start:panel_map]
+def panel_map(name: str, address: int, rows: int, cols: int, box_rows: int, box_panels: int, element: str = "bf16",
+              panel: int = 64, **options: Any) -> TiledMap:
+    """A row-major [rows, cols] matrix as (panel, rows, cols / panel): each row's ``panel``-element pieces
+    (128 bytes of bf16: one swizzle row) side by side in a third dimension, so that one box of
+    box_rows x box_panels panels lands in shared memory as box_panels separate [box_rows, panel] boxes, back
+    to back, in one copy. Panels past the last are out of bounds (zeros); ``cols`` must be a multiple of
+    ``panel``, or the last panel would read the next row."""
+    if cols % panel:
+        raise ValueError(f"tensor map {name}: a panel map needs the columns to be a multiple of {panel}, got {cols}")
+    size = element_bytes(element, name)
+    return TiledMap(name, address, (panel, rows, cols // panel), (cols * size, panel * size),
+                    (panel, box_rows, box_panels), element=element, panel_dim=2, **options)
+# --8<-- [end:panel_map]
 
 
 def batched_matrix_map(name: str, address: int, batch: int, rows: int, cols: int, box_rows: int, box_cols: int,

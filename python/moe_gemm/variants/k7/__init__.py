@@ -3,6 +3,9 @@
 =====================  ===================================================================================
 ``k7/bn192``           128 x 192 tiles of dB, 5 stages of 64 rows: k6's ping-pong at its widest tile
 ``k7/bn128``           128 x 128 tiles, 6 stages
+``k7/bn192-rings``     k7/bn192 with a staging ring per consumer warpgroup, 4 stages
+``k7/bn128-rings``     k7/bn128 likewise, 5 stages
+``k7/bn192-boxes``     k7/bn192 with the first version's producer: a TMA copy per 64-column box
 =====================  ===================================================================================
 
 A problem ragged along K (``Problem(ragged="K")``): A [M_tot, K] and dC [M_tot, N] row-major, as the
@@ -22,7 +25,7 @@ import numpy as np
 
 from moe_gemm.cuda.device import DeviceArray, DeviceProblem
 from moe_gemm.cuda.launch import PackedArguments, TensorMapArg, launch, prefer_shared_memory
-from moe_gemm.cuda.tensormap import TiledMap, matrix_map
+from moe_gemm.cuda.tensormap import TiledMap, matrix_map, panel_map
 from moe_gemm.cuda.variant import Prepared
 from moe_gemm.model.edge_cases import RAGGED_K_EDGE_CASES, EdgeCase
 from moe_gemm.model.problem import BF16, BF16_OPERANDS, FP16, FP16_OPERANDS, FP32, Problem, dtype_name
@@ -44,10 +47,21 @@ from moe_gemm.variants.sm90.maps import output_map, require_sm90a
 # --8<-- [start:maps]
 def tensor_maps(config: K7Config, a_address: int, dc_address: int, db_address: int, tokens: int, experts: int,
                 K: int, N: int) -> tuple[TiledMap, TiledMap, TiledMap]:
-    """A [M_tot, K] and dC [M_tot, N] in 64-row x 64-column boxes (64 rows of the reduction per stage), dB
-    as the matrix [E x K, N] in 64 x 64 boxes (each 64-row slice of a tile lies in one expert's K rows)."""
-    a_map = matrix_map("A", a_address, rows=tokens, cols=K, box_rows=BK, box_cols=BOX, element=config.element)
-    dc_map = matrix_map("dC", dc_address, rows=tokens, cols=N, box_rows=BK, box_cols=BOX, element=config.element)
+    """A [M_tot, K] and dC [M_tot, N] as panel maps, so that one copy brings a stage's 64 rows of a whole
+    operand (A: 128 of K, two 64-column panels; dC: BN columns, BN / 64 panels); dC as a plain matrix in
+    64 x 64 boxes where N is not a multiple of 64. dB as the matrix [E x K, N] in 64 x 64 boxes (each
+    64-row slice of a tile lies in one expert's K rows)."""
+    if not config.panels:  # the first version: a copy per 64 x 64 box of either operand
+        return (matrix_map("A", a_address, rows=tokens, cols=K, box_rows=BK, box_cols=BOX, element=config.element),
+                matrix_map("dC", dc_address, rows=tokens, cols=N, box_rows=BK, box_cols=BOX, element=config.element),
+                output_map(db_address, experts * K, N, config.out))
+    a_map = panel_map("A", a_address, rows=tokens, cols=K, box_rows=BK, box_panels=TILE_K // BOX,
+                      element=config.element)
+    if N % BOX == 0:
+        dc_map = panel_map("dC", dc_address, rows=tokens, cols=N, box_rows=BK, box_panels=config.bn // BOX,
+                           element=config.element)
+    else:
+        dc_map = matrix_map("dC", dc_address, rows=tokens, cols=N, box_rows=BK, box_cols=BOX, element=config.element)
     return a_map, dc_map, output_map(db_address, experts * K, N, config.out)
 # --8<-- [end:maps]
 

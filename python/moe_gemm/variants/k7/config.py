@@ -33,6 +33,7 @@ class K7Config:
     group: int = 8  # K tiles per raster group of the walk (a run-time argument)
     rings: int = 1  # 1: one staging ring the ping-pong epilogues take in turns; 2: one per warpgroup, at once
     accumulate: bool = False  # dB += A_e^T dC_e into an fp32 dB (gradient accumulation across micro-batches)
+    panels: bool = True  # one copy per operand per stage (panel maps); False: one per 64-column box (the first version)
     element: Literal["bf16", "fp16"] = "bf16"
     out: Literal["bf16", "fp16", "fp32"] = "bf16"
 
@@ -59,8 +60,11 @@ class K7Config:
 
     @property
     def kernel_name(self) -> str:
-        # RINGS and ACCUMULATE are the template's last parameters, with defaults: the names from before them
-        tail = f", {self.rings}, true" if self.accumulate else "" if self.rings == 1 else f", {self.rings}"
+        # RINGS, ACCUMULATE and PANELS are the template's last parameters, with defaults: the names from before them
+        if not self.panels:
+            tail = f", {self.rings}, {str(self.accumulate).lower()}, false"
+        else:
+            tail = f", {self.rings}, true" if self.accumulate else "" if self.rings == 1 else f", {self.rings}"
         return (f"{KERNEL_FUNCTION}<{self.bn}, {self.stages}, {self.staging_boxes}, {ELEMENT_CODES[self.element]}, "
                 f"{ELEMENT_CODES[self.out]}{tail}>")
 
@@ -70,7 +74,8 @@ class K7Config:
         types = "" if (self.element, self.out) == ("bf16", "bf16") else f" {self.element}->{self.out}"
         rings = "" if self.rings == 1 else " 2 rings"
         mode = " +=" if self.accumulate else ""
-        return f"{TILE_K}x{self.bn} pingpong g{self.group} s{self.stages}{rings}{types}{mode}"
+        boxes = "" if self.panels else " box copies"
+        return f"{TILE_K}x{self.bn} pingpong g{self.group} s{self.stages}{rings}{boxes}{types}{mode}"
 
     def replace(self, **changes) -> K7Config:
         return dataclasses.replace(self, **changes)
@@ -87,6 +92,9 @@ LADDER: dict[str, K7Config] = {
     # written at 52% of HBM's peak against quack's 70%).
     "k7/bn192-rings": K7Config(192, stages=4, staging_boxes=3, rings=2),
     "k7/bn128-rings": K7Config(128, stages=5, staging_boxes=2, rings=2),
+    # The first version's producer, kept to be timed beside the rest: a TMA copy per 64-column box, five per stage
+    # at BN = 192, where every rung above issues one per operand.
+    "k7/bn192-boxes": K7Config(192, stages=5, panels=False),
 }
 # --8<-- [end:ladder]
 
