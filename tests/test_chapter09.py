@@ -472,3 +472,29 @@ def test_one_copy_per_operand_reads_on_the_h100_as_the_page_says():
     torch = [best_ratio(records, RUN.K7, (RUN.TORCH,), cell) for cell in cells]
     assert sum(ratio < 1.2 for ratio in torch if ratio) == 1 and min(torch) > 1.19
     assert "quack" in data["targets"][0]["target"] and "torch" in data["targets"][1]["target"]
+
+
+def test_the_profile_samples_who_waits_and_keeps_its_counters_when_that_pass_fails(monkeypatch, capsys):
+    """--profile takes a second ncu pass over the same launch for the mbarrier waits by role (the page's producer
+    reading); its fields join the row, and where that pass fails the row keeps its counters and the run says why."""
+    from moe_gemm.measure import profile
+
+    seen = []
+
+    def waits(target, kernel_regex, skip):
+        seen.append((target[target.index("moe_gemm.measure.profile_target") + 1], kernel_regex, skip))
+        if "k7/bn192-boxes" in target:
+            raise RuntimeError("ncu's source counters failed (exit 1):\n...")
+        return {"producer_wait_pct": 0.5, "producer_wait_retries": 0, "consumer_wait_pct": 19.7}
+
+    monkeypatch.setattr(profile, "_run_ncu", lambda target, metrics, kernel_regex, skip: (0, "report", ""))
+    monkeypatch.setattr(profile, "parse_ncu_csv", lambda report, metrics: {key: 1.5 for key in profile.ESSENTIAL})
+    monkeypatch.setattr(profile, "_source_waits", waits)
+    rows = RUN.profile_rows(("k7/bn192", "k7/bn192-boxes"))
+    assert [r["variant"] for r in rows] == ["k7/bn192", "k7/bn192-boxes"] * 2
+    assert all(r["consumer_wait_pct"] == 19.7 for r in rows if r["variant"] == "k7/bn192")
+    assert all("producer_wait_pct" not in r and r["cycles_per_issue"] == 1.5 for r in rows
+               if r["variant"] == "k7/bn192-boxes")
+    assert all(regex == "k7_weight_grad" and skip is None for _, regex, skip in seen)  # the range's one launch
+    assert "k7/bn192-boxes: no wait sites (ncu's source counters failed (exit 1):)" in capsys.readouterr().err
+    assert "prod retries" in RUN.profile_table(rows).headers

@@ -274,7 +274,7 @@ def profile_rows(only: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Nsight Compute's rows for PROFILED (only the variants named in ``only``, where it names any)."""
     from moe_gemm.measure.profile import profile_cells
 
-    return profile_cells(PROFILED, only)
+    return profile_cells(PROFILED, only, waits=True)  # who waits for whom: the producer's limit (the page)
 
 
 # --------------------------------------------------------------------------- no GPU

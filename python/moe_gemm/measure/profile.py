@@ -134,9 +134,29 @@ def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | 
     return proc.returncode, report, proc.stdout + proc.stderr
 
 
+def _source_waits(target: list[str], kernel_regex: str | None, skip: int | None) -> dict[str, float]:
+    """The mbarrier waits of the same launch from ncu's source counters (moe_gemm.measure.wait_sites), per role."""
+    from moe_gemm.measure.wait_sites import parse_source_csv, wait_summary
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "source")
+        command = [find_ncu(), "--clock-control", "none", "--section", "SourceCounters", "--launch-count", "1",
+                   "-f", "-o", report]
+        command += ["--profile-from-start", "off"] if skip is None else ["--launch-skip", str(skip)]
+        if kernel_regex:
+            command += ["-k", f"regex:{kernel_regex}"]
+        proc = subprocess.run(command + target, capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
+        if proc.returncode != 0 or not os.path.exists(report + ".ncu-rep"):
+            raise RuntimeError(f"ncu's source counters failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+        page = subprocess.run([find_ncu(), "--import", report + ".ncu-rep", "--page", "source", "--csv",
+                               "--print-source", "sass"], capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
+    return wait_summary(parse_source_csv(page.stdout))
+
+
 def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int = SEED_EXPERTS,
                     K: int = SEED_K, N: int = SEED_N, warmup: int | None = None, kernel_regex: str | None = None,
-                    profiler_range: bool = False, ragged: str = "M", fmt: str = "bf16") -> dict[str, Any]:
+                    profiler_range: bool = False, ragged: str = "M", fmt: str = "bf16",
+                    waits: bool = False) -> dict[str, Any]:
     """Profile one launch of ``variant_name`` on one workload; the counters as a dict.
 
     ``kernel_regex`` defaults to the variant's ``kernel_function`` attribute (only its launches are counted and
@@ -146,7 +166,8 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
     torch's random inputs). If ncu rejects metrics this GPU or ncu version lacks, the profile is retaken without
     them (the three the model needs, :data:`ESSENTIAL`, are never dropped). ``ragged="K"`` profiles the weight
     gradient (chapter 09) at the same sizes; ``fmt`` names the operands' format (moe_gemm.model.problem.FORMATS:
-    chapter 10's e4m3 ones).
+    chapter 10's e4m3 ones). ``waits``: a second ncu pass over the same launch samples its mbarrier waits by role
+    (moe_gemm.measure.wait_sites: ``producer_wait_pct``, ``consumer_wait_retries``, ...), kept where it succeeds.
     """
     from moe_gemm.measure.profile_target import DEFAULT_WARMUP, launches_before_profiled
     from moe_gemm.variants.k6.config import FUSED_BACKWARD
@@ -178,6 +199,13 @@ def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int
     if not all(key in values for key in ESSENTIAL):
         raise RuntimeError(f"ncu gave no usable profile of {variant_name} (exit {code}):\n{output[-3000:]}\n"
                            f"{report[-2000:]}")
+    if waits:
+        try:
+            values.update(_source_waits(target, kernel_regex, skip))
+        except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as error:  # the counters stay
+            from moe_gemm.measure.check import progress
+
+            progress(f"[profile] {variant_name}: no wait sites ({str(error).splitlines()[0]})")
     kind = {**({} if ragged == "M" else {"ragged": ragged}), **({} if fmt == "bf16" else {"format": fmt})}
     return {"variant": variant_name, "experts": experts, "K": K, "N": N, "tokens": tokens, "skew": float(skew),
             **kind, **values, "issue_model": model_issue(values)}
@@ -195,10 +223,12 @@ def built_not_run(name: str) -> bool:
     return not_yet_run(FUSED_BACKWARD_RECORDS.get(name, name))
 
 
-def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = ()) -> list[dict[str, Any]]:
+def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = (), waits: bool = False
+                  ) -> list[dict[str, Any]]:
     """A chapter's ``--profile``: each variant of ``cells`` (a Workload -> the variant names to profile there; only
     those named in ``only``, where it names any) under ncu, the first launch of its profiler range, on the
-    workload's shape, ragged axis and operand format. A variant ncu gives no profile of is reported and left out."""
+    workload's shape, ragged axis and operand format (``waits``: with its mbarrier waits by role, profile_variant).
+    A variant ncu gives no profile of is reported and left out."""
     from moe_gemm.measure.check import progress
 
     rows = []
@@ -211,7 +241,8 @@ def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = ()) 
             progress(f"[profile] {name} at {cell.label} under ncu")
             try:
                 rows.append(profile_variant(name, cell.tokens, cell.skew, experts=cell.experts, K=cell.K, N=cell.N,
-                                            profiler_range=True, ragged=cell.ragged, fmt=cell.fmt.name))
+                                            profiler_range=True, ragged=cell.ragged, fmt=cell.fmt.name,
+                                            waits=waits))
             except (RuntimeError, ValueError) as error:  # the reason in full: ncu's and the target's last lines
                 lines = [line for line in str(error).splitlines() if line.strip()]
                 progress(f"[profile] {name}: no profile ({lines[0] if lines else type(error).__name__})")

@@ -31,13 +31,17 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
     body = tuple((r["variant"], Workload.of(r).cell_label, number(r, "duration_ns", 1e3), number(r, "gmma_pipe_pct"),
                   number(r, "dram_bytes_read", 1e9, ".2f"), number(r, "dram_bytes_write", 1e9, ".2f"),
                   number(r, "dram_throughput_pct"), number(r, "l2_bytes", 1e9, ".2f"), number(r, "stall_barrier"),
-                  number(r, "stall_long_scoreboard")) for r in rows)
+                  number(r, "stall_long_scoreboard"), number(r, "producer_wait_pct"),
+                  number(r, "producer_wait_retries", 1, ",.0f"), number(r, "consumer_wait_pct")) for r in rows)
     return Table(("variant", "cell", "us", "wgmma %", "DRAM rd GB", "DRAM wr GB", "DRAM %", "L2 GB", "bar stall",
-                  "lsb stall"), body, title="Nsight Compute, one launch each",
+                  "lsb stall", "prod wait %", "prod retries", "cons wait %"), body,
+                 title="Nsight Compute, one launch each",
                  legend="us: the profiled launch; wgmma %: tensor pipe (HGMMA and QGMMA) active, % of peak; DRAM rd / "
                         "wr: bytes read from and written to HBM; DRAM %: HBM throughput, % of peak; L2 GB: bytes "
                         "through L2; stalls: warp cycles per issued instruction waiting at a barrier / on a long "
-                        "scoreboard")
+                        "scoreboard; prod / cons wait %: share of the warps' stall samples at the producer's waits "
+                        "for a free stage / the consumers' for a full one, prod retries: how often the producer's "
+                        "wait found the stage still busy (source counters, where taken; moe_gemm.measure.wait_sites)")
 
 
 def checks_table(checks: Sequence[dict[str, Any]]) -> Table:
