@@ -117,16 +117,22 @@ def parse_ncu_csv(text: str, metrics: Mapping[str, str]) -> dict[str, float]:
     return values
 
 
+def _ncu_launch(what: list[str], kernel_regex: str | None, skip: int | None) -> list[str]:
+    """ncu profiling ``what`` (its sections or metrics and outputs) of one launch, clocks left alone: the first one
+    inside the target's cuProfilerStart/Stop range where ``skip`` is None, else the one after ``skip`` of the
+    kernel's launches (only those matching ``kernel_regex``, where given)."""
+    command = [find_ncu(), "--clock-control", "none", *what, "--launch-count", "1"]
+    command += ["--profile-from-start", "off"] if skip is None else ["--launch-skip", str(skip)]
+    return command + (["-k", f"regex:{kernel_regex}"] if kernel_regex else [])
+
+
 def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | None,
              skip: int | None) -> tuple[int, str, str]:
     """``skip`` None: profile the first launch inside the target's cuProfilerStart/Stop range."""
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "ncu.csv")
-        command = [find_ncu(), "--clock-control", "none", "--csv", "--print-units", "base", "--log-file", log,
-                   "--metrics", ",".join(metrics.values()), "--launch-count", "1"]
-        command += ["--profile-from-start", "off"] if skip is None else ["--launch-skip", str(skip)]
-        if kernel_regex:
-            command += ["-k", f"regex:{kernel_regex}"]
+        command = _ncu_launch(["--csv", "--print-units", "base", "--log-file", log, "--metrics",
+                               ",".join(metrics.values())], kernel_regex, skip)
         proc = subprocess.run(command + target, capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
         report = open(log).read() if os.path.exists(log) else ""
     if '"ID"' not in report and '"ID"' in proc.stdout:  # an ncu that ignores --log-file for the CSV
@@ -140,11 +146,7 @@ def _source_waits(target: list[str], kernel_regex: str | None, skip: int | None)
 
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "source")
-        command = [find_ncu(), "--clock-control", "none", "--section", "SourceCounters", "--launch-count", "1",
-                   "-f", "-o", report]
-        command += ["--profile-from-start", "off"] if skip is None else ["--launch-skip", str(skip)]
-        if kernel_regex:
-            command += ["-k", f"regex:{kernel_regex}"]
+        command = _ncu_launch(["--section", "SourceCounters", "-f", "-o", report], kernel_regex, skip)
         proc = subprocess.run(command + target, capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
         if proc.returncode != 0 or not os.path.exists(report + ".ncu-rep"):
             raise RuntimeError(f"ncu's source counters failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")

@@ -51,18 +51,15 @@ def tensor_maps(config: K7Config, a_address: int, dc_address: int, db_address: i
     operand (A: 128 of K, two 64-column panels; dC: BN columns, BN / 64 panels); dC as a plain matrix in
     64 x 64 boxes where N is not a multiple of 64. dB as the matrix [E x K, N] in 64 x 64 boxes (each
     64-row slice of a tile lies in one expert's K rows)."""
-    if not config.panels:  # the first version: a copy per 64 x 64 box of either operand
-        return (matrix_map("A", a_address, rows=tokens, cols=K, box_rows=BK, box_cols=BOX, element=config.element),
-                matrix_map("dC", dc_address, rows=tokens, cols=N, box_rows=BK, box_cols=BOX, element=config.element),
-                output_map(db_address, experts * K, N, config.out))
-    a_map = panel_map("A", a_address, rows=tokens, cols=K, box_rows=BK, box_panels=TILE_K // BOX,
-                      element=config.element)
-    if N % BOX == 0:
-        dc_map = panel_map("dC", dc_address, rows=tokens, cols=N, box_rows=BK, box_panels=config.bn // BOX,
-                           element=config.element)
-    else:
-        dc_map = matrix_map("dC", dc_address, rows=tokens, cols=N, box_rows=BK, box_cols=BOX, element=config.element)
-    return a_map, dc_map, output_map(db_address, experts * K, N, config.out)
+    def operand(name: str, address: int, cols: int, panels: int) -> TiledMap:
+        # the first version (config.panels False) copies each 64 x 64 box on its own, as does dC where N % 64 != 0
+        if config.panels and cols % BOX == 0:
+            return panel_map(name, address, rows=tokens, cols=cols, box_rows=BK, box_panels=panels,
+                             element=config.element)
+        return matrix_map(name, address, rows=tokens, cols=cols, box_rows=BK, box_cols=BOX, element=config.element)
+
+    return (operand("A", a_address, K, TILE_K // BOX), operand("dC", dc_address, N, config.bn // BOX),
+            output_map(db_address, experts * K, N, config.out))
 # --8<-- [end:maps]
 
 

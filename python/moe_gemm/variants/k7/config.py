@@ -60,11 +60,12 @@ class K7Config:
 
     @property
     def kernel_name(self) -> str:
-        # RINGS, ACCUMULATE and PANELS are the template's last parameters, with defaults: the names from before them
-        if not self.panels:
-            tail = f", {self.rings}, {str(self.accumulate).lower()}, false"
-        else:
-            tail = f", {self.rings}, true" if self.accumulate else "" if self.rings == 1 else f", {self.rings}"
+        # RINGS, ACCUMULATE and PANELS are the template's last parameters, with defaults (1, false, true), written up
+        # to the last one set: the names from before them
+        trailing = [str(self.rings), str(self.accumulate).lower(), str(self.panels).lower()]
+        while trailing and trailing[-1] == ("1", "false", "true")[len(trailing) - 1]:
+            trailing.pop()
+        tail = "".join(f", {value}" for value in trailing)
         return (f"{KERNEL_FUNCTION}<{self.bn}, {self.stages}, {self.staging_boxes}, {ELEMENT_CODES[self.element]}, "
                 f"{ELEMENT_CODES[self.out]}{tail}>")
 
