@@ -562,7 +562,7 @@ def profile_rows(only: Sequence[str] = ()) -> list[dict[str, Any]]:
     run on a GPU is left out by profile_cells, which says so."""
     from moe_gemm.measure.profile import profile_cells
 
-    return profile_cells(PROFILED, only)
+    return profile_cells(PROFILED, only, waits=True)  # who waits for whom: is the producer the limit (issue 28's lead)
 
 
 def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
@@ -573,13 +573,19 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
     body = tuple((r["variant"], Workload.of(r).cell_label, pct(r, "gmma_pipe_pct"), pct(r, "l2_throughput_pct"),
                   "-" if r.get("l2_bytes") is None else f"{r['l2_bytes'] / 1e9:.2f}",
                   "-" if r.get("dram_bytes_read") is None else f"{r['dram_bytes_read'] / 1e9:.2f}",
-                  pct(r, "stall_barrier"), pct(r, "stall_long_scoreboard"),
+                  pct(r, "stall_barrier"), pct(r, "stall_long_scoreboard"), pct(r, "producer_wait_pct"),
+                  "-" if r.get("producer_wait_retries") is None else f"{r['producer_wait_retries']:,.0f}",
+                  pct(r, "consumer_wait_pct"),
                   "-" if r.get("duration_ns") is None else f"{r['duration_ns'] / 1e3:.1f}") for r in rows)
-    return Table(("variant", "cell", "wgmma %", "L2 %", "L2 GB", "DRAM rd GB", "bar stall", "lsb stall", "us"), body,
+    return Table(("variant", "cell", "wgmma %", "L2 %", "L2 GB", "DRAM rd GB", "bar stall", "lsb stall",
+                  "prod wait %", "prod retries", "cons wait %", "us"), body,
                  title="Nsight Compute, one launch each",
                  legend="wgmma %: tensor pipe (HGMMA) active, % of peak; L2 %: lts throughput, % of peak; L2 GB: bytes "
                         "through L2; DRAM rd: bytes read from HBM; stalls: warp cycles per issued instruction waiting "
-                        "at a barrier / on a long scoreboard; us: the profiled launch's duration")
+                        "at a barrier / on a long scoreboard; prod / cons wait %: share of the warps' stall samples at "
+                        "the producer's waits for a free stage / the consumers' for a full one, prod retries: how "
+                        "often the producer's wait found the stage still busy (source counters, where taken); us: the "
+                        "profiled launch's duration")
 
 
 def run_on_gpu(args, gpu) -> int:
