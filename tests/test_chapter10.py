@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from moe_gemm.chapter import Workload, chapter_module, recorded
+from moe_gemm.chapter import Workload, chapter_module, profile_table, recorded
 from moe_gemm.model.problem import BF16_OPERANDS, FP8_BLOCKWISE, FP8_ROWWISE
 from moe_gemm.model.roofline import DATASHEET_TBPS
 from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N
@@ -123,7 +123,7 @@ def test_the_profile_runs_each_blockwise_rung_that_has_run_on_e4m3_operands(monk
     assert [r["variant"] for r in rows] == list(names)
     assert all(t[t.index("--format") + 1] == "e4m3-blockwise" and "65536" in t for t in targets)
     assert all(r["format"] == "e4m3-blockwise" for r in rows)
-    text = RUN.profile_table([{**rows[0], "gmma_pipe_pct": 71.5, "duration_ns": 2.5e6}]).text()
+    text = profile_table([{**rows[0], "gmma_pipe_pct": 71.5, "duration_ns": 2.5e6}]).text()
     assert rows[0]["variant"] in text and "71.5" in text and "2500.0" in text
 
 

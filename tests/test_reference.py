@@ -140,8 +140,9 @@ def test_empty_problem_checks() -> None:
 
 
 def test_relative_error_in_slices_is_the_whole_arrays_norm(monkeypatch):
-    """relative_error sums over slices (a dB can be billions of elements); the slices must add up to the
-    Frobenius norms of the whole arrays, and a non-finite element in any slice gives inf."""
+    """relative_error sums over slices (a dB can be billions of elements), in fp32 within a slice and in float64
+    across them; the slices must add up to the Frobenius norms of the whole arrays (to the fp32 sums' rounding,
+    far inside any tolerance), and a non-finite element in any slice gives inf."""
     import numpy as np
 
     from moe_gemm.model import reference
@@ -151,6 +152,27 @@ def test_relative_error_in_slices_is_the_whole_arrays_norm(monkeypatch):
     c = c_ref + 1e-3 * rng.standard_normal(c_ref.shape).astype(np.float32)
     whole = np.linalg.norm(c.astype(np.float64) - c_ref) / np.linalg.norm(c_ref.astype(np.float64))
     monkeypatch.setattr(reference, "RELATIVE_ERROR_CHUNK", 13)  # slices that cut across rows and experts
-    assert abs(reference.relative_error(c, c_ref) / whole - 1) < 1e-9
+    assert abs(reference.relative_error(c, c_ref) / whole - 1) < 1e-6
     c[4, 6, 10] = np.nan
     assert reference.relative_error(c, c_ref) == float("inf")
+
+
+def test_relative_error_sums_again_in_float64_where_fp32_overflows():
+    """Elements near 1e30 square past fp32's range: the slice is summed again in float64, not reported as inf."""
+    import numpy as np
+
+    c_ref = np.array([[1e30, 1e30]], dtype=np.float32)
+    assert relative_error(np.array([[1e30, 0.0]], dtype=np.float32), c_ref) == pytest.approx(np.sqrt(0.5))
+
+
+def test_relative_error_of_a_large_bf16_output_matches_float64():
+    """The path a model projection's dB takes: a bf16 output of millions of elements against the fp32
+    reference, slice by slice in threads, within 1e-5 of the float64 norm."""
+    import ml_dtypes
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    c_ref = rng.standard_normal(3 << 20).astype(np.float32)
+    c = (c_ref * (1 + 1e-2 * rng.standard_normal(c_ref.shape))).astype(ml_dtypes.bfloat16)
+    whole = np.linalg.norm(c.astype(np.float64) - c_ref) / np.linalg.norm(c_ref.astype(np.float64))
+    assert relative_error(c, c_ref) == pytest.approx(whole, rel=1e-5)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm.measure.wait_sites import parse_source_csv, wait_sites, wait_summary
+from moe_gemm.measure.wait_sites import hot_sites, parse_source_csv, wait_sites, wait_summary
 
 HEADER = ('"Kernel Name","k7_weight_grad<192, 5, 2, 0, 0>"\n'
           '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
@@ -62,3 +62,24 @@ def test_the_summary_says_which_side_waits():
     assert summary["consumer_wait_pct"] > 40 * summary["producer_wait_pct"] > 0
     assert summary["producer_wait_retries"] == 0 and summary["consumer_wait_retries"] == 1157292
     assert summary["producer_waits"] == 114688 and "other_wait_pct" not in summary
+
+
+def test_the_hot_sites_are_the_instructions_with_most_samples_most_first_and_none_without():
+    rows = parse_source_csv(PAGE)
+    sites = hot_sites(rows, shown=3)
+    assert [s["address"] for s in sites] == [0x110, 0x120, 0x130]
+    assert sites[0]["source"] == "@!P1 BRA 0x900"
+    assert sites[0]["samples_pct"] == pytest.approx(100 * 19.5 / sum(r.samples for r in rows))
+    assert all(s["samples_pct"] > 0 for s in hot_sites(rows, shown=100))  # instructions never sampled are left out
+
+
+def test_a_chapter_prints_where_the_warps_stood_only_for_launches_that_recorded_it(capsys):
+    from moe_gemm.chapter import show_profile
+
+    row = {"variant": "k6/auto", "experts": 64, "K": 1024, "N": 2688, "tokens": 65536, "skew": 0.0,
+           "duration_ns": 4.7e5, "gmma_pipe_pct": 92.7}
+    show_profile([row])
+    assert "Where the warps stood" not in capsys.readouterr().out
+    show_profile([row, {**row, "hot_sites": hot_sites(parse_source_csv(PAGE), shown=2)}])
+    out = capsys.readouterr().out
+    assert "Where the warps stood" in out and "@!P1 BRA 0x900" in out and "0x0120" in out

@@ -75,6 +75,7 @@ from moe_gemm.chapter import (
     run_main,
     run_variants,
     show,
+    show_profile,
     start_parts_run,
     targets_table,
 )
@@ -497,7 +498,7 @@ def run_without_gpu(args, reason: str) -> int:
     print(f"Recorded on {prov['gpu']} ({prov['date'][:10]}), each table from one part of the run:\n")
     show_tables(data["records"], roofline_basis())
     if data.get("profile"):
-        show(profile_table(data["profile"]))
+        show_profile(data["profile"], profile_table)
     show(targets_table(data["targets"], TARGETS_LEGEND))
     return 0
 
@@ -631,7 +632,7 @@ def run_on_gpu(args, gpu) -> int:
         results.ran(*profile_piece(args.profile, "Nsight Compute on k6/auto (device walk and host list), a rung per "
                                    "ladder step, k3 and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung "
                                    "and quack at 16,384 rows"))
-        show(profile_table(results.rows("profile")))
+        show_profile(results.rows("profile"), profile_table)
         path = save()
     show(targets_table(targets(), TARGETS_LEGEND))
     print(f"results written to {path}")

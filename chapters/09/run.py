@@ -52,11 +52,11 @@ from moe_gemm.chapter import (
     checks_passed,
     chosen_shapes,
     compile_only,
-    profile_table,
     run_checks,
     run_main,
     run_variants,
     show,
+    show_profile,
     start_parts_run,
     targets_table,
 )
@@ -380,7 +380,7 @@ def run_on_gpu(args, gpu) -> int:
         results.ran(*profile_piece(args.profile, "Nsight Compute on k7/bn192, k7/bn192-boxes and quack's pick at "
                                    "2,048 and 65,536 balanced rows, and on k6/pingpong-bn128, k6/auto and the fused "
                                    "backward on both walks at the Mixtral-like dA GEMM"))
-        show(profile_table(results.rows("profile")))
+        show_profile(results.rows("profile"))
         path = save()
     records = results.rows("records")
     show(grid_table(records, QUACK, "quack varlen-K"))

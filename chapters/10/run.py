@@ -60,6 +60,7 @@ from moe_gemm.chapter import (
     run_main,
     run_variants,
     show,
+    show_profile,
     start_parts_run,
     targets_table,
 )
@@ -521,7 +522,7 @@ def run_on_gpu(args, gpu) -> int:
         if cells_of(records, part):
             show(cell_table(records, part))
     if results.rows("profile"):
-        show(profile_table(results.rows("profile")))
+        show_profile(results.rows("profile"), profile_table)  # the page prints the same table
     if results.rows("swiglu"):
         show(swiglu_table(results.rows("swiglu")))
     if results.rows("layer"):

@@ -63,7 +63,15 @@ from moe_gemm.model.workloads import (
     Workload,
     grid,
 )
-from moe_gemm.site.records import PEER, checks_table, profile_table, records_table, show_recorded, targets_table
+from moe_gemm.site.records import (
+    PEER,
+    checks_table,
+    hot_sites_table,
+    profile_table,
+    records_table,
+    show_recorded,
+    targets_table,
+)
 from moe_gemm.variants.peer.torch import GROUPED_MM_PEERS, TorchGroupedMM, torch_available
 
 __all__ = [
@@ -74,7 +82,7 @@ __all__ = [
     "check_profile_argument", "checks_table", "chosen_shapes",
     "compile_only", "describe_gpu", "failed_variants", "figures_main", "find", "grid", "grouped_mm_peers",
     "ignored_flags", "not_run_banner", "print_not_run", "profile_table", "progress", "ratio_to_peer", "recorded",
-    "records_table", "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded",
+    "records_table", "show_profile", "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded",
     "start_parts_run", "targets_table", "timing_options",
 ]
 
@@ -181,6 +189,15 @@ def describe_gpu(gpu: _gpu.GpuInfo) -> str:
 def show(table: Table) -> None:
     """Print a table, its legend, and a blank line."""
     print(table.text(), end="\n\n")
+
+
+def show_profile(rows: Sequence[dict[str, Any]], table: Callable[[Sequence[dict[str, Any]]], Table] = profile_table
+                 ) -> None:
+    """Print a chapter's profile table (``table``, the shared one by default) and, where launches were profiled with
+    their waits, the instructions where their warps stood most (hot_sites_table)."""
+    show(table(rows))
+    if any(r.get("hot_sites") for r in rows):
+        show(hot_sites_table(rows))
 
 
 def checks_passed(checks: Sequence[dict[str, Any]], shown: int = 3) -> bool:

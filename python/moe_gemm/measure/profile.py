@@ -140,9 +140,10 @@ def _run_ncu(target: list[str], metrics: Mapping[str, str], kernel_regex: str | 
     return proc.returncode, report, proc.stdout + proc.stderr
 
 
-def _source_waits(target: list[str], kernel_regex: str | None, skip: int | None) -> dict[str, float]:
-    """The mbarrier waits of the same launch from ncu's source counters (moe_gemm.measure.wait_sites), per role."""
-    from moe_gemm.measure.wait_sites import parse_source_csv, wait_summary
+def _source_waits(target: list[str], kernel_regex: str | None, skip: int | None) -> dict[str, Any]:
+    """The mbarrier waits of the same launch from ncu's source counters (moe_gemm.measure.wait_sites), per role, and
+    the instructions where the most samples fell (``hot_sites``)."""
+    from moe_gemm.measure.wait_sites import hot_sites, parse_source_csv, wait_summary
 
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "source")
@@ -152,7 +153,8 @@ def _source_waits(target: list[str], kernel_regex: str | None, skip: int | None)
             raise RuntimeError(f"ncu's source counters failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
         page = subprocess.run([find_ncu(), "--import", report + ".ncu-rep", "--page", "source", "--csv",
                                "--print-source", "sass"], capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
-    return wait_summary(parse_source_csv(page.stdout))
+    rows = parse_source_csv(page.stdout)
+    return {**wait_summary(rows), "hot_sites": hot_sites(rows)}
 
 
 def profile_variant(variant_name: str, tokens: int, skew: float, *, experts: int = SEED_EXPERTS,
@@ -230,9 +232,14 @@ def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = (), 
     """A chapter's ``--profile``: each variant of ``cells`` (a Workload -> the variant names to profile there; only
     those named in ``only``, where it names any) under ncu, the first launch of its profiler range, on the
     workload's shape, ragged axis and operand format (``waits``: with its mbarrier waits by role, profile_variant).
-    A variant ncu gives no profile of is reported and left out."""
+    A variant ncu gives no profile of is reported and left out. Every row carries ``profiled_at``, the call's start
+    (UTC): one launch's duration moved by 2-6% between two runs of the same kernel on two H100s (chapter 07's M pair,
+    same instruction counts), more than some differences a page reads between rows, so rows compared must share it."""
+    from datetime import datetime, timezone
+
     from moe_gemm.measure.check import progress
 
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     rows = []
     for cell, names in cells.items():
         for name in (n for n in names if not only or n in only):
@@ -244,7 +251,7 @@ def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = (), 
             try:
                 rows.append(profile_variant(name, cell.tokens, cell.skew, experts=cell.experts, K=cell.K, N=cell.N,
                                             profiler_range=True, ragged=cell.ragged, fmt=cell.fmt.name,
-                                            waits=waits))
+                                            waits=waits) | {"profiled_at": stamp})
             except (RuntimeError, ValueError) as error:  # the reason in full: ncu's and the target's last lines
                 lines = [line for line in str(error).splitlines() if line.strip()]
                 progress(f"[profile] {name}: no profile ({lines[0] if lines else type(error).__name__})")

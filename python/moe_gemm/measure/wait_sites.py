@@ -16,7 +16,9 @@ the fall-through: the producer's wait is followed by the arrive that announces t
 ``WARPGROUP.ARRIVE``), whichever comes first. A site neither describes is counted as "other".
 
 :func:`parse_source_csv` reads ``ncu --import R --page source --csv --print-source sass``; :func:`wait_sites`
-finds the sites; :func:`wait_summary` adds them up per role, the fields a profile record keeps.
+finds the sites; :func:`wait_summary` adds them up per role, the fields a profile record keeps. Where no wait
+explains the idle time, :func:`hot_sites` names the instructions where the most samples fell: the next place to
+look, kept in the record beside the waits.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 TRY_WAIT = "SYNCS.PHASECHK.TRANS64.TRYWAIT"
+HOT_SITES = 12  # instructions kept per profile by hot_sites: a kernel's main loop, waits and epilogue fit in it
 LOOKAHEAD = 400  # instructions after a site searched for what it guards (a peeled last stage zeroes rows first)
 ROLES = ("producer", "consumer", "other")
 
@@ -108,3 +111,11 @@ def wait_summary(rows: Sequence[SassRow]) -> dict[str, float]:
         summary[f"{role}_waits"] = summary.get(f"{role}_waits", 0) + site["first_tries"]
         summary[f"{role}_wait_retries"] = summary.get(f"{role}_wait_retries", 0) + site["retries"]
     return summary
+
+
+def hot_sites(rows: Sequence[SassRow], shown: int = HOT_SITES) -> list[dict[str, Any]]:
+    """The ``shown`` instructions where the most stall samples fell, most first: address, SASS text and share of all
+    samples (a warp waiting in an mbarrier's first try is sampled at the branch after it, as wait_sites counts)."""
+    total = sum(r.samples for r in rows) or 1.0
+    return [{"address": r.address, "source": r.source, "samples_pct": 100 * r.samples / total}
+            for r in sorted(rows, key=lambda r: -r.samples)[:shown] if r.samples]

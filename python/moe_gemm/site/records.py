@@ -44,6 +44,19 @@ def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
                         "wait found the stage still busy (source counters, where taken; moe_gemm.measure.wait_sites)")
 
 
+def hot_sites_table(rows: Sequence[dict[str, Any]], shown: int = 6) -> Table:
+    """The instructions where the most stall samples fell, ``shown`` per profiled launch that recorded them
+    (profile_variant's waits pass, moe_gemm.measure.wait_sites.hot_sites): where to look when no wait explains the
+    idle time."""
+    body = tuple((r["variant"], Workload.of(r).cell_label, f"{site['samples_pct']:.1f}", f"{site['address']:#06x}",
+                  site["source"][:60])
+                 for r in rows for site in r.get("hot_sites", ())[:shown])
+    return Table(("variant", "cell", "samples %", "address", "SASS"), body, title="Where the warps stood",
+                 legend="samples %: share of all the launch's warp stall samples taken at that instruction (a warp "
+                        "suspended in an mbarrier wait is sampled at the branch after it); the first instructions, "
+                        "most first, of each launch profiled with its waits")
+
+
 def checks_table(checks: Sequence[dict[str, Any]]) -> Table:
     return Table(("variant", "case", "result"), tuple((c["variant"], c["case"], c["result"]) for c in checks),
                  title="Checks against the numpy reference",
