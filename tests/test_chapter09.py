@@ -9,6 +9,7 @@ import math
 import pytest
 
 from moe_gemm.chapter import Workload, best_of, best_ratio, chapter_module, profile_table, recorded
+from moe_gemm.measure.profile import mixed_runs
 
 RUN = chapter_module("09")
 DATA = recorded("09")
@@ -534,9 +535,16 @@ def test_the_profile_samples_who_waits_and_keeps_its_counters_when_that_pass_fai
     monkeypatch.setattr(profile, "parse_ncu_csv", lambda report, metrics: {key: 1.5 for key in profile.ESSENTIAL})
     monkeypatch.setattr(profile, "_source_waits", waits)
     rows = RUN.profile_rows(("k7/bn192", "k7/bn192-boxes"))
-    assert [r["variant"] for r in rows] == ["k7/bn192", "k7/bn192-boxes"] * 2
+    assert [(r["variant"], r["tokens"]) for r in rows] == [("k7/bn192", 2048), ("k7/bn192-boxes", 2048),
+                                                            ("k7/bn192", 4096), ("k7/bn192", 65536),
+                                                            ("k7/bn192-boxes", 65536)]
     assert len({r["profiled_at"] for r in rows}) == 1  # one run's rows say so: rows compared must share it
     assert all(r["consumer_wait_pct"] == 19.7 for r in rows if r["variant"] == "k7/bn192")
+    assert mixed_runs(rows) == []
+    earlier = {**rows[0], "variant": "k7/bn128"}
+    earlier.pop("profiled_at")
+    lines = mixed_runs([*rows, earlier])
+    assert [line.split(" the rows")[0] for line in lines] == ["[profile] at 2,048 rows, s=0 (dB)"]
     assert all("producer_wait_pct" not in r and r["cycles_per_issue"] == 1.5 for r in rows
                if r["variant"] == "k7/bn192-boxes")
     assert all(regex == "k7_weight_grad" and skip is None for _, regex, skip in seen)  # the range's one launch

@@ -68,6 +68,7 @@ from moe_gemm.chapter import (
     find,
     grid,
     grouped_mm_peers,
+    keep_profile,
     print_not_run,
     progress,
     recorded,
@@ -563,7 +564,7 @@ def profile_rows(only: Sequence[str] = ()) -> list[dict[str, Any]]:
     run on a GPU is left out by profile_cells, which says so."""
     from moe_gemm.measure.profile import profile_cells
 
-    return profile_cells(PROFILED, only, waits=True)  # who waits for whom: is the producer the limit (issue 28's lead)
+    return profile_cells(PROFILED, only, waits=True)  # who waits for whom: is the producer the limit, as in k7?
 
 
 def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
@@ -628,7 +629,7 @@ def run_on_gpu(args, gpu) -> int:
             path = save()
     show_tables(results.rows("records"), basis_for(gpu))
     if args.profile is not None:  # a profile of some variants replaces only theirs, at the cells (shapes) it ran
-        results.replace("profile", profile_rows(args.profile), key=lambda r: (r["variant"], Workload.of(r)))
+        keep_profile(results, profile_rows(args.profile), key=lambda r: (r["variant"], Workload.of(r)))
         results.ran(*profile_piece(args.profile, "Nsight Compute on k6/auto (device walk and host list), a rung per "
                                    "ladder step, k3 and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung "
                                    "and quack at 16,384 rows"))

@@ -52,6 +52,7 @@ from moe_gemm.chapter import (
     checks_passed,
     chosen_shapes,
     compile_only,
+    keep_profile,
     run_checks,
     run_main,
     run_variants,
@@ -108,7 +109,9 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
                   "UTMALDG / UTMASTG = TMA load / store, STSM = stmatrix, STS.128 = the last stage's zeroed rows, "
                   "SYNCS = mbarrier)")
 # What --profile puts under Nsight Compute: k7's wider rung, its first version's producer (a copy per box) and
-# quack's pick, where the grid is store-bound (2,048 rows) and where it is compute-bound (65,536 rows); and the dA
+# quack's pick, where the grid is store-bound (2,048 rows) and where it is compute-bound (65,536 rows); at 4,096 rows,
+# where k7 stays furthest behind quack (0.92 on the H100) and quack's pick is a cooperative tile, both k7 tiles and
+# the pick, with the instructions where their warps stand (where the tile's stores wait); and the dA
 # GEMM of the Mixtral-like layer's GEMM 2 at 32,768 tokens (65,536 balanced rows, H -> I) on the fused backward's
 # fixed tile (k6/pingpong-bn128, the dswiglu part's "dA tile", up to 1.8x the tuned GEMM's time there) beside
 # k6/auto's tuned choice: why that tile is slow;
@@ -117,6 +120,7 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
 # launches that test why: the tile's plain GEMM on the raster walk, and the fused kernel there with L2 hints.
 DA_CELL = LAYERS["mixtral"].gate(65536, 0.0)
 PROFILED = {Workload(2048, 0.0).weight_gradient(): ("k7/bn192", "k7/bn192-boxes", "peer/quack-wgrad"),
+            Workload(4096, 0.0).weight_gradient(): ("k7/bn128", "k7/bn192", "peer/quack-wgrad"),
             Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "k7/bn192-boxes", "peer/quack-wgrad"),
             DA_CELL: ("k6/pingpong-bn128", "k6/auto", "k6/dswiglu-bn128", "k6/dswiglu-g8-bn128",
                       "k6/pingpong-bn128-g8", "k6/dswiglu-hints-g8-bn128", "k6/dswiglu-mcluster-bn128")}
@@ -143,9 +147,9 @@ def parse_args(argv: Sequence[str] | None):
     add_models_argument(parser, "qwen3 deepseek")
     profiled = {name for names in PROFILED.values() for name in names}
     add_profile_argument(parser, profiled, "k7/bn192, k7/bn192-boxes and quack's pick at 2,048 and 65,536 balanced "
-                         "rows, and on the fused backward's tile (k6/pingpong-bn128) on both walks, k6/auto and "
-                         "the fused backward on both walks, with L2 hints and in an M pair at the Mixtral-like dA "
-                         "GEMM (65,536 rows, K = 4,096, N = 14,336)")
+                         "rows, k7/bn128, k7/bn192 and quack's pick at 4,096, and on the fused backward's tile "
+                         "(k6/pingpong-bn128) on both walks, k6/auto and the fused backward on both walks, with L2 "
+                         "hints and in an M pair at the Mixtral-like dA GEMM (65,536 rows, K = 4,096, N = 14,336)")
     args = parser.parse_args(argv)
     check_profile_argument(parser, args, profiled)
     try:
@@ -375,11 +379,11 @@ def run_on_gpu(args, gpu) -> int:
             results.ran(f"sonicmoe-{key}", f"the layer's training step at {config.label}")
             path = save()
     if args.profile is not None:  # a profile of some variants replaces only theirs; a later run of parts keeps it
-        results.replace("profile", profile_rows(args.profile),
-                        key=lambda r: (r["variant"], Workload.of(r).label))
+        keep_profile(results, profile_rows(args.profile), key=lambda r: (r["variant"], Workload.of(r).label))
         results.ran(*profile_piece(args.profile, "Nsight Compute on k7/bn192, k7/bn192-boxes and quack's pick at "
-                                   "2,048 and 65,536 balanced rows, and on k6/pingpong-bn128, k6/auto and the fused "
-                                   "backward on both walks at the Mixtral-like dA GEMM"))
+                                   "2,048 and 65,536 balanced rows, k7/bn128, k7/bn192 and quack's pick at 4,096, "
+                                   "and on k6/pingpong-bn128, k6/auto and the fused backward on both walks at the "
+                                   "Mixtral-like dA GEMM"))
         show_profile(results.rows("profile"))
         path = save()
     records = results.rows("records")

@@ -81,9 +81,9 @@ __all__ = [
     "add_timing_arguments", "best_of", "best_peer", "best_ratio", "chapter_main", "chapter_module", "chapter_parser",
     "check_profile_argument", "checks_table", "chosen_shapes",
     "compile_only", "describe_gpu", "failed_variants", "figures_main", "find", "grid", "grouped_mm_peers",
-    "ignored_flags", "not_run_banner", "print_not_run", "profile_table", "progress", "ratio_to_peer", "recorded",
-    "records_table", "show_profile", "run_checks", "run_main", "run_variants", "save_results", "show", "show_recorded",
-    "start_parts_run", "targets_table", "timing_options",
+    "ignored_flags", "keep_profile", "not_run_banner", "print_not_run", "profile_table", "progress", "ratio_to_peer",
+    "recorded", "records_table", "run_checks", "run_main", "run_variants", "save_results", "show", "show_profile",
+    "show_recorded", "start_parts_run", "targets_table", "timing_options",
 ]
 
 # --------------------------------------------------------------------------- what the kernels need
@@ -189,6 +189,16 @@ def describe_gpu(gpu: _gpu.GpuInfo) -> str:
 def show(table: Table) -> None:
     """Print a table, its legend, and a blank line."""
     print(table.text(), end="\n\n")
+
+
+def keep_profile(results: Any, rows: Sequence[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> None:
+    """A --profile's rows into the run's results file (measure.parts.PartsFile), replacing only the rows with their
+    ``key``; where a cell's rows now come from more than one run, say so (measure.profile.mixed_runs)."""
+    from moe_gemm.measure.profile import mixed_runs
+
+    results.replace("profile", rows, key=key)
+    for line in mixed_runs(results.rows("profile")):
+        progress(line)
 
 
 def show_profile(rows: Sequence[dict[str, Any]], table: Callable[[Sequence[dict[str, Any]]], Table] = profile_table

@@ -260,6 +260,20 @@ def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = (), 
     return rows
 
 
+def mixed_runs(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The cells whose profile rows come from more than one run (``profiled_at``; a row without it counts as one
+    earlier run), each as a line saying so: a --profile of some variants replaces only theirs, and one launch's
+    duration moves by a few percent between runs, so rows of two runs cannot be compared."""
+    from moe_gemm.model.workloads import Workload
+
+    runs: dict[str, set[str]] = {}
+    for row in rows:
+        runs.setdefault(Workload.of(row).label, set()).add(row.get("profiled_at", "an earlier run"))
+    return [f"[profile] at {cell} the rows come from {len(stamps)} runs ({', '.join(sorted(stamps))}): compare only "
+            f"rows of one run, or profile the cell's variants together" for cell, stamps in runs.items()
+            if len(stamps) > 1]
+
+
 def _parse_or_empty(report: str, metrics: Mapping[str, str]) -> dict[str, float]:
     try:
         return parse_ncu_csv(report, metrics)

@@ -91,21 +91,20 @@ def _compute_reference(problem: Problem, dtype: type) -> np.ndarray:
 RELATIVE_ERROR_CHUNK = 1 << 20
 
 
+def _sums(piece: np.ndarray, piece_ref: np.ndarray) -> tuple[float, float, float]:
+    difference = piece - piece_ref
+    return float(np.dot(difference, difference)), float(np.dot(piece_ref, piece_ref)), float(np.dot(piece, piece))
+
+
 def _slice_sums(piece: np.ndarray, piece_ref: np.ndarray) -> tuple[float, float, float] | None:
     """(|C - C_ref|^2, |C_ref|^2, |C|^2) over one slice, or None if C holds a non-finite element there."""
     piece = piece.astype(np.float32, copy=False)
     if not np.isfinite(piece).all():
         return None
     piece_ref = piece_ref.astype(np.float32, copy=False)
-    difference = piece - piece_ref
     with np.errstate(over="ignore"):
-        sums = (float(np.dot(difference, difference)), float(np.dot(piece_ref, piece_ref)),
-                float(np.dot(piece, piece)))
-    if np.isfinite(sums).all():
-        return sums
-    piece, piece_ref = piece.astype(np.float64), piece_ref.astype(np.float64)
-    difference = piece - piece_ref
-    return float(np.dot(difference, difference)), float(np.dot(piece_ref, piece_ref)), float(np.dot(piece, piece))
+        sums = _sums(piece, piece_ref)
+    return sums if np.isfinite(sums).all() else _sums(piece.astype(np.float64), piece_ref.astype(np.float64))
 
 
 def relative_error(c: np.ndarray, c_ref: np.ndarray) -> float:
