@@ -27,7 +27,9 @@
 // epilogues take turns on one ring of STAGING_BOXES C staging boxes (RINGS = 1) or each store through
 // a ring of its own, at once (RINGS = 2); persistent blocks walk the tiles in order, expert by expert,
 // in raster groups of GROUP K tiles. ACCUMULATE adds into an fp32 dB instead (dB += A_e^T dC_e, as
-// gradient accumulation across micro-batches does), each element by one reduction in L2.
+// gradient accumulation across micro-batches does), each element by one reduction in L2. COOP makes it
+// cooperative instead: both consumer warpgroups work on every tile, each on one 64-row half of its 128
+// rows of K, up to 256 columns wide, and store their halves at once, each through its own ring.
 #include "descriptor_steps.cuh"
 #include "epilogues.cuh"
 #include "named_barriers.cuh"
@@ -39,14 +41,17 @@
 namespace k7 {
 
 // --8<-- [start:config]
-template <int BN, int STAGES, int STAGING_BOXES, int RINGS>
+template <int BN, int STAGES, int STAGING_BOXES, int RINGS, bool COOP = false>
 struct Config {
     static_assert(RINGS == 1 || RINGS == 2, "one staging ring taken in turns, or one per warpgroup");
-    static_assert(BN % sm90::BOX == 0 && BN <= 192, "BN is 64, 128 or 192: a warpgroup holds 128 x BN fp32");
-    static constexpr int WG_ROWS = 128, M_ITERS = 2;   // two m64 slices of dB's K per warpgroup
+    static_assert(!COOP || RINGS == 2, "a cooperative tile's two halves store at once, each through its own ring");
+    static_assert(BN % sm90::BOX == 0 && BN <= (COOP ? 256 : 192),
+                  "a warpgroup holds 128 x BN fp32 (BN up to 192), or 64 x BN cooperatively (up to 256)");
+    static constexpr int TILE_ROWS = 128;              // dB rows (of K) per tile
+    static constexpr int WG_ROWS = COOP ? 64 : 128, M_ITERS = WG_ROWS / 64;  // m64 slices per warpgroup
     static constexpr int TILE_N = BN;
     static constexpr int ROWS = sm90::BK;              // rows of the reduction per stage: 64
-    static constexpr int A_BOXES = WG_ROWS / sm90::BOX, B_BOXES = BN / sm90::BOX;
+    static constexpr int A_BOXES = TILE_ROWS / sm90::BOX, B_BOXES = BN / sm90::BOX;
     static constexpr unsigned A_BYTES = A_BOXES * sm90::BOX_BYTES;
     static constexpr unsigned STAGE_BYTES = (A_BOXES + B_BOXES) * sm90::BOX_BYTES;
     static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // as k6: 192 accumulators at BN = 192
@@ -145,25 +150,31 @@ __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtenso
 // wgmma, which reads shared memory through the async proxy. A 128-byte row of a box is one row of
 // the operand whatever the swizzle (it permutes 16-byte chunks within a row), so whole rows are
 // zeroed without unswizzling anything.
-template <class Cfg>
+// COOP: both warpgroups read the stage, so each zeroes every other box and both wait for the pair's writes.
+template <class Cfg, bool COOP>
 __device__ __forceinline__ void zero_foreign_rows(unsigned stage_base, int own, int warpgroup) {
     constexpr int BOXES = Cfg::A_BOXES + Cfg::B_BOXES, CHUNKS = 128 / 16, ROWS_PER_PASS = sm90::WARPGROUP / CHUNKS;
+    constexpr int BOX_STEP = COOP ? 2 : 1;
     const int chunk = threadIdx.x % CHUNKS;  // thread t: 16-byte chunk t % 8 of rows own + t / 8, + 16, ...
     for (int row = own + threadIdx.x % sm90::WARPGROUP / CHUNKS; row < Cfg::ROWS; row += ROWS_PER_PASS)
 #pragma unroll
-        for (int box = 0; box < BOXES; ++box)
+        for (int box = COOP ? warpgroup : 0; box < BOXES; box += BOX_STEP)
             store_shared_zero_16(stage_base + box * sm90::BOX_BYTES + row * 128 + chunk * 16);
     fence_proxy_async_shared();
-    named_barrier_sync(TAIL_BARRIER + warpgroup, sm90::WARPGROUP);
+    if constexpr (COOP)
+        named_barrier_sync(PAIR_BARRIER, 2 * sm90::WARPGROUP);
+    else
+        named_barrier_sync(TAIL_BARRIER + warpgroup, sm90::WARPGROUP);
 }
 // --8<-- [end:tail]
 
 // --8<-- [start:consumer]
 // One stage of a warpgroup's main loop: wait for it, (TAIL: zero the rows of another expert from row
-// `own` on), issue SLICES x 4 wgmmas, and hand the previous stage back once its wgmmas are done.
-template <class Cfg, int SLICES, int STAGES, bool F16, bool TAIL>
+// `own` on), issue SLICES x 4 wgmmas on the m64 slices from `slice0` on (COOP: the warpgroup's half of
+// the tile; none where K ends half-way into it), and hand the previous stage back once its wgmmas are done.
+template <class Cfg, int SLICES, int STAGES, bool F16, bool TAIL, bool COOP>
 __device__ __forceinline__ void multiply_stage(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], bool first, int own,
-                                               int warpgroup, unsigned ring, unsigned long long* full,
+                                               int slice0, int warpgroup, unsigned ring, unsigned long long* full,
                                                unsigned long long* empty, int& stage, unsigned& phase,
                                                int& previous) {
     // A^T and dC are both MN-major: 64-element panels 8 KB apart, a k16 step 16 rows (2 KB) down.
@@ -171,23 +182,29 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[Cfg::M_ITERS][Cfg::T
     mbarrier_wait_parity(smem_u32(&full[stage]), phase);
     const unsigned stage_base = ring + stage * Cfg::STAGE_BYTES;
     if constexpr (TAIL) {
-        if (own < Cfg::ROWS) zero_foreign_rows<Cfg>(stage_base, own, warpgroup);
+        if (own < Cfg::ROWS) zero_foreign_rows<Cfg, COOP>(stage_base, own, warpgroup);
     }
-    const unsigned long long desc_a = sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base));
-    const unsigned long long desc_b = sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base + Cfg::A_BYTES));
-    wgmma_fence();
+    if constexpr (SLICES == 0) {
+        sm90::release<1>(empty, stage);  // nothing to multiply here: the stage is the partner's alone
+    } else {
+        const unsigned long long desc_a =
+            sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base + slice0 * PLAN.mn64_bytes));
+        const unsigned long long desc_b =
+            sm90::warp_uniform(matrix_descriptor(PLAN.bits, stage_base + Cfg::A_BYTES));
+        wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Cfg::ROWS / 16; ++kk) {
+        for (int kk = 0; kk < Cfg::ROWS / 16; ++kk) {
 #pragma unroll
-        for (int i = 0; i < SLICES; ++i)
-            wgmma_16bit<Cfg::TILE_N, true, true, F16>(
-                acc[i], desc_a + sm90::descriptor_step(i * PLAN.mn64_bytes + kk * PLAN.k16_bytes),
-                desc_b + sm90::descriptor_step(kk * PLAN.k16_bytes), !first || kk > 0);
+            for (int i = 0; i < SLICES; ++i)
+                wgmma_16bit<Cfg::TILE_N, true, true, F16>(
+                    acc[i], desc_a + sm90::descriptor_step(i * PLAN.mn64_bytes + kk * PLAN.k16_bytes),
+                    desc_b + sm90::descriptor_step(kk * PLAN.k16_bytes), !first || kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous stage's wgmmas are done: hand it back
+        if (previous >= 0) sm90::release<1>(empty, previous);
+        previous = stage;
     }
-    wgmma_commit();
-    wgmma_wait<1>();  // the previous stage's wgmmas are done: hand it back
-    if (previous >= 0) sm90::release<1>(empty, previous);
-    previous = stage;
     if (++stage == STAGES) {
         stage = 0;
         phase ^= 1;
@@ -198,18 +215,18 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[Cfg::M_ITERS][Cfg::T
 // 64 rows into the tile). Only the last stage can hold another expert's rows (from `own_last` on), so
 // it is peeled off the loop: the loop itself tests nothing. As in k6, the hand-over to the other
 // warpgroup comes once every wgmma is issued.
-template <class Cfg, int SLICES, int STAGES, bool F16, class HandOver>
+template <class Cfg, int SLICES, int STAGES, bool F16, bool COOP, class HandOver>
 __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N / 2], int steps, int own_last,
-                                         int warpgroup, unsigned ring, unsigned long long* full,
+                                         int slice0, int warpgroup, unsigned ring, unsigned long long* full,
                                          unsigned long long* empty, int& stage, unsigned& phase,
                                          HandOver&& hand_over) {
     int previous = -1;
     for (int s = 0; s + 1 < steps; ++s)
-        multiply_stage<Cfg, SLICES, STAGES, F16, false>(acc, s == 0, Cfg::ROWS, warpgroup, ring, full, empty, stage,
-                                                         phase, previous);
+        multiply_stage<Cfg, SLICES, STAGES, F16, false, COOP>(acc, s == 0, Cfg::ROWS, slice0, warpgroup, ring, full,
+                                                               empty, stage, phase, previous);
     if (steps > 0)
-        multiply_stage<Cfg, SLICES, STAGES, F16, true>(acc, steps == 1, own_last, warpgroup, ring, full, empty, stage,
-                                                        phase, previous);
+        multiply_stage<Cfg, SLICES, STAGES, F16, true, COOP>(acc, steps == 1, own_last, slice0, warpgroup, ring, full,
+                                                              empty, stage, phase, previous);
     hand_over();
     wgmma_wait<0>();
     if (previous >= 0) sm90::release<1>(empty, previous);
@@ -217,14 +234,14 @@ __device__ __forceinline__ void multiply(float (&acc)[Cfg::M_ITERS][Cfg::TILE_N 
 // --8<-- [end:consumer]
 
 // --8<-- [start:body]
-template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS, bool ACCUMULATE, bool PANELS>
+template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS, bool ACCUMULATE, bool PANELS, bool COOP>
 __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtensorMap* tmap_dc,
                                         const CUtensorMap* tmap_db, void* dB, const int* ends, int tokens,
                                         int experts, int group, int K, int N) {
     static_assert((IN == sm90::BF16 || IN == sm90::F16) && OUT >= sm90::BF16 && OUT <= sm90::F32,
                   "bf16 or fp16 operands; a bf16, fp16 or fp32 dB");
     static_assert(!ACCUMULATE || OUT == sm90::F32, "dB += A^T dC accumulates into an fp32 dB only");
-    using Cfg = Config<BN, STAGES, STAGING_BOXES, RINGS>;
+    using Cfg = Config<BN, STAGES, STAGING_BOXES, RINGS, COOP>;
     constexpr bool F16 = IN == sm90::F16;
     __shared__ alignas(8) unsigned long long full[STAGES];
     __shared__ alignas(8) unsigned long long empty[STAGES];
@@ -241,13 +258,13 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(smem_u32(&full[s]), 1);
-            mbarrier_init(smem_u32(&empty[s]), 1);  // one reader per stage: the warpgroup whose tile it is
+            mbarrier_init(smem_u32(&empty[s]), COOP ? 2 : 1);  // its readers: the warpgroup whose tile it is, or both
         }
         fence_barrier_init();
     }
     __syncthreads();
 
-    const int k_tiles = (K + Cfg::WG_ROWS - 1) / Cfg::WG_ROWS, n_tiles = (N + BN - 1) / BN;
+    const int k_tiles = (K + Cfg::TILE_ROWS - 1) / Cfg::TILE_ROWS, n_tiles = (N + BN - 1) / BN;
     const int tiles = experts * k_tiles * n_tiles;
     const int first = blockIdx.x, stride = gridDim.x;
     if (warpgroup == 2) {
@@ -267,18 +284,24 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
         Cursor at(first, per_expert);
         for (int ordinal = 0; ordinal < mine; ++ordinal, at.advance(stride, per_expert)) {
             const int expert = at.expert, steps = order.starts[expert + 1] - order.starts[expert];
-            if (ordinal % 2 != warpgroup) {  // the other warpgroup's tile
-                sm90::skip_stages<STAGES>(stage, phase, steps);
-                continue;
+            if constexpr (!COOP) {
+                if (ordinal % 2 != warpgroup) {  // the other warpgroup's tile
+                    sm90::skip_stages<STAGES>(stage, phase, steps);
+                    continue;
+                }
+                // The hand-overs of k6's ping-pong (k6_persistent.cu), for the same two reasons: the
+                // tensor cores in order, and parity waits that cannot see a phase two fills old.
+                if (ordinal > 0) named_barrier_sync(ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
             }
-            // The hand-overs of k6's ping-pong (k6_persistent.cu), for the same two reasons: the
-            // tensor cores in order, and parity waits that cannot see a phase two fills old.
-            if (ordinal > 0) named_barrier_sync(ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
             auto hand_over = [&] {
-                if (ordinal + 1 < mine) named_barrier_arrive(ORDER_BARRIER + (warpgroup ^ 1), 2 * sm90::WARPGROUP);
+                if constexpr (!COOP) {
+                    if (ordinal + 1 < mine) named_barrier_arrive(ORDER_BARRIER + (warpgroup ^ 1), 2 * sm90::WARPGROUP);
+                }
             };
             const int2 tile = tile_in_expert(at.local, k_tiles, n_tiles, group, BN);  // (first K row, first column)
-            const int rows = min(Cfg::WG_ROWS, K - tile.x);  // 64 where K ends half-way into the tile
+            // COOP: the warpgroup's 64-row half of the tile; its rows of dB, 0 or less where K ends half-way
+            const int slice0 = COOP ? warpgroup : 0;
+            const int rows = min(Cfg::WG_ROWS, K - tile.x - slice0 * 64);  // 64 where K ends half-way into the tile
             const int own_last = (offsets[expert + 1] - offsets[expert]) - (steps - 1) * Cfg::ROWS;
             if (steps == 0) {  // an expert with no rows: its gradient is exactly zero (accumulating: nothing to add)
 #pragma unroll
@@ -286,22 +309,30 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
 #pragma unroll
                     for (int v = 0; v < BN / 2; ++v) acc[i][v] = 0.0f;
             }
-            if (rows > 64)
-                multiply<Cfg, 2, STAGES, F16>(acc, steps, own_last, warpgroup, ring, full, empty, stage, phase,
-                                              hand_over);
-            else
-                multiply<Cfg, 1, STAGES, F16>(acc, steps, own_last, warpgroup, ring, full, empty, stage, phase,
-                                              hand_over);
+            if constexpr (COOP) {
+                if (rows > 0)
+                    multiply<Cfg, 1, STAGES, F16, COOP>(acc, steps, own_last, slice0, warpgroup, ring, full, empty,
+                                                        stage, phase, hand_over);
+                else  // no rows of dB here, but the stages are the pair's: take part in them and release them
+                    multiply<Cfg, 0, STAGES, F16, COOP>(acc, steps, own_last, 0, warpgroup, ring, full, empty, stage,
+                                                        phase, hand_over);
+            } else if (rows > 64) {
+                multiply<Cfg, 2, STAGES, F16, COOP>(acc, steps, own_last, 0, warpgroup, ring, full, empty, stage,
+                                                    phase, hand_over);
+            } else {
+                multiply<Cfg, 1, STAGES, F16, COOP>(acc, steps, own_last, 0, warpgroup, ring, full, empty, stage,
+                                                    phase, hand_over);
+            }
             // One ring: the epilogues take turns on it, each waiting until TMA has read every box it filled
             // (as k6's ping-pong does). A ring each: the two store at once, each reusing its own boxes.
             if (RINGS == 1 && ordinal > 0) named_barrier_sync(EPILOGUE_ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
             if (RINGS == 1) stored = 0;
             // dB [E, K, N] as a matrix of E x K rows: this tile's rows start at expert x K + its first K row.
             // Accumulating, an expert with no rows leaves its dB as it was.
-            if (!ACCUMULATE || steps > 0)
-                sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT, ACCUMULATE>(acc, expert * K + tile.x, rows, tile.y,
-                                                                            warpgroup, my_staging, stored, tmap_db,
-                                                                            dB, N);
+            if ((!ACCUMULATE || steps > 0) && (!COOP || rows > 0))
+                sm90::store_slices<Cfg, STAGING_BOXES, BN, OUT, ACCUMULATE>(acc, expert * K + tile.x + slice0 * 64,
+                                                                            rows, tile.y, warpgroup, my_staging,
+                                                                            stored, tmap_db, dB, N);
             if (RINGS == 1) {
                 if (threadIdx.x % sm90::WARPGROUP == 0) bulk_wait_read<0>();
                 if (ordinal + 1 < mine)
@@ -325,13 +356,13 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
     int tokens,                                   /* M_tot: the rows of A and dC; every end is clamped to it */ \
     int experts, int group, int K, int N
 
-// RINGS, ACCUMULATE and PANELS last, with their defaults: the instances named before them keep their names.
+// RINGS, ACCUMULATE, PANELS and COOP last, with their defaults: the instances named before them keep their names.
 // ACCUMULATE: dB += A_e^T dC_e into an fp32 dB (gradient accumulation across micro-batches). PANELS = false:
 // the first version's producer, a copy per 64-column box (its maps are two-dimensional).
 template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1, bool ACCUMULATE = false,
-          bool PANELS = true>
+          bool PANELS = true, bool COOP = false>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k7_weight_grad(K7_PARAMS) {
-    k7::k7_body<BN, STAGES, STAGING_BOXES, IN, OUT, RINGS, ACCUMULATE, PANELS>(&tmap_a, &tmap_dc, &tmap_db, dB, ends,
-                                                                               tokens, experts, group, K, N);
+    k7::k7_body<BN, STAGES, STAGING_BOXES, IN, OUT, RINGS, ACCUMULATE, PANELS, COOP>(&tmap_a, &tmap_dc, &tmap_db, dB,
+                                                                                     ends, tokens, experts, group, K, N);
 }
 // --8<-- [end:kernel]

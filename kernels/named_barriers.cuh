@@ -24,7 +24,8 @@ enum NamedBarrier : int {
     // the TMA-store epilogue (epilogues.cuh, store_tile_tma). Ids 1 and 2.
     STAGING_BARRIER = 1,
     // Both consumer warpgroups (256 threads), while the producer warpgroup runs on: k5's split-K
-    // M64 tile adds one warpgroup's partial sums to the other's (k5_adaptive.cu, reduce_halves).
+    // M64 tile adds one warpgroup's partial sums to the other's (k5_adaptive.cu, reduce_halves);
+    // k7's cooperative tile zeroes another expert's rows in a stage both read (k7_weight_grad.cu).
     PAIR_BARRIER = STAGING_BARRIER + MAX_CONSUMER_WARPGROUPS,
     // ORDER_BARRIER + w: k6's ping-pong hand-over (k6_persistent.cu). Warpgroup w waits on its id
     // (bar.sync, 256) before its main loop; the other warpgroup arrives there (bar.arrive) once it

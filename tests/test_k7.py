@@ -15,7 +15,7 @@ import pytest
 from moe_gemm.cuda.tensormap import TiledMap
 from moe_gemm.model.problem import BF16_OPERANDS, FP16, FP32, problem_from_counts
 from moe_gemm.variants.k7 import K7WeightGrad, arguments, ladder
-from moe_gemm.variants.k7.config import LADDER, STATIC_SMEM_ALLOWANCE, THREADS, K7Config, refusals
+from moe_gemm.variants.k7.config import LADDER, NOT_YET_RUN, STATIC_SMEM_ALLOWANCE, THREADS, K7Config, refusals
 from moe_gemm.variants.sm90.config import SMEM_LIMIT
 
 SOURCE = (Path(__file__).resolve().parents[1] / "kernels" / "k7_weight_grad.cu").read_text()
@@ -38,8 +38,9 @@ def test_every_rung_builds_in_every_type_pair_without_spills(name, types):
     wgmmas = set(re.findall(r"HGMMA\.64x(\d+)x16\.F32(\.BF16)?", sass))
     assert wgmmas == {(str(variant.config.bn), ".BF16" if types[0] == "bf16" else "")}
     counts = opcode_counts(sass, ("HGMMA", "STSM", "UTMASTG", "STG.E.64", "STS.128", "USETMAXREG"))
-    # 2 slices and 1 slice x 4 k16 steps, each in the loop and in its peeled last stage
-    assert counts["HGMMA"] == 24 and counts["USETMAXREG"] == 2
+    # 2 slices and 1 slice x 4 k16 steps, each in the loop and in its peeled last stage (cooperative: 1 slice, and
+    # none where K ends half-way into the tile, which issues no wgmma at all)
+    assert counts["HGMMA"] == (8 if variant.config.cooperative else 24) and counts["USETMAXREG"] == 2
     assert counts["STS.128"] > 0  # the tail's zeros
     fp32 = types[1] == "fp32"
     assert (counts["STSM"] == 0 and counts["UTMASTG"] == 0) == fp32 and (counts["STG.E.64"] > 0) == fp32
@@ -52,21 +53,27 @@ def test_the_main_loop_steps_two_descriptors_and_tests_nothing(name):
     from moe_gemm.cuda.sass import main_loop_instructions
 
     sass = K7WeightGrad(name).compile("sm_90a").sass()
-    assert main_loop_instructions(sass, 8) <= 80 and main_loop_instructions(sass, 4) <= 70
+    assert main_loop_instructions(sass, 4) <= 70
+    if not LADDER[name].cooperative:  # a cooperative warpgroup has one m64 slice: 4 wgmmas a k-step, never 8
+        assert main_loop_instructions(sass, 8) <= 80
 
 
 def test_each_configuration_names_its_template_instance():
     config = K7Config(192, stages=5, element="fp16", out="fp32")
     assert config.kernel_name == "k7_weight_grad<192, 5, 2, 1, 2>"
     assert re.search(r"template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1, "
-                     r"bool ACCUMULATE = false,\s*bool PANELS = true>\s*"
+                     r"bool ACCUMULATE = false,\s*bool PANELS = true, bool COOP = false>\s*"
                      r"__global__ void __launch_bounds__\(3 \* sm90::WARPGROUP, 1\) k7_weight_grad", SOURCE)
     assert K7Config(128, stages=5, rings=2).kernel_name == "k7_weight_grad<128, 5, 2, 0, 0, 2>"
     assert LADDER["k7/bn192-boxes"].kernel_name == "k7_weight_grad<192, 5, 2, 0, 0, 1, false, false>"
     assert LADDER["k7/bn192-boxes"].label == "128x192 pingpong g8 s5 box copies"
+    coop = K7Config(256, stages=3, staging_boxes=4, rings=2, cooperative=True)
+    assert coop.kernel_name == "k7_weight_grad<256, 3, 4, 0, 0, 2, false, true, true>"
+    assert coop.label == "128x256 cooperative g8 s3 2 rings"
     assert THREADS == 384
     assert config.label == "128x192 pingpong g8 s5 fp16->fp32"
-    assert [v.name for v in ladder()] == list(LADDER)
+    assert [v.name for v in ladder(pending=True)] == list(LADDER)
+    assert [v.name for v in ladder()] == [name for name in LADDER if name not in NOT_YET_RUN]
 
 
 def test_the_arguments_are_k7_params_in_number_kind_and_order():
@@ -114,8 +121,12 @@ def test_the_refusals_name_their_rules():
         assert rule in reasons
     with pytest.raises(ValueError, match="K = 96 is not a multiple of 64"):
         K7WeightGrad("k7/bn128").check_shape(4, 96, 64)
-    with pytest.raises(ValueError, match="BN is 64, 128 or 192"):
+    with pytest.raises(ValueError, match="BN is a multiple of 64 up to 192"):
         K7Config(256, stages=3)
+    with pytest.raises(ValueError, match="BN is a multiple of 64 up to 256"):
+        K7Config(320, stages=2, rings=2, cooperative=True)
+    with pytest.raises(ValueError, match="through a ring each"):
+        K7Config(256, stages=3, cooperative=True)
 
 
 def test_it_takes_only_weight_gradients_in_its_types():
@@ -131,7 +142,7 @@ def test_it_takes_only_weight_gradients_in_its_types():
         assert variant.typed(grad).config.out == ("fp16" if out == FP16 else "fp32")
 
 
-@pytest.mark.parametrize("name", [n for n in LADDER if LADDER[n].rings == 2])
+@pytest.mark.parametrize("name", [n for n in LADDER if LADDER[n].rings == 2 and not LADDER[n].cooperative])
 def test_the_rings_rungs_keep_the_main_loop(name):
     """A staging ring per warpgroup (RINGS = 2): the same main loop, the template's third-last argument."""
     from moe_gemm.cuda.sass import main_loop_instructions
@@ -167,8 +178,8 @@ def test_the_rings_parameter_keeps_the_validated_instances_names():
     """RINGS comes last with a default, so the rungs validated before it existed keep their names (and, the
     validation record's carry-over checked, their machine code)."""
     assert all(config.kernel_name.count(",") == 4 for config in LADDER.values() if config.rings == 1 and config.panels)
-    assert re.search(r"int IN, int OUT, int RINGS = 1, bool ACCUMULATE = false,\s*bool PANELS = true>\s*__global__",
-                     SOURCE)
+    assert re.search(r"int IN, int OUT, int RINGS = 1, bool ACCUMULATE = false,\s*bool PANELS = true, "
+                     r"bool COOP = false>\s*__global__", SOURCE)
 
 
 @pytest.mark.parametrize("name", ["k7/bn192", "k7/bn192-boxes"])

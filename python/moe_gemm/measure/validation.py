@@ -71,6 +71,7 @@ from moe_gemm.variants import registry
 from moe_gemm.variants.k6.config import FUSED_BACKWARD
 from moe_gemm.variants.k6.config import NOT_YET_RUN as K6_NOT_YET_RUN
 from moe_gemm.variants.k6.config import SOURCE as K6_SOURCE
+from moe_gemm.variants.k7.config import NOT_YET_RUN as K7_NOT_YET_RUN
 from moe_gemm.variants.k8.config import NOT_YET_RUN as K8_NOT_YET_RUN
 from moe_gemm.variants.k8.config import SOURCE as K8_SOURCE
 from moe_gemm.variants.k8.config import SWIGLU as K8_SWIGLU
@@ -102,13 +103,13 @@ OTHER_KERNELS = {"torch/combine": COMBINE, **{f"{SWIGLU_BACKWARD_PENDING}-{eleme
                     for config, record in FUSED_BACKWARD_RECORDS.items()}}
 
 
-# The rungs of the chapters' ladders in that state (moe_gemm.variants.k6.config.NOT_YET_RUN, k8's likewise).
-RUNGS_NOT_YET_RUN = K6_NOT_YET_RUN | K8_NOT_YET_RUN
+# The rungs of the chapters' ladders in that state (moe_gemm.variants.k6.config.NOT_YET_RUN, k7's and k8's likewise).
+RUNGS_NOT_YET_RUN = K6_NOT_YET_RUN | K7_NOT_YET_RUN | K8_NOT_YET_RUN
 
 
 def not_yet_run(name: str) -> bool:
     """A kernel of moe_gemm.torch.kernels.NOT_YET_RUN (``torch/dswiglu`` covers ``torch/dswiglu-bf16``) or a
-    rung of a ladder's NOT_YET_RUN (k6's, k8's): built and compiled, not yet run on a GPU."""
+    rung of a ladder's NOT_YET_RUN (k6's, k7's, k8's): built and compiled, not yet run on a GPU."""
     return name in RUNGS_NOT_YET_RUN or any(name == pending or name.startswith(f"{pending}-")
                                             for pending in NOT_YET_RUN)
 # The CUDA C++ families; k0 is numba and the ceilings touch no memory.
@@ -520,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pending = sorted(name for name in (*OTHER_KERNELS, *RUNGS_NOT_YET_RUN) if not_yet_run(name))
         if pending:
             print(f"built and compiled, not yet run on a GPU (moe_gemm.torch.kernels.NOT_YET_RUN and the "
-                  f"ladders' NOT_YET_RUN, k6's and k8's; left out of the record): {', '.join(pending)}")
+                  f"ladders' NOT_YET_RUN, k6's, k7's and k8's; left out of the record): {', '.join(pending)}")
         return 1 if names else 0
     unknown = [f for f in args.families if f not in GPU_TESTS]
     if unknown:
