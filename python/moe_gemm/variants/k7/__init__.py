@@ -7,6 +7,7 @@
 ``k7/bn128-rings``     k7/bn128 likewise, 5 stages
 ``k7/bn192-boxes``     k7/bn192 with the first version's producer: a TMA copy per 64-column box
 ``k7/coop-bn256``      128 x 256 tiles, both warpgroups on each (64 rows of K apiece), 3 stages; not yet run
+``k7/coop-bn192``      the same at 128 x 192, 4 stages; not yet run
 =====================  ===================================================================================
 
 A problem ragged along K (``Problem(ragged="K")``): A [M_tot, K] and dC [M_tot, N] row-major, as the

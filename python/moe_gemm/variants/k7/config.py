@@ -107,11 +107,14 @@ LADDER: dict[str, K7Config] = {
     # Both warpgroups on one 128 x 256 tile, 64 rows of K each, as quack's pick at 4,096 rows is (a cooperative
     # 128 x 224 tile, ahead of its own ping-pong configurations there): 3 x 48 KB stages and a ring of 4 boxes each.
     "k7/coop-bn256": K7Config(256, stages=3, staging_boxes=4, rings=2, cooperative=True),
+    # The same at 192 columns, which divide the seed's N = 2,688 (14 tiles, where 256 leave half a tile over):
+    # 4 x 40 KB stages and a ring of 3 boxes each.
+    "k7/coop-bn192": K7Config(192, stages=4, staging_boxes=3, rings=2, cooperative=True),
 }
 # --8<-- [end:ladder]
 # Built and compiled, not yet run on a GPU: left out of the chapter's runs, the op and the validation record until
 # `python -m moe_gemm.measure.validation run k7 --admit` has run their GPU tests and compute-sanitizer.
-NOT_YET_RUN: frozenset[str] = frozenset({"k7/coop-bn256"})
+NOT_YET_RUN: frozenset[str] = frozenset({"k7/coop-bn256", "k7/coop-bn192"})
 
 
 def refusals(experts: int, K: int, N: int, a_address: int = 0, dc_address: int = 0) -> list[str]:
