@@ -159,3 +159,13 @@ def test_checks_passed_shows_the_failures_and_stops_the_timing(capsys):
     captured = capsys.readouterr()
     assert "3 mismatches" in captured.out and "all equal" not in captured.out  # only the failure is shown
     assert "checks FAILED for k7/bn128: nothing is timed." in captured.err
+
+
+def test_a_run_on_a_gpu_names_the_rungs_it_leaves_out_until_they_have_run(capsys):
+    from moe_gemm.chapter import print_pending
+
+    print_pending(frozenset(), "moe_gemm.variants.k7.config.NOT_YET_RUN")
+    assert capsys.readouterr().out == ""
+    print_pending(frozenset({"k7/coop-bn256", "k7/coop-bn192"}), "moe_gemm.variants.k7.config.NOT_YET_RUN")
+    out = capsys.readouterr().out
+    assert "nor timed here: k7/coop-bn192, k7/coop-bn256 (moe_gemm.variants.k7.config.NOT_YET_RUN)" in out

@@ -70,6 +70,7 @@ from moe_gemm.chapter import (
     grouped_mm_peers,
     keep_profile,
     print_not_run,
+    print_pending,
     progress,
     recorded,
     run_checks,
@@ -601,9 +602,7 @@ def run_on_gpu(args, gpu) -> int:
     # run with the ladder (every timed measurement is also checked against the reference first).
     timing, report, results = start_parts_run(args, gpu, CHAPTER, SECTIONS, compile_report,
                                               compile_report_table)
-    if NOT_YET_RUN:
-        print("built and compiled, not yet run on a GPU, so neither checked nor timed here: "
-              f"{', '.join(sorted(NOT_YET_RUN))} (moe_gemm.variants.k6.config.NOT_YET_RUN)\n")
+    print_pending(NOT_YET_RUN, "moe_gemm.variants.k6.config.NOT_YET_RUN")
     if "ladder" in args.parts:
         checks = run_checks([*map(get, ladder_names()), get(AUTO)])
         if not checks_passed(checks):

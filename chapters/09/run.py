@@ -53,6 +53,7 @@ from moe_gemm.chapter import (
     chosen_shapes,
     compile_only,
     keep_profile,
+    print_pending,
     run_checks,
     run_main,
     run_variants,
@@ -330,6 +331,7 @@ def run_on_gpu(args, gpu) -> int:
 
     timing, report, results = start_parts_run(args, gpu, CHAPTER, SECTIONS, compile_report,
                                               compile_report_table)
+    print_pending(NOT_YET_RUN, "moe_gemm.variants.k7.config.NOT_YET_RUN")
     checks = run_checks(ladder(), ragged="K")
     if not checks_passed(checks, shown=4):
         return 1

@@ -81,9 +81,9 @@ __all__ = [
     "add_timing_arguments", "best_of", "best_peer", "best_ratio", "chapter_main", "chapter_module", "chapter_parser",
     "check_profile_argument", "checks_table", "chosen_shapes",
     "compile_only", "describe_gpu", "failed_variants", "figures_main", "find", "grid", "grouped_mm_peers",
-    "ignored_flags", "keep_profile", "not_run_banner", "print_not_run", "profile_table", "progress", "ratio_to_peer",
-    "recorded", "records_table", "run_checks", "run_main", "run_variants", "save_results", "show", "show_profile",
-    "show_recorded", "start_parts_run", "targets_table", "timing_options",
+    "ignored_flags", "keep_profile", "not_run_banner", "print_not_run", "print_pending", "profile_table", "progress",
+    "ratio_to_peer", "recorded", "records_table", "run_checks", "run_main", "run_variants", "save_results", "show",
+    "show_profile", "show_recorded", "start_parts_run", "targets_table", "timing_options",
 ]
 
 # --------------------------------------------------------------------------- what the kernels need
@@ -151,6 +151,13 @@ def print_not_run(args: Any, kernel: str, reason: str, instead: str, flags: Sequ
     if note:
         print(note)
     print()
+
+
+def print_pending(names: frozenset[str], where: str) -> None:
+    """On a GPU: say which rungs are built but left out until their GPU tests have run (``where``: the set's name)."""
+    if names:
+        print(f"built and compiled, not yet run on a GPU, so neither checked nor timed here: "
+              f"{', '.join(sorted(names))} ({where})\n")
 
 
 def compile_only(args: Any, chapter: str, kernel: str, reason: str, flags: Sequence[str], report: Table,
