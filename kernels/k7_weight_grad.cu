@@ -102,7 +102,8 @@ __device__ __forceinline__ int2 tile_in_expert(int local, int k_tiles, int n_til
 template <class Cfg, int STAGES, bool PANELS>
 __device__ __forceinline__ void produce(const CUtensorMap* tmap_a, const CUtensorMap* tmap_dc, const int* offsets,
                                         int tiles, int first, int stride, int k_tiles, int n_tiles, int group,
-                                        int K, int N, unsigned ring, unsigned long long* full, unsigned long long* empty) {
+                                        int K, int N, unsigned ring, unsigned long long* full,
+                                        unsigned long long* empty) {
     tma_prefetch_descriptor(tmap_a);
     tma_prefetch_descriptor(tmap_dc);
     const bool dc_panels = PANELS && N % sm90::BOX == 0;
@@ -271,8 +272,7 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (threadIdx.x % sm90::WARPGROUP == 0)
             produce<Cfg, STAGES, PANELS>(tmap_a, tmap_dc, offsets, tiles, first, stride, k_tiles, n_tiles, group, K, N,
-                                         ring,
-                                 full, empty);
+                                         ring, full, empty);
     } else {
         setmaxnreg_inc<Cfg::CONSUMER_REGS>();
         float acc[Cfg::M_ITERS][BN / 2];
@@ -309,20 +309,12 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
 #pragma unroll
                     for (int v = 0; v < BN / 2; ++v) acc[i][v] = 0.0f;
             }
-            if constexpr (COOP) {
-                if (rows > 0)
-                    multiply<Cfg, 1, STAGES, F16, COOP>(acc, steps, own_last, slice0, warpgroup, ring, full, empty,
-                                                        stage, phase, hand_over);
-                else  // no rows of dB here, but the stages are the pair's: take part in them and release them
-                    multiply<Cfg, 0, STAGES, F16, COOP>(acc, steps, own_last, 0, warpgroup, ring, full, empty, stage,
-                                                        phase, hand_over);
-            } else if (rows > 64) {
-                multiply<Cfg, 2, STAGES, F16, COOP>(acc, steps, own_last, 0, warpgroup, ring, full, empty, stage,
-                                                    phase, hand_over);
-            } else {
-                multiply<Cfg, 1, STAGES, F16, COOP>(acc, steps, own_last, 0, warpgroup, ring, full, empty, stage,
-                                                    phase, hand_over);
-            }
+            if (rows > 64 * (Cfg::M_ITERS - 1))
+                multiply<Cfg, Cfg::M_ITERS, STAGES, F16, COOP>(acc, steps, own_last, slice0, warpgroup, ring, full,
+                                                               empty, stage, phase, hand_over);
+            else  // K ends half-way into the tile: a slice fewer (COOP: none, but the stages are the pair's to release)
+                multiply<Cfg, Cfg::M_ITERS - 1, STAGES, F16, COOP>(acc, steps, own_last, slice0, warpgroup, ring, full,
+                                                                   empty, stage, phase, hand_over);
             // One ring: the epilogues take turns on it, each waiting until TMA has read every box it filled
             // (as k6's ping-pong does). A ring each: the two store at once, each reusing its own boxes.
             if (RINGS == 1 && ordinal > 0) named_barrier_sync(EPILOGUE_ORDER_BARRIER + warpgroup, 2 * sm90::WARPGROUP);
@@ -362,7 +354,7 @@ __device__ __forceinline__ void k7_body(const CUtensorMap* tmap_a, const CUtenso
 template <int BN, int STAGES, int STAGING_BOXES, int IN, int OUT, int RINGS = 1, bool ACCUMULATE = false,
           bool PANELS = true, bool COOP = false>
 __global__ void __launch_bounds__(3 * sm90::WARPGROUP, 1) k7_weight_grad(K7_PARAMS) {
-    k7::k7_body<BN, STAGES, STAGING_BOXES, IN, OUT, RINGS, ACCUMULATE, PANELS, COOP>(&tmap_a, &tmap_dc, &tmap_db, dB,
-                                                                                     ends, tokens, experts, group, K, N);
+    k7::k7_body<BN, STAGES, STAGING_BOXES, IN, OUT, RINGS, ACCUMULATE, PANELS, COOP>(
+        &tmap_a, &tmap_dc, &tmap_db, dB, ends, tokens, experts, group, K, N);
 }
 // --8<-- [end:kernel]
