@@ -125,6 +125,10 @@ PROFILED = {Workload(2048, 0.0).weight_gradient(): ("k7/bn192", "k7/bn192-boxes"
             Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "k7/bn192-boxes", "peer/quack-wgrad"),
             DA_CELL: ("k6/pingpong-bn128", "k6/auto", "k6/dswiglu-bn128", "k6/dswiglu-g8-bn128",
                       "k6/pingpong-bn128-g8", "k6/dswiglu-hints-g8-bn128", "k6/dswiglu-mcluster-bn128")}
+PROFILED_TEXT = ("k7/bn192, k7/bn192-boxes and quack's pick at 2,048 and 65,536 balanced rows, k7/bn128, k7/bn192 "
+                 "and quack's pick at 4,096, and on the fused backward's tile (k6/pingpong-bn128) on both walks, "
+                 "k6/auto and the fused backward on both walks, with L2 hints and in an M pair at the Mixtral-like dA "
+                 "GEMM (65,536 rows, K = 4,096, N = 14,336)")  # --profile's help, and what a profile run measured
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile", "fused_backward", "sonicmoe"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; ours and quack's each at their best"
@@ -147,10 +151,7 @@ def parse_args(argv: Sequence[str] | None):
     add_grid_arguments(parser, GRID_ROWS)
     add_models_argument(parser, "qwen3 deepseek")
     profiled = {name for names in PROFILED.values() for name in names}
-    add_profile_argument(parser, profiled, "k7/bn192, k7/bn192-boxes and quack's pick at 2,048 and 65,536 balanced "
-                         "rows, k7/bn128, k7/bn192 and quack's pick at 4,096, and on the fused backward's tile "
-                         "(k6/pingpong-bn128) on both walks, k6/auto and the fused backward on both walks, with L2 "
-                         "hints and in an M pair at the Mixtral-like dA GEMM (65,536 rows, K = 4,096, N = 14,336)")
+    add_profile_argument(parser, profiled, PROFILED_TEXT)
     args = parser.parse_args(argv)
     check_profile_argument(parser, args, profiled)
     try:
@@ -382,10 +383,7 @@ def run_on_gpu(args, gpu) -> int:
             path = save()
     if args.profile is not None:  # a profile of some variants replaces only theirs; a later run of parts keeps it
         keep_profile(results, profile_rows(args.profile), key=lambda r: (r["variant"], Workload.of(r).label))
-        results.ran(*profile_piece(args.profile, "Nsight Compute on k7/bn192, k7/bn192-boxes and quack's pick at "
-                                   "2,048 and 65,536 balanced rows, k7/bn128, k7/bn192 and quack's pick at 4,096, "
-                                   "and on k6/pingpong-bn128, k6/auto and the fused backward on both walks at the "
-                                   "Mixtral-like dA GEMM"))
+        results.ran(*profile_piece(args.profile, f"Nsight Compute on {PROFILED_TEXT}"))
         show_profile(results.rows("profile"))
         path = save()
     records = results.rows("records")

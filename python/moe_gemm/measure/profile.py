@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from moe_gemm.model.occupancy import issue_rate
-from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N
+from moe_gemm.model.workloads import SEED_EXPERTS, SEED_K, SEED_N, Workload
 
 # The counters the issue model needs; a profile without them is no profile.
 CORE_METRICS = {
@@ -264,8 +264,6 @@ def mixed_runs(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The cells whose profile rows come from more than one run (``profiled_at``; a row without it counts as one
     earlier run), each as a line saying so: a --profile of some variants replaces only theirs, and one launch's
     duration moves by a few percent between runs, so rows of two runs cannot be compared."""
-    from moe_gemm.model.workloads import Workload
-
     runs: dict[str, set[str]] = {}
     for row in rows:
         runs.setdefault(Workload.of(row).label, set()).add(row.get("profiled_at", "an earlier run"))
