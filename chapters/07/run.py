@@ -143,6 +143,10 @@ PROFILED = {
     Workload(65536, 1.2): ("k6/auto-host", "k6/pingpong-mcluster-bn192", "k6/pingpong-mcluster-bn192-cursor",
                            "k6/pingpong-mcluster-bn192-listed"),
 }
+# --profile's help, and what a profile run measured
+PROFILED_TEXT = ("k6/auto (on the device walk and on the host list), a rung per ladder step, k3 and quack at 65,536 "
+                 "rows, s=0, on k6/auto, the M-paired rung and quack at 16,384 rows, and on quack's tile on three "
+                 "walks and quack's pick at DBRX's down projection")
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile"})
 TARGETS_LEGEND = ("ratios of useful TFLOP/s on the same inputs in the same run (graph replays at 2,048 rows and "
@@ -165,9 +169,7 @@ def parse_args(argv: Sequence[str] | None):
     add_grid_arguments(parser, GRID_TOKENS)
     add_models_argument(parser, "gpt-oss dbrx")
     profiled = {name for names in PROFILED.values() for name in names}
-    add_profile_argument(parser, profiled, "k6/auto (on the device walk and on the host list), a rung per ladder "
-                         "step, k3 and quack at 65,536 rows, s=0, on k6/auto, the M-paired rung and quack at "
-                         "16,384 rows, and on quack's tile on three walks and quack's pick at DBRX's down projection")
+    add_profile_argument(parser, profiled, PROFILED_TEXT)
     args = parser.parse_args(argv)
     check_profile_argument(parser, args, profiled)
     chosen_models(args.models)  # a name that matches no shape is refused before anything runs
@@ -629,9 +631,7 @@ def run_on_gpu(args, gpu) -> int:
     show_tables(results.rows("records"), basis_for(gpu))
     if args.profile is not None:  # a profile of some variants replaces only theirs, at the cells (shapes) it ran
         keep_profile(results, profile_rows(args.profile), key=lambda r: (r["variant"], Workload.of(r)))
-        results.ran(*profile_piece(args.profile, "Nsight Compute on k6/auto (device walk and host list), a rung per "
-                                   "ladder step, k3 and quack at 65,536 rows, s=0, and on k6/auto, the M-paired rung "
-                                   "and quack at 16,384 rows"))
+        results.ran(*profile_piece(args.profile, f"Nsight Compute on {PROFILED_TEXT}"))
         show_profile(results.rows("profile"), profile_table)
         path = save()
     show(targets_table(targets(), TARGETS_LEGEND))

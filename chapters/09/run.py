@@ -125,10 +125,11 @@ PROFILED = {Workload(2048, 0.0).weight_gradient(): ("k7/bn192", "k7/bn192-boxes"
             Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "k7/bn192-boxes", "peer/quack-wgrad"),
             DA_CELL: ("k6/pingpong-bn128", "k6/auto", "k6/dswiglu-bn128", "k6/dswiglu-g8-bn128",
                       "k6/pingpong-bn128-g8", "k6/dswiglu-hints-g8-bn128", "k6/dswiglu-mcluster-bn128")}
+# --profile's help, and what a profile run measured
 PROFILED_TEXT = ("k7/bn192, k7/bn192-boxes and quack's pick at 2,048 and 65,536 balanced rows, k7/bn128, k7/bn192 "
                  "and quack's pick at 4,096, and on the fused backward's tile (k6/pingpong-bn128) on both walks, "
                  "k6/auto and the fused backward on both walks, with L2 hints and in an M pair at the Mixtral-like dA "
-                 "GEMM (65,536 rows, K = 4,096, N = 14,336)")  # --profile's help, and what a profile run measured
+                 "GEMM (65,536 rows, K = 4,096, N = 14,336)")
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile", "fused_backward", "sonicmoe"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; ours and quack's each at their best"
