@@ -268,7 +268,7 @@ def test_a_run_of_one_part_keeps_the_other_parts_and_writes_only_its_sections(tm
     monkeypatch.setattr(RUN, "measure_part", lambda part, args, timing: RUN.of_part(data["records"], part))
     saved_before_profiling = []
 
-    def profile_rows(only=()):
+    def profile_rows(only=(), rows=()):
         saved_before_profiling.append("profile" not in json.loads(path.read_text()))
         return data["profile"]
 

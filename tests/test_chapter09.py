@@ -550,3 +550,5 @@ def test_the_profile_samples_who_waits_and_keeps_its_counters_when_that_pass_fai
     assert all(regex == "k7_weight_grad" and skip is None for _, regex, skip in seen)  # the range's one launch
     assert "k7/bn192-boxes: no wait sites (ncu's source counters failed (exit 1):)" in capsys.readouterr().err
     assert "prod retries" in profile_table(rows).headers
+    # --profile with --tokens: only the cells of those rows
+    assert [(r["variant"], r["tokens"]) for r in RUN.profile_rows(("k7/bn192",), (4096,))] == [("k7/bn192", 4096)]

@@ -7,6 +7,7 @@
     python chapters/07/run.py --parts models --models gpt-oss dbrx   # some of the model shapes
     python chapters/07/run.py --parts walk    # the device walk's cost: the M pair on it, on the host list, cursored
     python chapters/07/run.py --profile       # also Nsight Compute on k6/auto, a rung per ladder step, k3 and quack
+    python chapters/07/run.py --parts --profile --tokens 32768   # only the profiles at DBRX's 32,768 rows, replaced
 
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every rung of k6
 (kernels/k6_persistent.cu) and k6/auto on the edge cases (exact, integer-valued inputs) and on
@@ -562,12 +563,13 @@ def walk_variants() -> list[Any]:
     return found + [K6Persistent(WALKS[k], LADDER[WALKS[k]]) for k in REMEDIES if WALKS[k] in ladder_names()]
 
 
-def profile_rows(only: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Nsight Compute's rows for PROFILED (only the variants named in ``only``, where it names any); a rung not yet
-    run on a GPU is left out by profile_cells, which says so."""
+def profile_rows(only: Sequence[str] = (), rows: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """Nsight Compute's rows for PROFILED (only the variants named in ``only`` and the cells of ``rows`` routed rows,
+    where they name any); a rung not yet run on a GPU is left out by profile_cells, which says so."""
     from moe_gemm.measure.profile import profile_cells
 
-    return profile_cells(PROFILED, only, waits=True)  # who waits for whom: is the producer the limit, as in k7?
+    # waits: who waits for whom; is the producer the limit, as in k7?
+    return profile_cells(PROFILED, only, waits=True, routed_rows=rows)
 
 
 def profile_table(rows: Sequence[dict[str, Any]]) -> Table:
@@ -630,7 +632,8 @@ def run_on_gpu(args, gpu) -> int:
             path = save()
     show_tables(results.rows("records"), basis_for(gpu))
     if args.profile is not None:  # a profile of some variants replaces only theirs, at the cells (shapes) it ran
-        keep_profile(results, profile_rows(args.profile), key=lambda r: (r["variant"], Workload.of(r)))
+        rows = () if set(args.tokens) == set(GRID_TOKENS) else args.tokens  # --tokens: only the cells of those rows
+        keep_profile(results, profile_rows(args.profile, rows), key=lambda r: (r["variant"], Workload.of(r)))
         results.ran(*profile_piece(args.profile, f"Nsight Compute on {PROFILED_TEXT}"))
         show_profile(results.rows("profile"), profile_table)
         path = save()

@@ -9,6 +9,7 @@ fused into the dA GEMM (k6's dswiglu epilogue).
     python chapters/09/run.py --parts dswiglu --layers deepseek   # the fused backward at some layer sizes
     python chapters/09/run.py --parts grid --tokens 2048 --profile   # also Nsight Compute, k7 beside quack
     python chapters/09/run.py --parts --profile k6/dswiglu-g8-bn128  # only that variant's profile, replaced
+    python chapters/09/run.py --parts --profile --tokens 4096        # only the profiles at 4,096 rows, replaced
 
 With an sm_90a GPU (the recorded numbers come from an H200) it checks every k7 rung
 (kernels/k7_weight_grad.cu) on the weight gradient's edge cases (exact, integer-valued inputs) and on random
@@ -109,27 +110,28 @@ COMPILE_LEGEND = ("regs: per thread at launch (setmaxnreg then gives the consume
                   "ring + C staging + barriers + the walk's 2 KB; the rest: static SASS counts (HGMMA = wgmma, "
                   "UTMALDG / UTMASTG = TMA load / store, STSM = stmatrix, STS.128 = the last stage's zeroed rows, "
                   "SYNCS = mbarrier)")
-# What --profile puts under Nsight Compute: k7's wider rung, its first version's producer (a copy per box) and
-# quack's pick, where the grid is store-bound (2,048 rows) and where it is compute-bound (65,536 rows); at 4,096 rows,
-# where k7 stays furthest behind quack (0.92 on the H100) and quack's pick is a cooperative tile, both k7 tiles and
-# the pick, with the instructions where their warps stand (where the tile's stores wait); and the dA
-# GEMM of the Mixtral-like layer's GEMM 2 at 32,768 tokens (65,536 balanced rows, H -> I) on the fused backward's
-# fixed tile (k6/pingpong-bn128, the dswiglu part's "dA tile", up to 1.8x the tuned GEMM's time there) beside
-# k6/auto's tuned choice: why that tile is slow;
-# and, at the same cell, the fused backward itself on that tile's row-major walk and on the raster walk (whose
-# measured time did not fall as the tile's memory traffic predicted): what each reads from DRAM; then the two
-# launches that test why: the tile's plain GEMM on the raster walk, and the fused kernel there with L2 hints.
+# What --profile puts under Nsight Compute: k7's wider rung, its first version's producer (a copy per box) and quack's
+# pick, where the grid is store-bound (2,048 rows) and where it is compute-bound (65,536 rows); at 4,096 rows, where k7
+# stays furthest behind quack (0.92 on the H100) and quack's pick is a cooperative tile, both k7 ping-pong tiles, both
+# cooperative ones and the pick, with the instructions where their warps stand (where the tile's stores wait); and the
+# dA GEMM of the Mixtral-like layer's GEMM 2 at 32,768 tokens (65,536 balanced rows, H -> I) on the fused backward's
+# fixed tile (k6/pingpong-bn128, the dswiglu part's "dA tile", up to 1.8x the tuned GEMM's time there) beside k6/auto's
+# tuned choice: why that tile is slow; and, at the same cell, the fused backward itself on that tile's row-major walk
+# and on the raster walk (whose measured time did not fall as the tile's memory traffic predicted): what each reads from
+# DRAM; then the two launches that test why: the tile's plain GEMM on the raster walk, and the fused kernel there with
+# L2 hints.
 DA_CELL = LAYERS["mixtral"].gate(65536, 0.0)
 PROFILED = {Workload(2048, 0.0).weight_gradient(): ("k7/bn192", "k7/bn192-boxes", "peer/quack-wgrad"),
-            Workload(4096, 0.0).weight_gradient(): ("k7/bn128", "k7/bn192", "peer/quack-wgrad"),
+            Workload(4096, 0.0).weight_gradient(): ("k7/bn128", "k7/bn192", "k7/coop-bn192", "k7/coop-bn256",
+                                                    "peer/quack-wgrad"),
             Workload(65536, 0.0).weight_gradient(): ("k7/bn192", "k7/bn192-boxes", "peer/quack-wgrad"),
             DA_CELL: ("k6/pingpong-bn128", "k6/auto", "k6/dswiglu-bn128", "k6/dswiglu-g8-bn128",
                       "k6/pingpong-bn128-g8", "k6/dswiglu-hints-g8-bn128", "k6/dswiglu-mcluster-bn128")}
 # --profile's help, and what a profile run measured
-PROFILED_TEXT = ("k7/bn192, k7/bn192-boxes and quack's pick at 2,048 and 65,536 balanced rows, k7/bn128, k7/bn192 "
-                 "and quack's pick at 4,096, and on the fused backward's tile (k6/pingpong-bn128) on both walks, "
-                 "k6/auto and the fused backward on both walks, with L2 hints and in an M pair at the Mixtral-like dA "
-                 "GEMM (65,536 rows, K = 4,096, N = 14,336)")
+PROFILED_TEXT = ("k7/bn192, k7/bn192-boxes and quack's pick at 2,048 and 65,536 balanced rows, k7/bn128, k7/bn192, "
+                 "both cooperative rungs and quack's pick at 4,096, and on the fused backward's tile (k6/pingpong-"
+                 "bn128) on both walks, k6/auto and the fused backward on both walks, with L2 hints and in an M pair"
+                 " at the Mixtral-like dA GEMM (65,536 rows, K = 4,096, N = 14,336)")
 SECTIONS = frozenset({"provenance", "records", "checks", "compile_report", "targets", "rounds", "parts", "part_runs",
                       "profile", "fused_backward", "sonicmoe"})
 TARGETS_LEGEND = "ratios of useful TFLOP/s on the same inputs in the same run; ours and quack's each at their best"
@@ -277,11 +279,13 @@ def sonicmoe_table(rows: Sequence[dict[str, Any]]) -> Table:
                         "gradients it leaves; grads vs ours: relative error of the router's and 8 experts' gradients")
 
 
-def profile_rows(only: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Nsight Compute's rows for PROFILED (only the variants named in ``only``, where it names any)."""
+def profile_rows(only: Sequence[str] = (), rows: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """Nsight Compute's rows for PROFILED (only the variants named in ``only`` and the cells of ``rows`` routed rows,
+    where they name any)."""
     from moe_gemm.measure.profile import profile_cells
 
-    return profile_cells(PROFILED, only, waits=True)  # who waits for whom: the producer's limit (the page)
+    # waits: who waits for whom, the producer's limit (the page)
+    return profile_cells(PROFILED, only, waits=True, routed_rows=rows)
 
 
 # --------------------------------------------------------------------------- no GPU
@@ -383,7 +387,8 @@ def run_on_gpu(args, gpu) -> int:
             results.ran(f"sonicmoe-{key}", f"the layer's training step at {config.label}")
             path = save()
     if args.profile is not None:  # a profile of some variants replaces only theirs; a later run of parts keeps it
-        keep_profile(results, profile_rows(args.profile), key=lambda r: (r["variant"], Workload.of(r).label))
+        rows = () if set(args.tokens) == set(GRID_ROWS) else args.tokens  # --tokens: only the cells of those rows
+        keep_profile(results, profile_rows(args.profile, rows), key=lambda r: (r["variant"], Workload.of(r).label))
         results.ran(*profile_piece(args.profile, f"Nsight Compute on {PROFILED_TEXT}"))
         show_profile(results.rows("profile"))
         path = save()

@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from moe_gemm.model.occupancy import issue_rate
@@ -227,11 +227,12 @@ def built_not_run(name: str) -> bool:
     return not_yet_run(FUSED_BACKWARD_RECORDS.get(name, name))
 
 
-def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = (), waits: bool = False
-                  ) -> list[dict[str, Any]]:
+def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = (), waits: bool = False,
+                  routed_rows: Collection[int] = ()) -> list[dict[str, Any]]:
     """A chapter's ``--profile``: each variant of ``cells`` (a Workload -> the variant names to profile there; only
-    those named in ``only``, where it names any) under ncu, the first launch of its profiler range, on the
-    workload's shape, ragged axis and operand format (``waits``: with its mbarrier waits by role, profile_variant).
+    those named in ``only``, where it names any; only the cells of ``routed_rows`` rows, where it names any) under
+    ncu, the first launch of its profiler range, on the workload's shape, ragged axis and operand format
+    (``waits``: with its mbarrier waits by role, profile_variant).
     A variant ncu gives no profile of is reported and left out. Every row carries ``profiled_at``, the call's start
     (UTC): one launch's duration moved by 2-6% between two runs of the same kernel on two H100s (chapter 07's M pair,
     same instruction counts), more than some differences a page reads between rows, so rows compared must share it."""
@@ -242,6 +243,8 @@ def profile_cells(cells: Mapping[Any, Sequence[str]], only: Sequence[str] = (), 
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     rows = []
     for cell, names in cells.items():
+        if routed_rows and cell.tokens not in routed_rows:
+            continue
         for name in (n for n in names if not only or n in only):
             if built_not_run(name):  # correct first: a kernel is profiled once it has passed its GPU tests
                 progress(f"[profile] {name}: not profiled, built and not yet run on a GPU (its GPU tests first: "
