@@ -607,6 +607,9 @@ def test_a_profile_of_some_variants_replaces_only_theirs(monkeypatch):
     asked.clear()
     RUN.profile_rows([])
     assert sum(map(len, asked.values())) > 10  # no names: every profiled variant
+    asked.clear()
+    RUN.profile_rows([], (32768,))  # --tokens 32768: DBRX's down projection, the one cell of 32,768 rows, whole
+    assert list(asked) == [(32768, 0.4)] and "peer/quack" in asked[32768, 0.4] and len(asked[32768, 0.4]) == 6
     with pytest.raises(SystemExit):
         RUN.parse_args(["--profile", "k6/walk"])
     with pytest.raises(SystemExit):
