@@ -552,3 +552,47 @@ def test_the_profile_samples_who_waits_and_keeps_its_counters_when_that_pass_fai
     assert "prod retries" in profile_table(rows).headers
     # --profile with --tokens: only the cells of those rows
     assert [(r["variant"], r["tokens"]) for r in RUN.profile_rows(("k7/bn192",), (4096,))] == [("k7/bn192", 4096)]
+
+
+def _render_page(root) -> str:
+    """Chapter 09's page as the site renders it, its numbers read from the results files under ``root``."""
+    import jinja2
+
+    from moe_gemm.core.paths import REPO_ROOT
+    from moe_gemm.site.pages import Pages, change, display_command, fmt, pct
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.globals.update(Pages(root).macros())
+    env.filters.update(fmt=fmt, pct=pct, change=change, command=display_command)
+    return env.from_string((REPO_ROOT / "site_docs" / "09-training.md").read_text()).render()
+
+
+def test_the_cooperative_rungs_table_appears_with_their_records(tmp_path):
+    """Until the cooperative rungs have run the page says so; given records of them at 4,096 rows it shows their
+    table and reads the prediction against them (here 1.2x quack's fastest at every cell: ahead, held)."""
+    import json
+    import shutil
+
+    from moe_gemm.core.paths import REPO_ROOT
+
+    if recorded("09", "h100") is None:
+        pytest.skip("no H100 results")
+    for folder in ("chapters", "ceilings"):
+        shutil.copytree(REPO_ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    page = _render_page(tmp_path)
+    assert "*not yet run on a GPU*" in page and "The two cooperative rungs, timed" not in page
+    path = tmp_path / "chapters" / "09" / "results" / "h100.json"
+    data = json.loads(path.read_text())
+    grid = [r for r in data["records"] if r.get("ragged") == "K" and r["tokens"] == 4096 and r["K"] == 1024]
+    for r in [r for r in grid if r["variant"] == "k7/bn192"]:
+        quack = max(q["useful_tflops"] for q in grid if q["variant"].startswith("peer/quack-wgrad")
+                    and Workload.of(q) == Workload.of(r))
+        data["records"] += [{**r, "variant": name, "useful_tflops": 1.2 * quack}
+                            for name in ("k7/coop-bn192", "k7/coop-bn256")]
+    path.write_text(json.dumps(data))
+    page = _render_page(tmp_path)
+    assert "*not yet run on a GPU*" not in page and "The two cooperative rungs, timed" in page
+    rows = [line for line in page.splitlines() if line.startswith("| 4,096 |") and line.count("|") == 11]
+    assert len(rows) == 5 and all(row.split("|")[8].strip() == "1.200" for row in rows)
+    words = " ".join(page.split())
+    assert "the prediction held" in words and "ahead of quack at 5, level at 0 and behind at 0" in words
