@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_gemm.core.cli import add_problem_arguments, chapter_parser, ignored_flags, run_main, tile_size
+from moe_gemm.core.cli import add_problem_arguments, chapter_parser, ignored_flags, named_rows, run_main, tile_size
 from moe_gemm.model.workloads import SEED
 
 
@@ -104,3 +104,10 @@ def test_ignored_flags_needs_a_chapter_parser() -> None:
     parser.add_argument("--quick", action="store_true")
     with pytest.raises(TypeError, match="chapter_parser"):
         ignored_flags(parser.parse_args(["--quick"]), ("--quick",), "x")
+
+
+def test_tokens_left_at_their_default_name_no_rows_for_the_profile():
+    """--profile reads --tokens as a filter of its cells: every cell when --tokens is its default (in any order)."""
+    assert named_rows([2048, 4096], (2048, 4096)) == () == named_rows([4096, 2048], (2048, 4096))
+    assert named_rows([4096], (2048, 4096)) == (4096,)
+    assert named_rows([32768], (512, 2048)) == (32768,)

@@ -70,6 +70,7 @@ from moe_gemm.chapter import (
     grid,
     grouped_mm_peers,
     keep_profile,
+    named_rows,
     print_not_run,
     print_pending,
     progress,
@@ -632,7 +633,7 @@ def run_on_gpu(args, gpu) -> int:
             path = save()
     show_tables(results.rows("records"), basis_for(gpu))
     if args.profile is not None:  # a profile of some variants replaces only theirs, at the cells (shapes) it ran
-        rows = () if set(args.tokens) == set(GRID_TOKENS) else args.tokens  # --tokens: only the cells of those rows
+        rows = named_rows(args.tokens, GRID_TOKENS)  # --tokens: only the cells of those rows
         keep_profile(results, profile_rows(args.profile, rows), key=lambda r: (r["variant"], Workload.of(r)))
         results.ran(*profile_piece(args.profile, f"Nsight Compute on {PROFILED_TEXT}"))
         show_profile(results.rows("profile"), profile_table)

@@ -54,6 +54,7 @@ from moe_gemm.chapter import (
     chosen_shapes,
     compile_only,
     keep_profile,
+    named_rows,
     print_pending,
     run_checks,
     run_main,
@@ -387,7 +388,7 @@ def run_on_gpu(args, gpu) -> int:
             results.ran(f"sonicmoe-{key}", f"the layer's training step at {config.label}")
             path = save()
     if args.profile is not None:  # a profile of some variants replaces only theirs; a later run of parts keeps it
-        rows = () if set(args.tokens) == set(GRID_ROWS) else args.tokens  # --tokens: only the cells of those rows
+        rows = named_rows(args.tokens, GRID_ROWS)  # --tokens: only the cells of those rows
         keep_profile(results, profile_rows(args.profile, rows), key=lambda r: (r["variant"], Workload.of(r).label))
         results.ran(*profile_piece(args.profile, f"Nsight Compute on {PROFILED_TEXT}"))
         show_profile(results.rows("profile"))

@@ -42,6 +42,7 @@ from moe_gemm.core.cli import (
     chapter_parser,
     check_profile_argument,
     ignored_flags,
+    named_rows,
     run_main,
     timing_options,
 )
@@ -81,7 +82,8 @@ __all__ = [
     "add_timing_arguments", "best_of", "best_peer", "best_ratio", "chapter_main", "chapter_module", "chapter_parser",
     "check_profile_argument", "checks_table", "chosen_shapes",
     "compile_only", "describe_gpu", "failed_variants", "figures_main", "find", "grid", "grouped_mm_peers",
-    "ignored_flags", "keep_profile", "not_run_banner", "print_not_run", "print_pending", "profile_table", "progress",
+    "ignored_flags", "keep_profile", "named_rows", "not_run_banner", "print_not_run", "print_pending",
+    "profile_table", "progress",
     "ratio_to_peer", "recorded", "records_table", "run_checks", "run_main", "run_variants", "save_results", "show",
     "show_profile", "show_recorded", "start_parts_run", "targets_table", "timing_options",
 ]

@@ -168,6 +168,12 @@ def add_grid_arguments(parser: argparse.ArgumentParser, tokens: Sequence[int],
                             metavar="S", help=f"the grid's skews (default {' '.join(f'{s:g}' for s in skews)})")
 
 
+def named_rows(tokens: Sequence[int], default: Sequence[int]) -> tuple[int, ...]:
+    """--tokens read as a filter (--profile's cells): the rows it names, or none (every row) where it was left at
+    its default ``default``."""
+    return () if set(tokens) == set(default) else tuple(tokens)
+
+
 def add_models_argument(parser: argparse.ArgumentParser, example: str) -> None:
     """--models: the model projections to measure, by words of their labels (``example``: two of them)."""
     parser.add_argument("--models", nargs="+", default=[], metavar="NAME",
