@@ -559,11 +559,11 @@ def _render_page(root) -> str:
     import jinja2
 
     from moe_gemm.core.paths import REPO_ROOT
-    from moe_gemm.site.pages import Pages, change, display_command, fmt, pct
+    from moe_gemm.site.pages import FILTERS, Pages
 
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.globals.update(Pages(root).macros())
-    env.filters.update(fmt=fmt, pct=pct, change=change, command=display_command)
+    env.filters.update(FILTERS)
     return env.from_string((REPO_ROOT / "site_docs" / "09-training.md").read_text()).render()
 
 

@@ -83,9 +83,9 @@ __all__ = [
     "check_profile_argument", "checks_table", "chosen_shapes",
     "compile_only", "describe_gpu", "failed_variants", "figures_main", "find", "grid", "grouped_mm_peers",
     "ignored_flags", "keep_profile", "named_rows", "not_run_banner", "print_not_run", "print_pending",
-    "profile_table", "progress",
-    "ratio_to_peer", "recorded", "records_table", "run_checks", "run_main", "run_variants", "save_results", "show",
-    "show_profile", "show_recorded", "start_parts_run", "targets_table", "timing_options",
+    "profile_table", "progress", "ratio_to_peer", "recorded", "records_table", "run_checks", "run_main",
+    "run_variants", "save_results", "show", "show_profile", "show_recorded", "start_parts_run", "targets_table",
+    "timing_options",
 ]
 
 # --------------------------------------------------------------------------- what the kernels need

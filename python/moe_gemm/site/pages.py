@@ -397,11 +397,14 @@ def _date(iso: str) -> str:
     return when.strftime("%Y-%m-%d %H:%M UTC")
 
 
+# The pages' Jinja filters, by name
+FILTERS = {"fmt": fmt, "pct": pct, "change": change, "command": display_command}
+
+
 def define_env(env: Any) -> None:
     """mkdocs-macros-plugin's entry point: register the macros for the site under ``env.project_dir``."""
     pages = Pages(Path(env.project_dir))
     for name, function in pages.macros().items():
         env.macro(function, name)
-    for function in (fmt, pct, change):
-        env.filter(function)
-    env.filter(display_command, "command")
+    for name, function in FILTERS.items():
+        env.filter(function, name)
